@@ -1,0 +1,17 @@
+"""relaxspec: lossless and relaxed speculative decoding, with utility measured next to speed."""
+
+__version__ = "0.1.0"
+__all__ = ["verify", "generate"]
+
+
+def __getattr__(name):
+    # Lazy, so `import relaxspec` (and the CLI's --help) does not pay for importing torch.
+    if name == "verify":
+        from relaxspec.acceptance import verify
+
+        return verify
+    if name == "generate":
+        from relaxspec.engine import generate
+
+        return generate
+    raise AttributeError(f"module 'relaxspec' has no attribute {name!r}")

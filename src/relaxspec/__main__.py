@@ -1,0 +1,5 @@
+import sys
+
+from relaxspec.cli import main
+
+sys.exit(main())

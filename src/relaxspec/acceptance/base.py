@@ -1,0 +1,320 @@
+"""What every acceptance rule is made of, and the registry of rules.
+
+A rule is pure math on processed distributions. It gives three things
+(DESIGN.md, "The unified verify step"):
+
+* `accept_prob`: the probability of accepting draft x_i at each draft position;
+* `residual`: unnormalised weights to sample from at the first rejection;
+* `bonus`: the distribution of the extra token when all N drafts are accepted.
+
+The defaults below are strict speculative sampling; a rule overrides only what
+it changes. The shared loop in `verify.py` draws the uniforms and samples.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from relaxspec.acceptance.processing import capped_ratio, normalize_or
+
+
+# ---------------------------------------------------------------- parameters
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A scalar hyper-parameter of a rule: default, valid range, strict setting, paper grid.
+
+    low / high of None mean unbounded (and then ±inf itself is allowed only if
+    the matching *_inclusive flag is True). strict_value is the setting at which
+    the rule is exactly strict speculative sampling, or None if there is none.
+    """
+
+    name: str
+    default: float
+    low: float | None = None
+    high: float | None = None
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+    strict_value: float | None = None
+    grid: tuple[float, ...] = ()
+    doc: str = ""
+
+    def range_str(self) -> str:
+        lo = "-inf" if self.low is None else _fmt(self.low)
+        hi = "inf" if self.high is None else _fmt(self.high)
+        if self.low in (None, -math.inf) and self.high in (None, math.inf):
+            if self.low_inclusive and self.high_inclusive:
+                return "any float (including ±inf)"
+        return f"{'[' if self.low_inclusive else '('}{lo}, {hi}{']' if self.high_inclusive else ')'}"
+
+    def check(self, value, rule: str) -> float:
+        """The value as a float, or ValueError naming the rule, parameter and range."""
+        where = f"rule {rule!r}: parameter {self.name!r}"
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{where} must be a number in {self.range_str()}, got {value!r}")
+        v = float(value)
+        lo = -math.inf if self.low is None else self.low
+        hi = math.inf if self.high is None else self.high
+        ok_lo = v >= lo if self.low_inclusive else v > lo
+        ok_hi = v <= hi if self.high_inclusive else v < hi
+        if math.isnan(v) or not (ok_lo and ok_hi):
+            raise ValueError(f"{where} must be in {self.range_str()}, got {value!r}")
+        return v
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class TensorInput:
+    """A per-draft-position tensor a rule needs (e.g. PAD's classifier output)."""
+
+    name: str
+    low: float
+    high: float
+    doc: str = ""
+
+
+# ---------------------------------------------------------------- targets and context
+
+
+@dataclass
+class Targets:
+    """A rule's relaxed targets on a block: accept_prob [B, N], residual [B, N, V]
+    (normalised; zero-mass rows fall back to p) and bonus [B, V] (normalised)."""
+
+    accept_prob: torch.Tensor
+    residual: torch.Tensor
+    bonus: torch.Tensor
+
+
+class Positions:
+    """The quantities a rule sees at a set of draft positions, any leading shape.
+
+    Either the whole draft block ([B, N, ...], `VerifyContext.drafts`) or one
+    gathered row per sequence ([B, ...], `VerifyContext.rows`), so the same rule
+    code serves the dense targets and the shared loop's residual. Rows are
+    gathered lazily: a [B, V] copy is only made for what the rule reads.
+
+    p, q: [..., V] processed verifier / drafter probabilities; z_p, z_q: [..., V]
+    raw logits (before temperature); x: [...] draft tokens; p_x, q_x: [...];
+    p_tilde: [..., V] verifier at temperature 1 without top-k / top-p.
+    """
+
+    def __init__(self, sources: dict, select, temperature: float, top_k, top_p):
+        self._sources = sources  # name -> tensor over the whole block
+        self._select = select  # block tensor -> these positions
+        self.temperature = temperature
+        self.top_k = top_k
+        self.top_p = top_p
+
+    @cached_property
+    def p(self) -> torch.Tensor:
+        return self._select(self._sources["p"])
+
+    @cached_property
+    def q(self) -> torch.Tensor:
+        return self._select(self._sources["q"])
+
+    @cached_property
+    def z_p(self) -> torch.Tensor:
+        return self._select(self._sources["z_p"])
+
+    @cached_property
+    def z_q(self) -> torch.Tensor:
+        return self._select(self._sources["z_q"])
+
+    @cached_property
+    def x(self) -> torch.Tensor:
+        return self._select(self._sources["x"])
+
+    @cached_property
+    def p_x(self) -> torch.Tensor:
+        return self.p.gather(-1, self.x.unsqueeze(-1)).squeeze(-1)
+
+    @cached_property
+    def q_x(self) -> torch.Tensor:
+        return self.q.gather(-1, self.x.unsqueeze(-1)).squeeze(-1)
+
+    @cached_property
+    def p_tilde(self) -> torch.Tensor:
+        return self.z_p.softmax(dim=-1)
+
+
+@dataclass
+class VerifyContext:
+    """One verify block, validated and processed once.
+
+    p [B, N+1, V] and q [B, N, V] are processed; target_logits [B, N+1, V] and
+    draft_logits ([B, N, V] or [B, N+1, V]) are raw; draft_tokens [B, N].
+    """
+
+    p: torch.Tensor
+    q: torch.Tensor
+    target_logits: torch.Tensor
+    draft_logits: torch.Tensor
+    draft_tokens: torch.Tensor
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    _drafts: Positions | None = field(default=None, repr=False)
+
+    @property
+    def batch_size(self) -> int:
+        return self.draft_tokens.shape[0]
+
+    @property
+    def num_drafts(self) -> int:
+        return self.draft_tokens.shape[1]
+
+    @property
+    def has_bonus_draft(self) -> bool:
+        """True when draft_logits carries the drafter's row at the bonus position."""
+        return self.draft_logits.shape[1] == self.num_drafts + 1
+
+    @property
+    def p_x(self) -> torch.Tensor:
+        return self.drafts().p_x
+
+    @property
+    def q_x(self) -> torch.Tensor:
+        return self.drafts().q_x
+
+    @property
+    def p_tilde(self) -> torch.Tensor:
+        return self.drafts().p_tilde
+
+    def drafts(self) -> Positions:
+        """All N draft positions, [B, N, ...] (cached, so p_x etc. are computed once)."""
+        if self._drafts is None:
+            n = self.num_drafts
+            self._drafts = self._positions(lambda t: t[:, :n])
+        return self._drafts
+
+    def rows(self, b: torch.Tensor, i: torch.Tensor) -> Positions:
+        """Draft position i[r] of sequence b[r] for each r: [R, ...]."""
+        return self._positions(lambda t: t[b, i])
+
+    def _positions(self, select) -> Positions:
+        sources = dict(p=self.p, q=self.q, z_p=self.target_logits, z_q=self.draft_logits,
+                       x=self.draft_tokens)
+        return Positions(sources, select, self.temperature, self.top_k, self.top_p)
+
+
+# ---------------------------------------------------------------- rules
+
+
+class Rule:
+    """Base class: strict speculative sampling. Subclasses override what differs."""
+
+    name: str = ""
+    description: str = ""
+    params: dict[str, ParamSpec] = {}
+    inputs: dict[str, TensorInput] = {}
+    uses_draft_probs: bool = True
+
+    # --- the math (pure; no sampling) ---
+
+    def accept_prob(self, pos: Positions, **params) -> torch.Tensor:
+        """[...] probability of accepting pos.x. Default: min(1, p(x)/q(x))."""
+        return capped_ratio(pos.p_x, pos.q_x)
+
+    def residual(self, pos: Positions, **params) -> torch.Tensor:
+        """[..., V] unnormalised residual weights. Default: (p - q)+."""
+        return (pos.p - pos.q).clamp_min_(0.0)
+
+    def bonus(self, ctx: VerifyContext, **params) -> torch.Tensor:
+        """[B, V] bonus distribution. Default: p at the bonus position."""
+        return ctx.p[:, -1]
+
+    def targets(self, ctx: VerifyContext, **params) -> Targets:
+        """Dense targets on the whole block (for inspection; verify only gathers rows)."""
+        params = self.validate(params, batch_shape=tuple(ctx.draft_tokens.shape))
+        pos = ctx.drafts()
+        return Targets(
+            accept_prob=self.accept_prob(pos, **params),
+            residual=normalize_or(self.residual(pos, **params), pos.p),
+            bonus=normalize_or(self.bonus(ctx, **params), ctx.p[:, -1]),
+        )
+
+    # --- parameters ---
+
+    def strict_params(self) -> dict[str, float] | None:
+        """Parameter values at which this rule is exactly strict, or None if it has none."""
+        if not self.params:
+            return {}
+        strict = {n: s.strict_value for n, s in self.params.items() if s.strict_value is not None}
+        return strict or None
+
+    def validate(self, params: dict, batch_shape: tuple[int, int] | None = None) -> dict:
+        """Defaults filled in; ValueError for unknown names, wrong types, out-of-range
+        values, missing / malformed tensor inputs (shape checked if batch_shape is given)."""
+        known = {**self.params, **self.inputs}
+        for name in params:
+            if name not in known:
+                valid = ", ".join(known) or "none"
+                hint = _owner_hint(name)
+                raise ValueError(
+                    f"rule {self.name!r} has no parameter {name!r} (its parameters: {valid}){hint}"
+                )
+        out = {}
+        for name, spec in self.params.items():
+            out[name] = spec.check(params.get(name, spec.default), self.name)
+        for name, spec in self.inputs.items():
+            out[name] = self._check_input(spec, params.get(name), batch_shape)
+        return out
+
+    def _check_input(self, spec: TensorInput, value, batch_shape) -> torch.Tensor:
+        where = f"rule {self.name!r}: input {spec.name!r}"
+        if value is None:
+            raise ValueError(f"{where} is required ({spec.doc})")
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise ValueError(f"{where} must be a floating-point torch.Tensor ({spec.doc})")
+        if batch_shape is not None and tuple(value.shape) != tuple(batch_shape):
+            raise ValueError(
+                f"{where} must have shape [B, N] = {list(batch_shape)}, got {list(value.shape)}"
+            )
+        if value.numel() and not bool(((value >= spec.low) & (value <= spec.high)).all()):
+            raise ValueError(f"{where} must lie in [{spec.low:g}, {spec.high:g}] (NaN not allowed)")
+        return value
+
+    def __repr__(self) -> str:
+        ps = ", ".join(f"{n}={s.default:g}" for n, s in self.params.items())
+        return f"<Rule {self.name}({ps})>"
+
+
+# ---------------------------------------------------------------- registry
+
+RULES: dict[str, Rule] = {}
+
+
+def register(cls: type[Rule]) -> type[Rule]:
+    """Class decorator: one instance per rule, keyed by its name, in import order."""
+    rule = cls()
+    if rule.name in RULES:
+        raise RuntimeError(f"acceptance rule {rule.name!r} registered twice")
+    RULES[rule.name] = rule
+    return cls
+
+
+def get_rule(name) -> Rule:
+    try:
+        return RULES[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown acceptance method {name!r}; known methods: {', '.join(RULES)}"
+        ) from None
+
+
+def _owner_hint(name: str) -> str:
+    owners = [r.name for r in RULES.values() if name in r.params or name in r.inputs]
+    if not owners:
+        return ""
+    return f"; {name!r} is a parameter of: {', '.join(owners)}"

@@ -1,0 +1,29 @@
+"""Fuzzy speculative decoding, FSD (Holsman, Huang, Dhingra, Findings ACL 2025).
+
+Accept the draft iff JSD(p, q) < T at that position; otherwise resample from p
+(no residual). T < 0 never accepts: autoregressive decoding from p (lossless,
+but no speed-up). Its reducible variant is `r-fuzzy`.
+"""
+
+import torch
+
+from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
+from relaxspec.acceptance.processing import jsd
+
+
+@register
+class FuzzyRule(Rule):
+    name = "fuzzy"
+    description = "FSD: accept iff JSD(p,q) < T, else resample from p."
+    params = {
+        "threshold": ParamSpec(
+            "threshold", 0.2, grid=(0.05, 0.2, 0.3),
+            doc="JSD threshold in nats; T < 0 never accepts (autoregressive from p)",
+        )
+    }
+
+    def accept_prob(self, pos: Positions, *, threshold: float) -> torch.Tensor:
+        return (jsd(pos.p, pos.q) < threshold).to(pos.p.dtype)
+
+    def residual(self, pos: Positions, **params) -> torch.Tensor:
+        return pos.p

@@ -1,0 +1,168 @@
+"""Turning logits into the processed distributions every rule works on, plus small
+divergence helpers and the argument checks shared by `verify`.
+
+"Processed" means: logits / temperature, then top-k, then top-p, renormalised
+(the order vLLM and Hugging Face use). Temperature 0 means greedy: a one-hot
+row on the argmax.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+# ---------------------------------------------------------------- processing
+
+
+def process_logits(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """Processed probabilities over the last dimension of `logits`.
+
+    logits / temperature, then keep the top_k largest (ties with the k-th value
+    are kept), then keep the smallest most-likely set whose mass reaches top_p
+    (always at least one token), renormalised. temperature == 0 gives a
+    one-hot row on the argmax (first index on ties); top-k / top-p cannot
+    change the argmax, so they are no-ops there.
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    z = as_float(logits)
+    if temperature == 0:
+        return one_hot_argmax(z)
+    if temperature != 1.0:
+        z = z / temperature
+    if top_k is not None and top_k < z.shape[-1]:
+        kth = z.topk(top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, NEG_INF)
+    if top_p is not None and top_p < 1.0:
+        z = _mask_top_p(z, top_p)
+    return z.softmax(dim=-1)
+
+
+def _mask_top_p(z: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_z, order = z.sort(dim=-1, descending=True)
+    probs = sorted_z.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    # A token is dropped once the more likely tokens already hold top_p.
+    drop_sorted = mass_before >= top_p
+    drop_sorted[..., 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+    return z.masked_fill(drop, NEG_INF)
+
+
+def as_float(t: torch.Tensor) -> torch.Tensor:
+    """Half / bfloat16 logits are upcast: probabilities near 0 and 1 matter here."""
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return t.float()
+    return t
+
+
+def one_hot_argmax(z: torch.Tensor) -> torch.Tensor:
+    """One-hot row on the argmax of the last dimension (first index on ties)."""
+    return torch.zeros_like(z).scatter_(-1, z.argmax(dim=-1, keepdim=True), 1.0)
+
+
+# ---------------------------------------------------------------- divergences (nats)
+
+
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy of each row, in nats."""
+    return -torch.xlogy(p, p).sum(dim=-1)
+
+
+def jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Jensen-Shannon divergence of each row pair, in nats (in [0, ln 2]).
+
+    With s = p + q and m = s/2: JSD = ½[Σ p log p + Σ q log q - Σ s log s] + ½ log 2 · Σ s,
+    which needs fewer [.., V] temporaries than the two KL terms. xlogy(0, .) = 0,
+    so disjoint supports need no special case.
+    """
+    s = p + q
+    neg_h = torch.xlogy(p, p).sum(dim=-1) + torch.xlogy(q, q).sum(dim=-1)
+    out = 0.5 * (neg_h - torch.xlogy(s, s).sum(dim=-1)) + (0.5 * math.log(2.0)) * s.sum(dim=-1)
+    return out.clamp(0.0, math.log(2.0))
+
+
+def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """TV(p, q) = sum (p - q)+ of each row pair."""
+    return (p - q).clamp_min(0.0).sum(dim=-1)
+
+
+# ---------------------------------------------------------------- ratio / normalisation
+
+
+def capped_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """min(1, num / den) with num / 0 := 1 if num > 0 else 0.
+
+    den == 0 happens for drafts the drafter could not have produced (greedy
+    drafts, top-k cuts); the convention keeps every rule NaN-free there.
+    """
+    positive = den > 0
+    safe_den = torch.where(positive, den, torch.ones_like(den))
+    ratio = torch.where(positive, num / safe_den, (num > 0).to(num.dtype))
+    return ratio.clamp(max=1.0)
+
+
+def normalize_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Rows of `weights` normalised to sum 1; rows with zero mass become `fallback`."""
+    mass = weights.sum(dim=-1, keepdim=True)
+    has_mass = mass > 0
+    normalised = weights / torch.where(has_mass, mass, torch.ones_like(mass))
+    return torch.where(has_mass, normalised, fallback)
+
+
+def sample_rows(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One index per row of non-negative `weights` [R, V] (unnormalised is fine).
+
+    Inverse CDF with one uniform per row: same law as torch.multinomial and as
+    reproducible under a seeded generator, but ~4x faster on CPU for large V.
+    """
+    cdf = weights.cumsum(dim=-1, dtype=torch.float64)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, generator=generator, device=weights.device, dtype=cdf.dtype)
+    # Keep the target strictly below the total so a trailing zero-weight token
+    # can never be picked through rounding of u * total.
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
+
+
+# ---------------------------------------------------------------- argument checks
+
+
+def check_sampling_args(temperature, top_k, top_p) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if not (temperature >= 0 and temperature < float("inf")):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+            raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not (0 < top_p <= 1):
+            raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+
+
+def check_logits(name: str, logits) -> None:
+    """Floating tensor; NaN and +inf are errors, -inf (masked tokens) is allowed,
+    but every row needs at least one finite logit."""
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
+    if not logits.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {logits.dtype}")
+    if logits.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(logits.shape)})")
+    row_max = logits.amax(dim=-1)  # one pass: amax propagates NaN and +inf
+    if torch.isnan(row_max).any():
+        raise ValueError(f"{name} contains NaN (only -inf is allowed, for masked tokens)")
+    if torch.isposinf(row_max).any():
+        raise ValueError(f"{name} contains +inf (only -inf is allowed, for masked tokens)")
+    if torch.isneginf(row_max).any():
+        raise ValueError(f"{name} has a row where every logit is -inf (no token left to sample)")

@@ -1,0 +1,34 @@
+"""Typical acceptance (Medusa §3.3.1; vLLM TypicalAcceptanceSampler).
+
+Accept iff p(x) > min(ε, δ·exp(-H(p))), H in nats of the processed p; q is not
+used. At the first rejection emit argmax p; bonus p. No strict setting.
+"""
+
+import math
+
+import torch
+
+from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
+from relaxspec.acceptance.processing import entropy, one_hot_argmax
+
+
+@register
+class TypicalRule(Rule):
+    name = "typical"
+    description = "Typical acceptance: accept iff p(x) > min(ε, δ·exp(-H(p))); drafter-free."
+    uses_draft_probs = False
+    params = {
+        "epsilon": ParamSpec(
+            "epsilon", 0.09, low=0.0, high=1.0, grid=(0.09,), doc="hard probability threshold",
+        ),
+        "delta": ParamSpec(
+            "delta", 0.3, low=0.0, high=math.inf, high_inclusive=False, grid=(0.3,), doc="entropy-scaled threshold factor",
+        ),
+    }
+
+    def accept_prob(self, pos: Positions, *, epsilon: float, delta: float) -> torch.Tensor:
+        threshold = torch.clamp(delta * torch.exp(-entropy(pos.p)), max=epsilon)
+        return (pos.p_x > threshold).to(pos.p.dtype)
+
+    def residual(self, pos: Positions, **params) -> torch.Tensor:
+        return one_hot_argmax(pos.p)

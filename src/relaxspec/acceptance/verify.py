@@ -1,0 +1,186 @@
+"""The one shared verify step, batched (after vLLM's v1/sample/rejection_sampler.py).
+
+Rules only give math (accept_prob, residual, bonus); this loop alone draws
+randomness:
+
+1. u ~ U[0, 1) per draft position; accept x_i iff u_i < accept_prob_i;
+2. n = first rejected position (N if none); the drafts before it are kept;
+3. token n is sampled from the normalised residual at position n (falling back
+   to p there if the residual has no mass) or, if n == N, from the bonus.
+
+Only one residual row per sequence is ever needed, so the loop gathers row
+(b, min(n_b, N-1)) and computes the rule's residual there: dense O(V) work per
+position is left to rules whose *acceptance test* needs it. Shapes stay static
+(no data-dependent branching), and there is no Python loop over the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from relaxspec.acceptance.base import Targets, VerifyContext, get_rule
+from relaxspec.acceptance.processing import (
+    capped_ratio,
+    check_logits,
+    check_sampling_args,
+    process_logits,
+    sample_rows,
+)
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of one verify call on a block of B sequences with N drafts each."""
+
+    num_accepted: torch.Tensor  # long [B] in 0..N
+    tokens: torch.Tensor  # long [B, N+1]: kept drafts, then the residual/bonus token, then -1
+    accept_prob: torch.Tensor  # float [B, N]: the rule's acceptance probability
+    strict_accept_prob: torch.Tensor  # float [B, N]: min(1, p(x)/q(x))
+    accepted: torch.Tensor  # bool [B, N]: u < accept_prob, before the first-rejection cut
+    relaxed_only: torch.Tensor  # bool [B, N]: kept, though the strict test (same u) rejects
+
+    @property
+    def num_emitted(self) -> torch.Tensor:
+        """Tokens emitted per sequence: accepted drafts plus the residual-or-bonus one."""
+        return self.num_accepted + 1
+
+
+def build_context(
+    target_logits, draft_logits, draft_tokens, *, temperature=1.0, top_k=None, top_p=None
+) -> VerifyContext:
+    """Validate the block and process both distributions once."""
+    check_sampling_args(temperature, top_k, top_p)
+    check_logits("target_logits", target_logits)
+    if not isinstance(draft_logits, torch.Tensor):
+        raise ValueError(f"draft_logits must be a torch.Tensor, got {type(draft_logits).__name__}")
+    if target_logits.dim() != 3:
+        raise ValueError(
+            f"target_logits must be 3-D [B, N+1, V], got shape {list(target_logits.shape)}"
+        )
+    B, n_plus_1, V = target_logits.shape
+    N = n_plus_1 - 1
+    if N < 1:
+        raise ValueError(
+            f"target_logits must cover N >= 1 draft positions plus the bonus one ([B, N+1, V]), "
+            f"got shape {list(target_logits.shape)}"
+        )
+    if draft_logits.dim() != 3:
+        raise ValueError(
+            f"draft_logits must be 3-D [B, N, V] or [B, N+1, V], got shape {list(draft_logits.shape)}"
+        )
+    if draft_logits.shape[-1] != V:
+        raise ValueError(
+            f"vocabulary mismatch: target_logits has V={V}, draft_logits has V={draft_logits.shape[-1]}"
+        )
+    if draft_logits.shape[0] != B or draft_logits.shape[1] not in (N, N + 1):
+        raise ValueError(
+            f"draft_logits must have shape [B, N, V] or [B, N+1, V] = [{B}, {N}(+1), {V}] to match "
+            f"target_logits {list(target_logits.shape)}, got {list(draft_logits.shape)}"
+        )
+    check_logits("draft_logits", draft_logits)
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype != torch.long:
+        got = draft_tokens.dtype if isinstance(draft_tokens, torch.Tensor) else type(draft_tokens).__name__
+        raise ValueError(f"draft_tokens must be a torch.long tensor [B, N], got {got}")
+    if tuple(draft_tokens.shape) != (B, N):
+        raise ValueError(
+            f"draft_tokens must have shape [B, N] = [{B}, {N}] to match target_logits "
+            f"{list(target_logits.shape)}, got {list(draft_tokens.shape)}"
+        )
+    devices = {target_logits.device, draft_logits.device, draft_tokens.device}
+    if len(devices) > 1:
+        raise ValueError(f"target_logits, draft_logits and draft_tokens are on different devices: {devices}")
+    if bool(((draft_tokens < 0) | (draft_tokens >= V)).any()):
+        raise ValueError(f"draft_tokens must lie in [0, V) = [0, {V})")
+
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    return VerifyContext(
+        p=process_logits(target_logits, **sampling),
+        q=process_logits(draft_logits[:, :N], **sampling),
+        target_logits=target_logits,
+        draft_logits=draft_logits,
+        draft_tokens=draft_tokens,
+        **sampling,
+    )
+
+
+def verify(
+    method: str,
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    **params,
+) -> VerifyResult:
+    """Verify a block of drafts with acceptance rule `method` (see `RULES`).
+
+    target_logits [B, N+1, V] (N draft positions + bonus), draft_logits [B, N, V]
+    (or [B, N+1, V] with the drafter's bonus-position row, used only by
+    spec-cont-dec), draft_tokens long [B, N]; params are the rule's own.
+    """
+    rule = get_rule(method)
+    ctx = build_context(
+        target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p
+    )
+    params = rule.validate(params, batch_shape=tuple(draft_tokens.shape))
+    B, N = ctx.batch_size, ctx.num_drafts
+    drafts = ctx.drafts()
+
+    accept_prob = rule.accept_prob(drafts, **params)
+    strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x)
+    u = torch.rand((B, N), generator=generator, device=accept_prob.device, dtype=accept_prob.dtype)
+    accepted = u < accept_prob
+
+    # n = index of the first rejection, N if every draft passed.
+    rejected = ~accepted
+    n = torch.where(rejected.any(dim=1), rejected.int().argmax(dim=1), N)
+    kept = torch.arange(N, device=n.device) < n.unsqueeze(1)  # [B, N]
+
+    # One residual row per sequence, at its first rejection (row N-1 is a
+    # placeholder for fully accepted sequences, which take the bonus instead).
+    # Weights need not be normalised to be sampled; a residual without mass
+    # falls back to p at that position.
+    at_row = ctx.rows(torch.arange(B, device=n.device), n.clamp(max=N - 1))
+    residual = rule.residual(at_row, **params)
+    stopped = (n < N).unsqueeze(1)
+    use_residual = stopped & (residual.sum(dim=-1, keepdim=True) > 0)
+    final = torch.where(stopped, at_row.p, rule.bonus(ctx, **params))
+    final = torch.where(use_residual, residual, final)
+    last = sample_rows(final, generator)  # [B]
+
+    tokens = torch.full((B, N + 1), -1, dtype=torch.long, device=n.device)
+    tokens[:, :N] = torch.where(kept, ctx.draft_tokens, -1)
+    tokens.scatter_(1, n.unsqueeze(1), last.unsqueeze(1))
+
+    return VerifyResult(
+        num_accepted=n,
+        tokens=tokens,
+        accept_prob=accept_prob,
+        strict_accept_prob=strict_accept_prob,
+        accepted=accepted,
+        relaxed_only=accepted & kept & ~(u < strict_accept_prob),
+    )
+
+
+def relaxed_targets(
+    method: str,
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    **params,
+) -> Targets:
+    """A rule's dense targets on a block, without sampling (same inputs as `verify`)."""
+    rule = get_rule(method)
+    ctx = build_context(
+        target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p
+    )
+    return rule.targets(ctx, **params)

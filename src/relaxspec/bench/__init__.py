@@ -1,0 +1,1 @@
+"""Bench: grid runner, speed-up model, result store, report and plots."""

@@ -1,0 +1,139 @@
+"""`relaxspec bench` and `relaxspec report` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from relaxspec.bench.grid import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT,
+                                  DEFAULT_REPEATS, BenchConfig, load_toml)
+
+BENCH_EPILOG = f"""\
+Default grid (no --methods / config): ar; strict; every training-free rule at each value of its paper
+grid (cactus delta 0.1/0.25/1/10; mentored alpha 0.3/0.7/0.95; fuzzy and r-fuzzy threshold 0.05/0.2/0.3;
+spec-casc-opt alpha -0.1/0/0.05; spec-casc-tok alpha 0/0.35/0.8; ensemble weight 0.8/0.9/0.95;
+spec-cont-dec beta 0.1/0.5/1; typical epsilon=0.09, delta=0.3); pad at thresholds 0.3/0.5/0.7 when a
+PAD classifier ships; N in {{3, 5}}; task arithmetic; {DEFAULT_LIMIT} prompts x {DEFAULT_REPEATS} repeats per cell;
+temperature 0.7, top_p 0.95, max {DEFAULT_MAX_NEW_TOKENS} new tokens. About 15 minutes on 2 CPU cores.
+
+--methods takes a comma-separated list of NAME (its paper grid) or NAME:PARAM=V1/V2[;PARAM=V]
+(e.g. --methods ar,strict,'cactus:delta=0.5/2','typical:epsilon=0.1;delta=0.2').
+A TOML --config takes the same settings as keys (verifiers, drafters, tasks, methods, draft_lengths,
+seeds, limit, repeats, temperature, top_k, top_p, max_new_tokens, batch_size, pad_thresholds,
+pad_classifier, out); flags override it. Results go to OUT/results.sqlite; re-running skips finished
+cells, so an interrupted bench resumes where it stopped.
+"""
+
+
+def _csv_list(cast):
+    def parse(text: str):
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        try:
+            return [cast(x) for x in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid list {text!r}") from None
+    return parse
+
+
+def register(subparsers) -> None:
+    b = subparsers.add_parser("bench", help="run a grid of methods x parameters x draft lengths and store results",
+                              description="Run the bench grid; every finished cell is stored at once.",
+                              epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--config", type=Path, help="TOML file with bench settings")
+    b.add_argument("--verifier", type=_csv_list(str), help="verifier model(s), comma-separated")
+    b.add_argument("--drafter", type=_csv_list(str), help="drafter model(s), comma-separated")
+    b.add_argument("--tasks", type=_csv_list(str), help="arithmetic, sorting, humaneval, jsonl:PATH[:metric]")
+    b.add_argument("--methods", type=_csv_list(str), help="methods, see below")
+    b.add_argument("--draft-lengths", type=_csv_list(int), help="e.g. 3,5")
+    b.add_argument("--seed", type=_csv_list(int), help="seed(s), comma-separated")
+    b.add_argument("--limit", type=int, help=f"prompts per task (default {DEFAULT_LIMIT})")
+    b.add_argument("--repeats", type=int, help=f"samples per prompt (default {DEFAULT_REPEATS})")
+    b.add_argument("--temperature", type=float, help="default 0.7")
+    b.add_argument("--top-p", type=float, help="default 0.95")
+    b.add_argument("--top-k", type=int)
+    b.add_argument("--max-new-tokens", type=int, help=f"default {DEFAULT_MAX_NEW_TOKENS}")
+    b.add_argument("--batch-size", type=int, help=f"sequences per generate call (default {DEFAULT_BATCH_SIZE})")
+    b.add_argument("--pad-thresholds", type=_csv_list(float), help="default 0.3,0.5,0.7")
+    b.add_argument("--pad-classifier", help="PAD classifier path (default: the built-in one)")
+    b.add_argument("--out", type=Path, help=f"output directory (default ./{DEFAULT_OUT})")
+    b.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: tiny models gain little from more, and shared CPUs lose)")
+    b.add_argument("--max-drop", type=float, default=0.05, help="utility drop allowed for 'best rule' (default 0.05)")
+    b.add_argument("--no-plots", action="store_true")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
+    r = subparsers.add_parser("report", help="table, CSV and plots from a bench output directory")
+    r.add_argument("dir", type=Path, nargs="?", default=Path(DEFAULT_OUT))
+    r.add_argument("--csv", type=Path, help="write the CSV here (default DIR/results.csv)")
+    r.add_argument("--max-drop", type=float, default=0.05, help="utility drop allowed for 'best rule' (default 0.05)")
+    r.add_argument("--no-plots", action="store_true")
+    r.set_defaults(func=cmd_report)
+
+
+_FLAG_TO_FIELD = {"verifier": "verifiers", "drafter": "drafters", "tasks": "tasks", "methods": "methods",
+                  "draft_lengths": "draft_lengths", "seed": "seeds", "limit": "limit", "repeats": "repeats",
+                  "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                  "max_new_tokens": "max_new_tokens", "batch_size": "batch_size", "pad_thresholds": "pad_thresholds",
+                  "pad_classifier": "pad_classifier", "out": "out"}
+
+
+def config_from_args(args) -> BenchConfig:
+    data = load_toml(args.config) if getattr(args, "config", None) else {}
+    config = BenchConfig.from_dict(data)
+    for flag, name in _FLAG_TO_FIELD.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            setattr(config, name, str(value) if name == "out" else value)
+    config.validate()
+    return config
+
+
+def cmd_bench(args) -> int:
+    import torch
+
+    from relaxspec.bench.grid import run_grid
+
+    import warnings
+    warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
+    config = config_from_args(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        summary = run_grid(config, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"\nbench: interrupted; finished cells are stored in {Path(config.out) / 'results.sqlite'}; "
+              "re-run the same command to resume", file=sys.stderr)
+        return 130
+    print(f"bench: ran {len(summary.ran)} cells, skipped {len(summary.skipped)} finished ones, "
+          f"in {summary.wall_s:.1f} s")
+    if summary.unavailable:
+        print(f"bench: {len(summary.unavailable)} pad cells not run (no PAD classifier)")
+    return _report(Path(config.out), None, args.max_drop, not args.no_plots)
+
+
+def cmd_report(args) -> int:
+    return _report(args.dir, args.csv, args.max_drop, not args.no_plots)
+
+
+def _report(out_dir: Path, csv_path, max_drop: float, plots: bool) -> int:
+    from relaxspec.bench.report import build_rows, format_table, write_csv
+    from relaxspec.bench.store import Store
+
+    with Store.open_existing(out_dir) as store:
+        rows = build_rows(store)
+    print(format_table(rows, max_drop=max_drop))
+    if not rows:
+        return 0
+    csv_file = write_csv(rows, csv_path or out_dir / "results.csv")
+    print(f"\nCSV: {csv_file}")
+    if plots:
+        from relaxspec.bench.plots import all_plots
+        paths = all_plots(rows, out_dir / "plots")
+        print("plots:")
+        for p in paths:
+            print(f"  {p}")
+    return 0

@@ -1,0 +1,250 @@
+"""relaxspec command line: generate / methods / models / bench / report / pivot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _parse_value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def parse_params(pairs: list[str] | None) -> dict:
+    params = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--param expects KEY=VALUE, got {pair!r}")
+        params[key.strip().replace("-", "_")] = _parse_value(value.strip())
+    return params
+
+
+# ------------------------------------------------------------------ methods
+
+
+def cmd_methods(args) -> int:
+    from relaxspec.acceptance import RULES
+
+    if args.json:
+        print(json.dumps({name: _rule_info(rule) for name, rule in RULES.items()}, indent=2))
+        return 0
+    print("ar: autoregressive baseline (no drafter, no parameters)")
+    for name, rule in RULES.items():
+        strict = rule.strict_params()
+        strict_text = "no strict setting" if strict is None else (
+            "is strict" if not strict else "strict at " + ", ".join(f"{k}={v}" for k, v in strict.items()))
+        print(f"\n{name}: {rule.description} [{strict_text}]")
+        for p in rule.params.values():
+            grid = ", ".join(map(str, p.grid)) if p.grid else "-"
+            print(f"  --param {p.name}=<{p.default}>  range {p.range_str()}  paper grid: {grid}")
+        for t in getattr(rule, "inputs", {}).values():
+            print(f"  input {t.name}: {getattr(t, 'doc', '')}")
+    return 0
+
+
+def _rule_info(rule) -> dict:
+    return {"description": rule.description, "strict": rule.strict_params(),
+            "params": {p.name: {"default": p.default, "range": p.range_str(), "grid": list(p.grid or [])}
+                       for p in rule.params.values()}}
+
+
+# ------------------------------------------------------------------ generate
+
+
+def _read_prompts(args) -> list[str]:
+    if args.prompt is not None:
+        return [args.prompt]
+    prompts = []
+    with open(args.prompts, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{args.prompts}:{line_no}: not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise ValueError(f"{args.prompts}:{line_no}: expected an object with a string 'prompt'")
+            prompts.append(record["prompt"])
+    if not prompts:
+        raise ValueError(f"{args.prompts}: no prompts")
+    return prompts
+
+
+def cmd_generate(args) -> int:
+    from relaxspec.engine import generate
+    from relaxspec.models import load_model
+
+    params = parse_params(args.param)
+    prompts = _read_prompts(args)
+    verifier = load_model(args.verifier)
+    drafter = None if args.method == "ar" else load_model(args.drafter)
+    pivot_fn = None
+    if args.method == "pad":
+        from relaxspec.pivot import builtin_classifier_path, load_classifier
+
+        path = params.pop("classifier", None) or builtin_classifier_path()
+        pivot_fn = load_classifier(path).pivot_fn()
+    out = generate(verifier, drafter, prompts, method=args.method, draft_length=args.draft_length,
+                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, seed=args.seed, pivot_fn=pivot_fn, **params)
+    if args.json:
+        print(json.dumps({"results": [{"prompt": r.prompt, "text": r.text, "token_ids": r.token_ids,
+                                       "stats": _public_stats(r.stats)} for r in out.results],
+                          "stats": _public_stats(out.stats)}))
+        return 0
+    for r in out.results:
+        if len(out.results) > 1:
+            print(f"--- {r.prompt}")
+        print(render_trace(r, verifier.tokenizer, color=sys.stdout.isatty()) if args.show else r.text)
+    s = out.stats
+    print(f"[{args.method}] {s['generated_tokens']} tokens in {s['time_total_s']:.2f}s; "
+          f"acceptance rate {s['acceptance_rate']:.2f}; mean acceptance length (with bonus) "
+          f"{s['mean_acceptance_length']:.2f}; verifier calls {s['verifier_calls']}", file=sys.stderr)
+    if args.show:
+        print(SHOW_LEGEND_COLOR if sys.stdout.isatty() else SHOW_LEGEND_PLAIN, file=sys.stderr)
+    return 0
+
+
+STATS_KEYS = ["drafts_proposed", "drafts_accepted", "acceptance_rate", "acceptance_rate_per_position",
+              "mean_acceptance_length", "verifier_calls", "drafter_calls", "time_draft_s", "time_verify_s",
+              "time_total_s"]
+
+
+def _public_stats(stats: dict) -> dict:
+    return {k: stats.get(k, 0.0) for k in STATS_KEYS}
+
+
+SHOW_LEGEND_PLAIN = "legend: token = accepted draft; {token} = accepted only because the rule is relaxed " \
+                    "(strict would have rejected it); [-draft-]>token = rejected draft, then the verifier's token; " \
+                    "<token> = bonus token"
+SHOW_LEGEND_COLOR = "legend: green = accepted draft; yellow = accepted only because the rule is relaxed; " \
+                    "red struck-through = rejected draft, followed by the verifier's token in bold; blue = bonus"
+
+
+def render_trace(result, tokenizer, color: bool = False) -> str:
+    """The response with every drafted token marked (see the legends above)."""
+    def piece(t):
+        return tokenizer.decode([t])
+
+    def style(text, code):
+        return f"\x1b[{code}m{text}\x1b[0m" if color else text
+
+    eos = tokenizer.eos_token_id
+    parts, budget = [], len(result.token_ids)
+    for rnd in result.trace:
+        for i in range(rnd.num_accepted):
+            if budget <= 0:
+                break
+            t = rnd.drafts[i]
+            budget -= 1
+            if rnd.relaxed_only[i]:
+                parts.append(style(piece(t), "33") if color else "{" + piece(t) + "}")
+            else:
+                parts.append(style(piece(t), "32") if color else piece(t))
+        if budget <= 0 or rnd.emitted == eos:
+            break
+        budget -= 1
+        if rnd.num_accepted < len(rnd.drafts):
+            rejected = piece(rnd.drafts[rnd.num_accepted])
+            parts.append(style(rejected, "9;31") + style(piece(rnd.emitted), "1") if color
+                         else f"[-{rejected}-]>{piece(rnd.emitted)}")
+        else:
+            parts.append(style(piece(rnd.emitted), "34") if color else f"<{piece(rnd.emitted)}>")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------ models
+
+
+def cmd_models(args) -> int:
+    from relaxspec.models import family
+
+    if args.models_cmd == "path":
+        print(family.builtin_path(args.name))
+        return 0
+    if args.models_cmd == "train":
+        from relaxspec.models.train import train_family
+
+        train_family(args.out, seed=args.seed, scale=args.scale, only=args.only)
+        return 0
+    from relaxspec.models.report import family_table
+
+    print(family_table(tasks=args.tasks, n=args.n))
+    return 0
+
+
+# ------------------------------------------------------------------ main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from relaxspec.models.family import BUILTIN_DIR, DEFAULT_DRAFTER, DEFAULT_VERIFIER
+
+    ap = argparse.ArgumentParser(prog="relaxspec", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("methods", help="list every acceptance rule with its parameters")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_methods)
+
+    g = sub.add_parser("generate", help="speculative (or autoregressive) generation")
+    g.add_argument("--verifier", default=DEFAULT_VERIFIER, help="built-in model name or HF model directory")
+    g.add_argument("--drafter", default=DEFAULT_DRAFTER)
+    g.add_argument("--method", default="strict", help="'ar' or an acceptance rule (see `relaxspec methods`)")
+    g.add_argument("--param", action="append", metavar="KEY=VALUE", help="rule parameter (repeatable)")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompts", help="JSONL file with a 'prompt' per line")
+    g.add_argument("--draft-length", type=int, default=5)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    g.add_argument("--show", action="store_true", help="mark accepted / rejected / relaxed-only drafts")
+    g.set_defaults(func=cmd_generate)
+
+    md = sub.add_parser("models", help="the built-in model family")
+    msub = md.add_subparsers(dest="models_cmd", required=True)
+    ml = msub.add_parser("list", help="sizes, latency, c_rel and task accuracy")
+    ml.add_argument("--tasks", nargs="*", default=["arithmetic", "sorting"])
+    ml.add_argument("--n", type=int, default=50, help="held-out problems per task for the accuracy column")
+    mp = msub.add_parser("path", help="directory of a built-in model")
+    mp.add_argument("name")
+    mt = msub.add_parser("train", help="retrain the family from scratch (fixed seed)")
+    from pathlib import Path
+
+    mt.add_argument("--out", type=Path, default=BUILTIN_DIR)
+    mt.add_argument("--seed", type=int, default=0)
+    mt.add_argument("--scale", type=float, default=1.0, help="multiply every step budget (tiny runs for tests)")
+    mt.add_argument("--only", nargs="*")
+    md.set_defaults(func=cmd_models)
+
+    for module in ("relaxspec.bench.commands", "relaxspec.pivot.commands"):
+        try:
+            __import__(module, fromlist=["register"]).register(sub)
+        except ImportError as e:  # a layer that is not installed must not break the others
+            if module not in str(e) and "commands" not in str(e):
+                raise
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"relaxspec: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""Causal LMs for the engine: a Hugging Face adapter and the built-in family."""
+
+from relaxspec.models.family import DEFAULT_DRAFTER, DEFAULT_VERIFIER, FAMILY, builtin_path, is_builtin
+from relaxspec.models.hf import CausalLM, check_same_vocab, load_model, measure_step_latency
+
+__all__ = ["CausalLM", "load_model", "check_same_vocab", "measure_step_latency", "FAMILY", "builtin_path",
+           "is_builtin", "DEFAULT_VERIFIER", "DEFAULT_DRAFTER"]

@@ -1,0 +1,47 @@
+"""The built-in model family: specifications, and where the shipped weights live."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+TOKENIZER_DIR = BUILTIN_DIR / "tokenizer"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int
+    steps: int  # optimiser steps in the reproducible training recipe
+    batch_size: int
+    lr: float
+    role: str
+
+
+FAMILY = {
+    spec.name: spec
+    for spec in [
+        ModelSpec("verifier", layers=8, hidden=128, heads=4, ffn=512, steps=3000, batch_size=32, lr=2e-3,
+                  role="verifier: the strongest of the family"),
+        ModelSpec("drafter-strong", layers=2, hidden=128, heads=2, ffn=512, steps=1500, batch_size=32, lr=2e-3,
+                  role="drafter: smaller LM, decent at the tasks"),
+        ModelSpec("drafter-weak", layers=1, hidden=64, heads=1, ffn=192, steps=2400, batch_size=32, lr=3e-3,
+                  role="drafter: tiny LM, knows the format, weak at the arithmetic"),
+    ]
+}
+DEFAULT_VERIFIER = "verifier"
+DEFAULT_DRAFTER = "drafter-weak"
+
+
+def builtin_path(name: str) -> Path:
+    if name not in FAMILY:
+        raise ValueError(f"unknown built-in model {name!r}; built-in models: {sorted(FAMILY)}")
+    return BUILTIN_DIR / name
+
+
+def is_builtin(name: str) -> bool:
+    return name in FAMILY

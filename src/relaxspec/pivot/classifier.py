@@ -1,0 +1,215 @@
+"""The PAD pivot classifier: a small head on verifier features (PAD's `extended` variant).
+
+hidden [H] -> Linear(H, 64); scalars [6] -> Linear(6, 16); concat [80] -> Linear(80, 128) -> ReLU ->
+Linear(128, 1) = pivot logit. Both inputs are standardised with statistics of the training split,
+stored as buffers, so a saved classifier is self-contained.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from relaxspec.pivot.features import SCALAR_FEATURES, candidate_features
+
+FORMAT = "relaxspec-pivot-classifier/1"
+
+
+class PivotClassifier(nn.Module):
+    def __init__(self, hidden_size: int, n_scalars: int = len(SCALAR_FEATURES), hidden_layer: int = -1,
+                 spec: dict | None = None):
+        super().__init__()
+        self.hidden_proj = nn.Linear(hidden_size, 64)
+        self.scalar_proj = nn.Linear(n_scalars, 16)
+        self.mlp = nn.Sequential(nn.Linear(80, 128), nn.ReLU(), nn.Linear(128, 1))
+        self.register_buffer("hidden_mean", torch.zeros(hidden_size))
+        self.register_buffer("hidden_std", torch.ones(hidden_size))
+        self.register_buffer("scalar_mean", torch.zeros(n_scalars))
+        self.register_buffer("scalar_std", torch.ones(n_scalars))
+        self.hidden_layer = hidden_layer
+        self.threshold = 0.5  # suggested decode threshold (chosen by train_classifier)
+        self.spec = dict(spec or {})
+        self.spec.update(hidden_layer=hidden_layer, hidden_size=hidden_size, feature_names=list(SCALAR_FEATURES))
+        self.metrics: dict = {}
+
+    def set_normalisation(self, hidden: torch.Tensor, scalars: torch.Tensor) -> None:
+        self.hidden_mean.copy_(hidden.mean(0))
+        self.hidden_std.copy_(hidden.std(0).clamp_min(1e-6))
+        self.scalar_mean.copy_(scalars.mean(0))
+        self.scalar_std.copy_(scalars.std(0).clamp_min(1e-6))
+
+    def forward(self, hidden: torch.Tensor, scalars: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H], scalars [..., 6] -> pivot logit [...]."""
+        h = self.hidden_proj((hidden.float() - self.hidden_mean) / self.hidden_std)
+        s = self.scalar_proj((scalars.float() - self.scalar_mean) / self.scalar_std)
+        return self.mlp(torch.cat([h, s], dim=-1)).squeeze(-1)
+
+    @torch.no_grad()
+    def predict_proba(self, hidden, target_logits, draft_logits, tokens) -> torch.Tensor:
+        """P(pivot) from raw model outputs (features by `candidate_features`)."""
+        h, s = candidate_features(hidden, target_logits, draft_logits, tokens)
+        return torch.sigmoid(self(h.to(self.hidden_mean.device), s.to(self.hidden_mean.device)))
+
+    def pivot_fn(self):
+        """The callable the engine calls each round: fn(hidden [B,N,H], target_logits [B,N,V],
+        draft_logits [B,N,V], draft_tokens [B,N]) -> P(pivot) [B,N]; `fn.hidden_layer` tells the
+        engine which verifier layer to hand over."""
+        self.eval()
+        clf = self
+
+        def fn(hidden, target_logits, draft_logits, draft_tokens):
+            if hidden is None:
+                raise ValueError("the pivot classifier needs the verifier's hidden states")
+            if hidden.shape[-1] != clf.hidden_mean.shape[0]:
+                raise ValueError(f"pivot classifier expects hidden size {clf.hidden_mean.shape[0]} "
+                                 f"(verifier {clf.spec.get('verifier')!r}), got {hidden.shape[-1]}")
+            return clf.predict_proba(hidden, target_logits, draft_logits, draft_tokens).to(target_logits.device)
+
+        fn.hidden_layer = self.hidden_layer
+        fn.classifier = self
+        return fn
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().clone() for k, v in self.state_dict().items()}  # float32: ~80 kB for H=128
+        torch.save(dict(format=FORMAT, spec=self.spec, threshold=self.threshold, metrics=self.metrics,
+                        n_scalars=self.scalar_mean.shape[0], state_dict=state), path)
+
+
+def load_classifier(path: str | Path) -> PivotClassifier:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no pivot classifier at {path}")
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a relaxspec pivot classifier (format {FORMAT})")
+    spec = blob["spec"]
+    if list(spec.get("feature_names", [])) != list(SCALAR_FEATURES):
+        raise ValueError(f"{path} was trained on features {spec.get('feature_names')}, this version computes "
+                         f"{list(SCALAR_FEATURES)}")
+    clf = PivotClassifier(spec["hidden_size"], blob["n_scalars"], spec["hidden_layer"], spec)
+    clf.load_state_dict({k: v.float() for k, v in blob["state_dict"].items()})
+    clf.threshold = blob.get("threshold", 0.5)
+    clf.metrics = blob.get("metrics", {})
+    return clf.eval()
+
+
+def roc_auc(scores, labels) -> float:
+    """Area under the ROC curve = P(score of a random positive > a random negative), ties count 1/2
+    (Mann-Whitney U with average ranks). NaN when only one class is present."""
+    scores = torch.as_tensor(scores, dtype=torch.float64).flatten()
+    labels = torch.as_tensor(labels).flatten().bool()
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = torch.argsort(scores)
+    sorted_scores = scores[order]
+    ranks = torch.empty_like(scores)
+    n = len(scores)
+    positions = torch.arange(1, n + 1, dtype=torch.float64)
+    # average ranks over tie groups
+    _, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
+    start = 0
+    avg = torch.empty(n, dtype=torch.float64)
+    for c in counts.tolist():
+        avg[start:start + c] = positions[start:start + c].mean()
+        start += c
+    ranks[order] = avg
+    u = ranks[labels].sum() - n_pos * (n_pos + 1) / 2
+    return float(u / (n_pos * n_neg))
+
+
+def binary_metrics(probs, labels, threshold: float) -> dict:
+    """Precision, recall, F1 and accuracy of `probs >= threshold` as the pivot prediction."""
+    probs = torch.as_tensor(probs).flatten()
+    labels = torch.as_tensor(labels).flatten().bool()
+    pred = probs >= threshold
+    tp = int((pred & labels).sum())
+    fp = int((pred & ~labels).sum())
+    fn = int((~pred & labels).sum())
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return dict(threshold=threshold, precision=precision, recall=recall, f1=f1,
+                accuracy=float((pred == labels).float().mean()) if len(labels) else float("nan"))
+
+
+def _load_data(data) -> dict:
+    if isinstance(data, (str, Path)):
+        data = torch.load(data, map_location="cpu", weights_only=False)
+    return data
+
+
+def split_by_prompt(prompt_index: torch.Tensor, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boolean masks (train, val) over candidates; whole prompts go to one side."""
+    prompts = torch.unique(prompt_index)
+    g = torch.Generator().manual_seed(seed)
+    perm = prompts[torch.randperm(len(prompts), generator=g)]
+    n_val = max(1, round(len(prompts) * val_fraction)) if len(prompts) > 1 and val_fraction > 0 else 0
+    val_prompts = perm[:n_val]
+    val = torch.isin(prompt_index, val_prompts)
+    return ~val, val
+
+
+def train_classifier(data, epochs: int = 300, lr: float = 3e-3, seed: int = 0, val_fraction: float = 0.2,
+                     weight_decay: float = 1e-3, progress: bool = False) -> tuple[PivotClassifier, dict]:
+    """Train a PivotClassifier on labelled candidates (a dict from `label_pivots`, or its path).
+
+    Split by prompt (val_fraction of the prompts held out); full-batch AdamW on BCE with
+    pos_weight = n_neg / n_pos (class-balanced). The threshold maximising F1 on the *training*
+    split is kept as `clf.threshold`; the report gives precision / recall / F1 at it and ROC-AUC
+    on the held-out split, plus the held-out metrics over thresholds 0.1..0.9.
+    Returns (classifier, report)."""
+    data = _load_data(data)
+    meta = data.get("meta", {})
+    hidden = data["hidden"].float()
+    scalars = data["scalars"].float()
+    labels = data["labels"].float()
+    if len(labels) < 2:
+        raise ValueError(f"need at least 2 labelled candidates to train, got {len(labels)}")
+    train, val = split_by_prompt(data["prompt_index"], val_fraction, seed)
+    if not train.any():
+        raise ValueError("the training split is empty")
+    torch.manual_seed(seed)
+    spec = {k: meta.get(k) for k in ("verifier", "drafter", "task", "k", "alpha", "margin", "min_prob")}
+    clf = PivotClassifier(hidden.shape[1], scalars.shape[1], int(meta.get("hidden_layer", -1)), spec)
+    clf.set_normalisation(hidden[train], scalars[train])
+    n_pos = float(labels[train].sum())
+    n_neg = float(len(labels[train]) - n_pos)
+    pos_weight = torch.tensor(n_neg / n_pos if n_pos > 0 and n_neg > 0 else 1.0)
+    loss_fn = nn.BCEWithLogitsLoss(pos_weight=pos_weight)
+    opt = torch.optim.AdamW(clf.parameters(), lr=lr, weight_decay=weight_decay)
+    clf.train()
+    h_tr, s_tr, y_tr = hidden[train], scalars[train], labels[train]
+    for _ in range(epochs):
+        opt.zero_grad()
+        loss = loss_fn(clf(h_tr, s_tr), y_tr)
+        loss.backward()
+        opt.step()
+    clf.eval()
+    with torch.no_grad():
+        p_tr = torch.sigmoid(clf(h_tr, s_tr))
+        p_val = torch.sigmoid(clf(hidden[val], scalars[val])) if val.any() else torch.zeros(0)
+    grid = [round(0.05 * i, 2) for i in range(1, 20)]
+    best = max(grid, key=lambda t: (binary_metrics(p_tr, y_tr, t)["f1"], -abs(t - 0.5)))
+    clf.threshold = best
+    report = dict(
+        n_train=int(train.sum()), n_val=int(val.sum()),
+        prompts_train=int(torch.unique(data["prompt_index"][train]).numel()),
+        prompts_val=int(torch.unique(data["prompt_index"][val]).numel()) if val.any() else 0,
+        pivot_rate_train=float(y_tr.mean()), pivot_rate_val=float(labels[val].mean()) if val.any() else math.nan,
+        final_train_loss=float(loss.detach()), threshold=best,
+        train=dict(**binary_metrics(p_tr, y_tr, best), roc_auc=roc_auc(p_tr, y_tr)),
+        val=dict(**binary_metrics(p_val, labels[val], best), roc_auc=roc_auc(p_val, labels[val]))
+        if val.any() else None,
+        val_by_threshold=[binary_metrics(p_val, labels[val], t) for t in (0.1, 0.3, 0.5, 0.7, 0.9)]
+        if val.any() else [],
+        scalar_auc_val={name: roc_auc(scalars[val][:, i], labels[val]) for i, name in enumerate(SCALAR_FEATURES)}
+        if val.any() else {},
+    )
+    clf.metrics = report
+    return clf, report

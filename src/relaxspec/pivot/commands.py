@@ -1,0 +1,95 @@
+"""`relaxspec pivot label|train`: build a PAD classifier for a verifier/drafter pair and a task."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _fmt(x) -> str:
+    return f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def cmd_label(args) -> int:
+    import torch
+
+    from relaxspec.models import load_model
+    from relaxspec.pivot.label import label_pivots, label_stats
+    from relaxspec.tasks.synthetic import synthetic_task
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    task = synthetic_task(args.task, "pivot", args.prompts, args.seed)
+    data = label_pivots(load_model(args.verifier), load_model(args.drafter), task, args.prompts, k=args.k,
+                        alpha=args.alpha, margin=args.margin, temperature=args.temperature,
+                        max_new_tokens=args.max_new_tokens, hidden_layer=args.hidden_layer, out=args.out,
+                        seed=args.seed, min_prob=args.min_prob, time_budget_s=args.time_budget)
+    stats = label_stats(data)
+    if args.json:
+        print(json.dumps(stats))
+    else:
+        print(f"labelled {stats['prompts']} prompts ({stats['skipped']} skipped: verifier utility < 0.5), "
+              f"{stats['candidates']} candidates, {stats['pivots']} pivots "
+              f"(rate {_fmt(stats['pivot_rate'])}), {stats['gated']} gated by p(x) < min_prob, "
+              f"{stats['seconds']:.0f} s -> {args.out}")
+        if not data.get("complete", True):
+            print("stopped by --time-budget; rerun the same command to resume", file=sys.stderr)
+    return 0
+
+
+def cmd_train(args) -> int:
+    import torch
+
+    from relaxspec.pivot.classifier import train_classifier
+
+    data = torch.load(args.file, map_location="cpu", weights_only=False)
+    clf, report = train_classifier(data, epochs=args.epochs, lr=args.lr, seed=args.seed,
+                                   val_fraction=args.val_fraction)
+    clf.save(args.out)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        v = report["val"] or {}
+        print(f"trained on {report['n_train']} candidates ({report['prompts_train']} prompts), held out "
+              f"{report['n_val']} ({report['prompts_val']} prompts); threshold {report['threshold']}")
+        print("held-out: " + ", ".join(f"{k} {_fmt(v.get(k))}" for k in ("precision", "recall", "f1", "roc_auc")))
+        print(f"-> {args.out}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("pivot", help="PAD: label pivot tokens and train the pivot classifier")
+    sub = p.add_subparsers(dest="pivot_command", required=True)
+
+    lb = sub.add_parser("label", help="label pivot candidates by verifier roll-outs (task split 'pivot')",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    lb.add_argument("--verifier", default="verifier")
+    lb.add_argument("--drafter", default="drafter-weak")
+    lb.add_argument("--task", default="arithmetic")
+    lb.add_argument("--out", required=True, help="labels file (shards go to OUT.shards/, resumable)")
+    lb.add_argument("--prompts", type=int, default=100)
+    lb.add_argument("--k", type=int, default=8, help="roll-outs per side per candidate")
+    lb.add_argument("--alpha", type=float, default=1.0, help="pivot iff u_draft < alpha*u_verifier - margin")
+    lb.add_argument("--margin", type=float, default=None, help="default 1/k (one roll-out)")
+    lb.add_argument("--temperature", type=float, default=0.7, help="roll-out temperature")
+    lb.add_argument("--max-new-tokens", type=int, default=160)
+    lb.add_argument("--hidden-layer", type=int, default=-1, help="verifier block whose output is the feature")
+    lb.add_argument("--min-prob", type=float, default=1e-4,
+                    help="mismatches with p(x) below this are not rolled out (pad never accepts them); 0 = all")
+    lb.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds (resumable)")
+    lb.add_argument("--seed", type=int, default=0)
+    lb.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    lb.add_argument("--json", action="store_true")
+    lb.set_defaults(func=cmd_label)
+
+    tr = sub.add_parser("train", help="train a pivot classifier on a labels file",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    tr.add_argument("file", help="labels file written by `relaxspec pivot label`")
+    tr.add_argument("--out", required=True, help="classifier file")
+    tr.add_argument("--epochs", type=int, default=300)
+    tr.add_argument("--lr", type=float, default=3e-3)
+    tr.add_argument("--val-fraction", type=float, default=0.2)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--json", action="store_true")
+    tr.set_defaults(func=cmd_train)

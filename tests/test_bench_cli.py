@@ -1,0 +1,40 @@
+import csv
+import os
+import subprocess
+import sys
+
+
+def run(*args, cwd):
+    # pinned code version: other people editing the sources between the two runs must not change the keys
+    env = dict(os.environ, OMP_NUM_THREADS="1", RELAXSPEC_CODE_VERSION="test-cli")
+    return subprocess.run([sys.executable, "-m", "relaxspec", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def test_bench_then_report_end_to_end(tmp_path):
+    out = tmp_path / "res"
+    (tmp_path / "bench.toml").write_text('methods = ["ar", "strict", "r-fuzzy:threshold=0.3"]\n'
+                                         'draft_lengths = [3]\nmax_new_tokens = 10\nrepeats = 1\n')
+    args = ["bench", "--config", str(tmp_path / "bench.toml"), "--limit", "2", "--out", str(out), "--no-progress"]
+    first = run(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "ran 3 cells" in first.stdout and "r-fuzzy(threshold=0.3)" in first.stdout
+    assert "Best rule per c_rel" in first.stdout and "plots:" in first.stdout
+    assert (out / "results.sqlite").is_file() and (out / "plots").is_dir()
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["method"] for r in rows] == ["ar", "strict", "r-fuzzy"]
+    assert all(r["n_prompts"] == "2" for r in rows)
+
+    again = run(*args, cwd=tmp_path)
+    assert again.returncode == 0 and "ran 0 cells, skipped 3" in again.stdout
+
+    report = run("report", str(out), "--csv", str(tmp_path / "x.csv"), "--max-drop", "0.1", "--no-plots",
+                 cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "x.csv").is_file() and "drop <= 0.1" in report.stdout
+
+    bad = run("bench", "--methods", "nope", "--out", str(out), cwd=tmp_path)
+    assert bad.returncode == 2 and "unknown method 'nope'" in bad.stderr
+    missing = run("report", str(tmp_path / "empty"), cwd=tmp_path)
+    assert missing.returncode == 2 and "no results.sqlite" in missing.stderr

@@ -1,0 +1,166 @@
+import math
+
+import pytest
+import torch
+
+from relaxspec.engine import generate
+from relaxspec.engine.generate import _Stream
+from relaxspec.models import CausalLM, load_model
+from relaxspec.tasks import synthetic
+
+
+def _prompts(n, task="arithmetic"):
+    return [e.prompt for e in synthetic.examples(task, "test", n)]
+
+
+def test_greedy_strict_equals_ar_batch_one_and_ragged(builtin_pair):
+    verifier, drafter = builtin_pair
+    prompts = _prompts(3) + _prompts(2, "sorting")  # different prompt lengths: a ragged batch
+    ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
+    for n in (1, 4):
+        sd = generate(verifier, drafter, prompts, method="strict", draft_length=n, max_new_tokens=40)
+        assert [r.token_ids for r in sd.results] == [r.token_ids for r in ar.results]
+        assert sd.stats["drafts_proposed"] > 0
+        assert 1.0 <= sd.stats["mean_acceptance_length"] <= n + 1
+    single = generate(verifier, drafter, prompts[:1], method="strict", draft_length=3, max_new_tokens=40)
+    assert single.results[0].token_ids == ar.results[0].token_ids
+
+
+def test_stats_are_consistent(builtin_pair):
+    verifier, drafter = builtin_pair
+    out = generate(verifier, drafter, _prompts(2), method="strict", draft_length=3, max_new_tokens=30)
+    s = out.stats
+    assert s["acceptance_rate"] == pytest.approx(s["drafts_accepted"] / s["drafts_proposed"])
+    assert s["mean_acceptance_length"] == pytest.approx(1 + s["drafts_accepted"] / s["sequence_rounds"])
+    assert len(s["acceptance_rate_per_position"]) == 3
+    rates = s["acceptance_rate_per_position"]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))  # accepting position i+1 needs position i
+    assert s["drafter_calls"] == 3 * s["verifier_calls"]
+    for r in out.results:
+        assert len(r.token_ids) <= 30
+        assert verifier.eos_token_id not in r.token_ids
+
+
+def test_rollback_leaves_logits_of_a_fresh_forward(builtin_pair):
+    verifier, _ = builtin_pair
+    ids = torch.tensor([verifier.tokenizer(_prompts(1)[0])["input_ids"]])
+    prefix, block = ids[:, :-6], ids[:, -6:]
+    stream = _Stream(verifier)
+    stream.prefill(prefix, torch.ones_like(prefix))
+    stream.feed(block, torch.ones_like(block))
+    stream.invalidate_tail(torch.tensor([2]), 6)  # keep 2 of the 6 slots
+    nxt = torch.tensor([[17]])
+    rolled, _ = stream.feed(nxt, torch.ones_like(nxt))
+
+    fresh_ids = torch.cat([prefix, block[:, :2], nxt], dim=1)
+    fresh, _ = verifier.forward(fresh_ids, verifier.new_cache(), torch.ones_like(fresh_ids),
+                                torch.arange(fresh_ids.shape[1])[None])
+    assert torch.allclose(rolled[:, -1], fresh[:, -1], atol=1e-4)
+
+
+def test_rollback_with_a_hole_in_the_middle(builtin_pair):
+    """Masked (rolled-back) slots in the middle of the cache are invisible to later tokens."""
+    verifier, _ = builtin_pair
+    ids = torch.tensor([verifier.tokenizer(_prompts(1)[0])["input_ids"]])
+    stream = _Stream(verifier)
+    stream.prefill(ids[:, :-4], torch.ones_like(ids[:, :-4]))
+    stream.feed(ids[:, -4:], torch.ones_like(ids[:, -4:]))
+    stream.invalidate_tail(torch.tensor([1]), 4)
+    stream.feed(ids[:, -3:-1], torch.ones_like(ids[:, -3:-1]))  # re-feed the next two real tokens
+    rolled, _ = stream.feed(ids[:, -1:], torch.ones_like(ids[:, -1:]))
+    fresh, _ = verifier.forward(ids, verifier.new_cache(), torch.ones_like(ids), torch.arange(ids.shape[1])[None])
+    assert torch.allclose(rolled[:, -1], fresh[:, -1], atol=1e-4)
+
+
+def _freq(tokens, vocab):
+    return torch.bincount(torch.tensor(tokens), minlength=vocab).double() / len(tokens)
+
+
+def test_sampled_strict_matches_ar_sampling(builtin_pair):
+    verifier, drafter = builtin_pair
+    prompt = _prompts(1)[0]  # the opening sentence of the answer is a free choice among templates
+    n = 1500
+    sd = generate(verifier, drafter, [prompt] * n, method="strict", draft_length=2, max_new_tokens=3,
+                  temperature=1.0, seed=1)
+    ar = generate(verifier, None, [prompt] * n, method="ar", max_new_tokens=3, temperature=1.0, seed=2)
+    V = verifier.vocab_size
+    ids = torch.tensor([verifier.tokenizer(prompt)["input_ids"]])
+    logits, _ = verifier.forward(ids, verifier.new_cache(), torch.ones_like(ids), torch.arange(ids.shape[1])[None])
+    exact_first = torch.softmax(logits[0, -1].double(), -1)
+    first = _freq([r.token_ids[0] for r in sd.results], V)
+    tol = 5 * torch.sqrt(exact_first * (1 - exact_first) / n) + 2e-3
+    assert ((first - exact_first).abs() <= tol).all()
+    assert exact_first.max() < 0.9  # the test would be vacuous on a deterministic first token
+    for position in (1, 2):  # later tokens: two-sample comparison with AR sampling
+        a = _freq([r.token_ids[position] for r in sd.results], V)
+        b = _freq([r.token_ids[position] for r in ar.results], V)
+        pooled = (a + b) / 2
+        tol = 5 * torch.sqrt(pooled * (1 - pooled) * 2 / n) + 2e-3
+        assert ((a - b).abs() <= tol).all(), position
+
+
+def test_relaxed_rule_accepts_more_than_strict(builtin_pair):
+    verifier, drafter = builtin_pair
+    prompts = _prompts(4)
+    strict = generate(verifier, drafter, prompts, method="strict", temperature=0.7, max_new_tokens=40, seed=3)
+    relaxed = generate(verifier, drafter, prompts, method="ensemble", weight=0.0, temperature=0.7,
+                       max_new_tokens=40, seed=3)
+    assert relaxed.stats["acceptance_rate"] == 1.0  # w = 0 always accepts
+    assert strict.stats["acceptance_rate"] < 1.0
+
+
+def _tiny_hf_model(tmp_path, kind: str, vocab: int = 64, seed: int = 0) -> CausalLM:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                             initializer_range=0.5, eos_token_id=1, pad_token_id=0))
+    else:
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=2, n_positions=256,
+                                           initializer_range=0.5, eos_token_id=1, pad_token_id=0))
+    chars = [chr(ord("a") + i % 26) + str(i // 26) for i in range(vocab - 2)]
+    tok = Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}},
+                                     unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    path = tmp_path / f"{kind}-{vocab}-{seed}"
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return load_model(path)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_random_init_hf_models_from_disk(tmp_path, kind):
+    verifier = _tiny_hf_model(tmp_path, kind, seed=0)
+    drafter = _tiny_hf_model(tmp_path, kind, seed=1)
+    prompts = ["a0 b0 c0", "d0 e0 f0 g0 h0 i0"]
+    ar = generate(verifier, None, prompts, method="ar", max_new_tokens=12)
+    sd = generate(verifier, drafter, prompts, method="strict", draft_length=3, max_new_tokens=12)
+    assert [r.token_ids for r in sd.results] == [r.token_ids for r in ar.results]
+    assert all(len(r.token_ids) > 0 for r in ar.results)
+
+
+def test_errors(tmp_path, builtin_pair):
+    verifier, drafter = builtin_pair
+    other = _tiny_hf_model(tmp_path, "llama", vocab=40)
+    with pytest.raises(ValueError, match=rf"vocabulary.*{verifier.vocab_size}.*40"):
+        generate(verifier, other, ["x"], method="strict")
+    with pytest.raises(ValueError, match="unknown acceptance method"):
+        generate(verifier, drafter, ["x"], method="nope")
+    with pytest.raises(ValueError, match="empty"):
+        generate(verifier, drafter, [""], method="strict")
+    with pytest.raises(ValueError, match="pivot"):
+        generate(verifier, drafter, ["x"], method="pad")
+    with pytest.raises(ValueError, match="needs a drafter"):
+        generate(verifier, None, ["x"], method="strict")
+    with pytest.raises(ValueError, match="no rule parameters"):
+        generate(verifier, None, ["x"], method="ar", alpha=0.3)
+    with pytest.raises(ValueError, match="draft_length"):
+        generate(verifier, drafter, ["x"], method="strict", draft_length=0)
+    with pytest.raises(ValueError, match="temperature"):
+        generate(verifier, drafter, ["x"], method="strict", temperature=-1)
+    with pytest.raises(ValueError, match="delta"):
+        generate(verifier, drafter, ["x"], method="cactus", delta=-0.5)
