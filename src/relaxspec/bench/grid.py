@@ -25,9 +25,11 @@ AR = "ar"
 PAD = "pad"
 DEFAULT_OUT = "relaxspec-results"
 DEFAULT_PAD_THRESHOLDS = (0.3, 0.5, 0.7)
-# Sized so that the default grid (61 cells) finishes in about 15 minutes on 2 shared CPU cores
-# with the built-in pair; see `relaxspec bench --help`.
-DEFAULT_LIMIT = 100
+# Sized for the default grid (55 cells, 61 with a PAD classifier) to finish within ~15 minutes on
+# 2 CPU cores with the built-in pair: measured ~15-19 CPU-s per 200-sample cell (one thread), so
+# 80 prompts x 2 repeats = 160 samples, ~12-13 CPU-s per cell. On a machine shared with other jobs
+# the wall time grows with the load.
+DEFAULT_LIMIT = 80
 DEFAULT_REPEATS = 2
 DEFAULT_MAX_NEW_TOKENS = 160
 DEFAULT_BATCH_SIZE = 200
@@ -463,8 +465,8 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     if summary.skipped:
         log(f"bench: {len(summary.skipped)} of {len(keyed)} cells already in {store.path}; running the other "
             f"{len(todo)}")
+    bar = tqdm(todo, desc="bench", unit="cell", disable=not progress, dynamic_ncols=True)
     try:
-        bar = tqdm(todo, desc="bench", unit="cell", disable=not progress, dynamic_ncols=True)
         for index, (spec, key) in enumerate(bar):
             bar.set_postfix_str(spec.label, refresh=True)
             if spec.task not in tasks:
@@ -488,8 +490,8 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
             summary.ran.append(key)
             if on_cell is not None:
                 on_cell(index, spec, key, metrics)
-        bar.close()
     finally:
+        bar.close()
         summary.wall_s = time.perf_counter() - t_start
         store.close()
     return summary

@@ -50,10 +50,11 @@ def capability_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
     groups = {}
     for r in rows:
         if r["method"] != AR:
-            groups.setdefault((r["verifier"], r["drafter"], r["task"], r["draft_length"]), []).append(r)
-    for (verifier, drafter, task, n), cells in sorted(groups.items()):
+            groups.setdefault((r["verifier"], r["drafter"], r["task"], r["draft_length"], r["seed"]), []).append(r)
+    several_seeds = len({k[4] for k in groups}) > 1
+    for (verifier, drafter, task, n, seed), cells in sorted(groups.items()):
         ar = next((r for r in rows if r["method"] == AR and r["verifier"] == verifier and r["task"] == task
-                   and r["seed"] == cells[0]["seed"]), None)
+                   and r["seed"] == seed), None)
         rules = sorted({r["method"] for r in cells if r["method"] != "strict"})
         colors = _colors(rules)
         fig, axes = plt.subplots(2, 2, figsize=(12.5, 9.0), sharey=True)
@@ -91,7 +92,7 @@ def capability_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
         fig.suptitle(f"Capability vs speed-up: {task}, verifier {verifier}, drafter {drafter}, N = {n}"
                      f" ({cells[0]['n_samples']} samples/cell)", fontsize=12)
         fig.tight_layout(rect=(0, 0, 0.85, 0.96))
-        path = out_dir / f"capability_{_slug(task, verifier, drafter)}_N{n}.png"
+        path = out_dir / f"capability_{_slug(task, verifier, drafter)}_N{n}{f'_seed{seed}' if several_seeds else ''}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
@@ -142,8 +143,9 @@ def acceptance_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
     groups = {}
     for r in rows:
         if r["method"] != AR:
-            groups.setdefault((r["verifier"], r["drafter"], r["task"]), []).append(r)
-    for (verifier, drafter, task), cells in sorted(groups.items()):
+            groups.setdefault((r["verifier"], r["drafter"], r["task"], r["seed"]), []).append(r)
+    several_seeds = len({k[3] for k in groups}) > 1
+    for (verifier, drafter, task, seed), cells in sorted(groups.items()):
         ns = sorted({r["draft_length"] for r in cells})
         rules = sorted({r["method"] for r in cells if r["method"] != "strict"})
         colors = _colors(rules)
@@ -170,7 +172,7 @@ def acceptance_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
         fig.suptitle(f"Acceptance by draft position: {task}, verifier {verifier}, drafter {drafter}\n"
                      f"(one colour per rule, one line per parameter value; darker = later in its grid)", fontsize=11)
         fig.tight_layout(rect=(0, 0, 0.86, 0.93))
-        path = out_dir / f"acceptance_{_slug(task, verifier, drafter)}.png"
+        path = out_dir / f"acceptance_{_slug(task, verifier, drafter)}{f'_seed{seed}' if several_seeds else ''}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)

@@ -20,11 +20,12 @@ FORMAT = "relaxspec-pivot-classifier/1"
 
 class PivotClassifier(nn.Module):
     def __init__(self, hidden_size: int, n_scalars: int = len(SCALAR_FEATURES), hidden_layer: int = -1,
-                 spec: dict | None = None):
+                 spec: dict | None = None, dropout: float = 0.0):
         super().__init__()
         self.hidden_proj = nn.Linear(hidden_size, 64)
         self.scalar_proj = nn.Linear(n_scalars, 16)
-        self.mlp = nn.Sequential(nn.Linear(80, 128), nn.ReLU(), nn.Linear(128, 1))
+        # dropout (training only; no parameters) on the concatenated projections
+        self.mlp = nn.Sequential(nn.Dropout(dropout), nn.Linear(80, 128), nn.ReLU(), nn.Linear(128, 1))
         self.register_buffer("hidden_mean", torch.zeros(hidden_size))
         self.register_buffer("hidden_std", torch.ones(hidden_size))
         self.register_buffer("scalar_mean", torch.zeros(n_scalars))
@@ -155,55 +156,75 @@ def split_by_prompt(prompt_index: torch.Tensor, val_fraction: float, seed: int) 
     return ~val, val
 
 
-def train_classifier(data, epochs: int = 300, lr: float = 3e-3, seed: int = 0, val_fraction: float = 0.2,
-                     weight_decay: float = 1e-3, progress: bool = False) -> tuple[PivotClassifier, dict]:
+def train_classifier(data, epochs: int = 400, lr: float = 1e-3, seed: int = 0, val_fraction: float = 0.2,
+                     weight_decay: float = 1e-2, dropout: float = 0.2, inner_fraction: float = 0.2,
+                     progress: bool = False) -> tuple[PivotClassifier, dict]:
     """Train a PivotClassifier on labelled candidates (a dict from `label_pivots`, or its path).
 
-    Split by prompt (val_fraction of the prompts held out); full-batch AdamW on BCE with
-    pos_weight = n_neg / n_pos (class-balanced). The threshold maximising F1 on the *training*
-    split is kept as `clf.threshold`; the report gives precision / recall / F1 at it and ROC-AUC
-    on the held-out split, plus the held-out metrics over thresholds 0.1..0.9.
+    Split by prompt: `val_fraction` of the prompts are held out and used ONLY for the report. Of the
+    remaining (training) prompts, `inner_fraction` form an inner split that picks the epoch (lowest
+    inner balanced loss, i.e. early stopping) and the threshold (best F1 on the inner split); with
+    fewer than 5 training prompts there is no inner split (last epoch, F1 on the training split).
+    Full-batch AdamW on BCE with pos_weight = n_neg / n_pos (class-balanced loss).
+    The report gives precision / recall / F1 at the chosen threshold and ROC-AUC on the held-out split,
+    the held-out metrics at thresholds 0.1..0.9, and each scalar feature's own held-out AUC.
     Returns (classifier, report)."""
     data = _load_data(data)
     meta = data.get("meta", {})
     hidden = data["hidden"].float()
     scalars = data["scalars"].float()
     labels = data["labels"].float()
+    prompt_index = data["prompt_index"]
     if len(labels) < 2:
         raise ValueError(f"need at least 2 labelled candidates to train, got {len(labels)}")
-    train, val = split_by_prompt(data["prompt_index"], val_fraction, seed)
+    train, val = split_by_prompt(prompt_index, val_fraction, seed)
     if not train.any():
         raise ValueError("the training split is empty")
+    fit, inner = train.clone(), torch.zeros_like(train)
+    if torch.unique(prompt_index[train]).numel() >= 5 and inner_fraction > 0:
+        sub_fit, sub_inner = split_by_prompt(prompt_index[train], inner_fraction, seed + 1)
+        fit[train], inner[train] = sub_fit, sub_inner
     torch.manual_seed(seed)
     spec = {k: meta.get(k) for k in ("verifier", "drafter", "task", "k", "alpha", "margin", "min_prob")}
-    clf = PivotClassifier(hidden.shape[1], scalars.shape[1], int(meta.get("hidden_layer", -1)), spec)
+    clf = PivotClassifier(hidden.shape[1], scalars.shape[1], int(meta.get("hidden_layer", -1)), spec, dropout)
     clf.set_normalisation(hidden[train], scalars[train])
-    n_pos = float(labels[train].sum())
-    n_neg = float(len(labels[train]) - n_pos)
+    n_pos = float(labels[fit].sum())
+    n_neg = float(len(labels[fit]) - n_pos)
     pos_weight = torch.tensor(n_neg / n_pos if n_pos > 0 and n_neg > 0 else 1.0)
     loss_fn = nn.BCEWithLogitsLoss(pos_weight=pos_weight)
     opt = torch.optim.AdamW(clf.parameters(), lr=lr, weight_decay=weight_decay)
-    clf.train()
-    h_tr, s_tr, y_tr = hidden[train], scalars[train], labels[train]
-    for _ in range(epochs):
+    h_fit, s_fit, y_fit = hidden[fit], scalars[fit], labels[fit]
+    best_loss, best_state, best_epoch = math.inf, None, epochs
+    for epoch in range(1, epochs + 1):
+        clf.train()
         opt.zero_grad()
-        loss = loss_fn(clf(h_tr, s_tr), y_tr)
+        loss = loss_fn(clf(h_fit, s_fit), y_fit)
         loss.backward()
         opt.step()
+        if inner.any():
+            clf.eval()
+            with torch.no_grad():
+                inner_loss = float(loss_fn(clf(hidden[inner], scalars[inner]), labels[inner]))
+            if inner_loss < best_loss:
+                best_loss, best_epoch = inner_loss, epoch
+                best_state = {k: v.detach().clone() for k, v in clf.state_dict().items()}
+    if best_state is not None:
+        clf.load_state_dict(best_state)
     clf.eval()
+    pick = inner if inner.any() else fit
     with torch.no_grad():
-        p_tr = torch.sigmoid(clf(h_tr, s_tr))
-        p_val = torch.sigmoid(clf(hidden[val], scalars[val])) if val.any() else torch.zeros(0)
+        prob = lambda m: torch.sigmoid(clf(hidden[m], scalars[m])) if m.any() else torch.zeros(0)  # noqa: E731
+        p_fit, p_pick, p_val = prob(fit), prob(pick), prob(val)
     grid = [round(0.05 * i, 2) for i in range(1, 20)]
-    best = max(grid, key=lambda t: (binary_metrics(p_tr, y_tr, t)["f1"], -abs(t - 0.5)))
+    best = max(grid, key=lambda t: (binary_metrics(p_pick, labels[pick], t)["f1"], -abs(t - 0.5)))
     clf.threshold = best
     report = dict(
-        n_train=int(train.sum()), n_val=int(val.sum()),
-        prompts_train=int(torch.unique(data["prompt_index"][train]).numel()),
-        prompts_val=int(torch.unique(data["prompt_index"][val]).numel()) if val.any() else 0,
-        pivot_rate_train=float(y_tr.mean()), pivot_rate_val=float(labels[val].mean()) if val.any() else math.nan,
-        final_train_loss=float(loss.detach()), threshold=best,
-        train=dict(**binary_metrics(p_tr, y_tr, best), roc_auc=roc_auc(p_tr, y_tr)),
+        n_train=int(train.sum()), n_val=int(val.sum()), n_inner=int(inner.sum()),
+        prompts_train=int(torch.unique(prompt_index[train]).numel()),
+        prompts_val=int(torch.unique(prompt_index[val]).numel()) if val.any() else 0,
+        pivot_rate_train=float(labels[train].mean()), pivot_rate_val=float(labels[val].mean()) if val.any() else math.nan,
+        best_epoch=best_epoch, final_train_loss=float(loss.detach()), threshold=best,
+        train=dict(**binary_metrics(p_fit, y_fit, best), roc_auc=roc_auc(p_fit, y_fit)),
         val=dict(**binary_metrics(p_val, labels[val], best), roc_auc=roc_auc(p_val, labels[val]))
         if val.any() else None,
         val_by_threshold=[binary_metrics(p_val, labels[val], t) for t in (0.1, 0.3, 0.5, 0.7, 0.9)]

@@ -45,7 +45,8 @@ def cmd_train(args) -> int:
 
     data = torch.load(args.file, map_location="cpu", weights_only=False)
     clf, report = train_classifier(data, epochs=args.epochs, lr=args.lr, seed=args.seed,
-                                   val_fraction=args.val_fraction)
+                                   val_fraction=args.val_fraction, weight_decay=args.weight_decay,
+                                   dropout=args.dropout)
     clf.save(args.out)
     if args.json:
         print(json.dumps(report))
@@ -87,8 +88,10 @@ def register(subparsers) -> None:
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     tr.add_argument("file", help="labels file written by `relaxspec pivot label`")
     tr.add_argument("--out", required=True, help="classifier file")
-    tr.add_argument("--epochs", type=int, default=300)
-    tr.add_argument("--lr", type=float, default=3e-3)
+    tr.add_argument("--epochs", type=int, default=400, help="at most (early stopping on an inner split)")
+    tr.add_argument("--lr", type=float, default=1e-3)
+    tr.add_argument("--weight-decay", type=float, default=1e-2)
+    tr.add_argument("--dropout", type=float, default=0.2)
     tr.add_argument("--val-fraction", type=float, default=0.2)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--json", action="store_true")

@@ -1,0 +1,87 @@
+"""Engine speed: strict speculative decoding vs autoregressive, measured and modelled, plus HF's peer.
+
+    python benchmarks/engine_speed.py [--prompts 50] [--max-new-tokens 128] [--repeats 3]
+
+Every figure is a ratio measured in this run on the same prompts (batch 1, one prompt at a time, as
+speculative decoding is used for latency). Modelled speed-up = tau / (1 + N * c_rel), with c_rel the
+measured drafter/verifier step-latency ratio. "overhead" = measured / modelled (1.0 = the engine costs
+nothing beyond the model calls the model counts). The HF peer is
+`verifier.generate(assistant_model=drafter)` with a constant N and no confidence cut, greedy only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from relaxspec.engine import generate
+from relaxspec.models import load_model, measure_step_latency
+from relaxspec.tasks.synthetic import synthetic_task
+
+
+def run(verifier, drafter, prompts, method, n, temperature, max_new_tokens):
+    start = time.perf_counter()
+    accepted = rounds = tokens = 0
+    for i, prompt in enumerate(prompts):
+        out = generate(verifier, drafter, [prompt], method=method, draft_length=n, max_new_tokens=max_new_tokens,
+                       temperature=temperature, top_p=0.95 if temperature else None, seed=i)
+        accepted += out.stats["drafts_accepted"]
+        rounds += out.stats["sequence_rounds"]
+        tokens += out.stats["generated_tokens"]
+    return time.perf_counter() - start, (rounds + accepted) / rounds, tokens
+
+
+def run_hf(verifier, drafter, prompts, n, max_new_tokens):
+    tok = verifier.tokenizer
+    start = time.perf_counter()
+    for prompt in prompts:
+        enc = tok(prompt, return_tensors="pt")
+        with torch.inference_mode():
+            verifier.model.generate(**enc, assistant_model=drafter.model, do_sample=False,
+                                    max_new_tokens=max_new_tokens, num_assistant_tokens=n,
+                                    num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
+                                    pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return time.perf_counter() - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--verifier", default="verifier")
+    ap.add_argument("--drafter", default="drafter-weak")
+    ap.add_argument("--task", default="arithmetic")
+    ap.add_argument("--prompts", type=int, default=50)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--draft-lengths", type=int, nargs="*", default=[3, 5, 8])
+    ap.add_argument("--repeats", type=int, default=3, help="median over this many repeats of each row")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    verifier, drafter = load_model(args.verifier), load_model(args.drafter)
+    prompts = synthetic_task(args.task, "test", args.prompts).prompts
+    c_rel = measure_step_latency(drafter) / measure_step_latency(verifier)
+    print(f"pair {args.verifier} / {args.drafter}; {len(prompts)} {args.task} prompts; measured c_rel {c_rel:.3f}")
+    print(f"{'temp':>5} {'N':>3} {'tau':>6} {'measured':>9} {'modelled':>9} {'overhead':>9} {'HF peer':>8} {'ours/HF':>8}")
+    for temperature in (0.0, 0.7):
+        for n in args.draft_lengths:
+            ratios, hf_ratios, taus = [], [], []
+            for _ in range(args.repeats):
+                t_ar, _, _ = run(verifier, None, prompts, "ar", 0, temperature, args.max_new_tokens)
+                t_sd, tau, _ = run(verifier, drafter, prompts, "strict", n, temperature, args.max_new_tokens)
+                ratios.append(t_ar / t_sd)
+                taus.append(tau)
+                if temperature == 0.0:
+                    hf_ratios.append(t_ar / run_hf(verifier, drafter, prompts, n, args.max_new_tokens))
+            measured, tau = statistics.median(ratios), statistics.median(taus)
+            modelled = tau / (1 + n * c_rel)
+            hf = f"{statistics.median(hf_ratios):8.2f}" if hf_ratios else f"{'-':>8}"
+            vs_hf = f"{measured / statistics.median(hf_ratios):8.2f}" if hf_ratios else f"{'-':>8}"
+            print(f"{temperature:5.1f} {n:3d} {tau:6.2f} {measured:8.2f}x {modelled:8.2f}x {measured / modelled:9.2f} "
+                  f"{hf} {vs_hf}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""`relaxspec models list`: the built-in family with sizes, latency, c_rel and task accuracy."""
+
+from __future__ import annotations
+
+import json
+
+from relaxspec.models.family import DEFAULT_VERIFIER, FAMILY, builtin_path
+from relaxspec.models.hf import load_model, measure_step_latency
+
+
+def task_accuracy(lm, task: str, n: int, temperature: float = 0.0, seed: int = 0,
+                  max_new_tokens: int = 160) -> float:
+    """Mean utility of `lm` alone (autoregressive) on n held-out problems of a synthetic task."""
+    from relaxspec.engine import generate
+    from relaxspec.tasks.synthetic import synthetic_task
+
+    t = synthetic_task(task, "test", n)
+    out = generate(lm, None, t.prompts, method="ar", max_new_tokens=max_new_tokens, temperature=temperature,
+                   seed=seed)
+    return sum(t.score(r.text, ref) for r, ref in zip(out.results, t.references)) / n
+
+
+def family_table(tasks=("arithmetic", "sorting"), n: int = 50, temperatures=(0.0, 0.7)) -> str:
+    models = {name: load_model(name) for name in FAMILY}
+    latency = {name: measure_step_latency(m) for name, m in models.items()}
+    head = ["model", "params", "layers x width", "ms/step", "c_rel", "trained"]
+    head += [f"{t} T={temp:g}" for t in tasks for temp in temperatures]
+    rows = []
+    for name, lm in models.items():
+        spec = FAMILY[name]
+        info = json.loads((builtin_path(name) / "relaxspec.json").read_text())
+        row = [name, f"{lm.num_parameters():,}", f"{spec.layers} x {spec.hidden}", f"{latency[name] * 1e3:.2f}",
+               f"{latency[name] / latency[DEFAULT_VERIFIER]:.3f}", f"{info['steps']} steps, {info['train_seconds']:.0f}s"]
+        row += [f"{task_accuracy(lm, t, n, temp):.2f}" for t in tasks for temp in temperatures]
+        rows.append(row)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
+    lines = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+    lines.append(f"(accuracy: mean utility over {n} held-out problems per task, autoregressive; "
+                 f"c_rel = model step latency / verifier step latency, measured now on this machine)")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from relaxspec.models import FAMILY, builtin_path, load_model
+from relaxspec.models.report import task_accuracy
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_shipped_model_loads_offline_with_plain_transformers(name):
+    path = builtin_path(name)
+    code = ("import sys; from transformers import AutoModelForCausalLM, AutoTokenizer;"
+            f"m = AutoModelForCausalLM.from_pretrained({str(path)!r}); t = AutoTokenizer.from_pretrained({str(path)!r});"
+            "print(sum(p.numel() for p in m.parameters()), m.config.num_hidden_layers, m.config.hidden_size,"
+            " t.decode(t('Question: 12 + 3')['input_ids']))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    params, layers, hidden, text = out.stdout.strip().split(" ", 3)
+    spec = FAMILY[name]
+    assert (int(layers), int(hidden)) == (spec.layers, spec.hidden)
+    assert int(params) == json.loads((path / "relaxspec.json").read_text())["params"]
+    assert text == "Question: 12 + 3"
+
+
+def test_family_shares_one_tokenizer_and_is_small():
+    vocabs = {name: load_model(name).tokenizer.get_vocab() for name in FAMILY}
+    assert len({json.dumps(v, sort_keys=True) for v in vocabs.values()}) == 1
+    total = sum(f.stat().st_size for name in FAMILY for f in builtin_path(name).glob("*.safetensors"))
+    assert total <= 25 * 2**20
+
+
+# Floors that untrained or corrupted weights (accuracy 0) cannot pass; see the README table for the measured values.
+ACCURACY_FLOOR = {"verifier": 0.15}
+
+
+@pytest.mark.parametrize("name", list(ACCURACY_FLOOR))
+def test_shipped_model_solves_held_out_problems(name):
+    assert task_accuracy(load_model(name), "arithmetic", 20, max_new_tokens=120) >= ACCURACY_FLOOR[name]
+
+
+def test_drafters_know_the_format(builtin_pair):
+    """The weak drafter writes a final answer in the task's format even when it is wrong."""
+    from relaxspec.engine import generate
+    from relaxspec.tasks.synthetic import synthetic_task
+
+    _, drafter = builtin_pair
+    task = synthetic_task("arithmetic", "test", 10)
+    out = generate(drafter, None, task.prompts, method="ar", max_new_tokens=120)
+    assert sum("The answer is" in r.text for r in out.results) >= 7
+
+
+def test_training_script_runs_end_to_end_on_a_tiny_budget(tmp_path):
+    from relaxspec.models.train import train_family
+
+    infos = train_family(tmp_path, scale=0.001, log=lambda *_: None)
+    assert set(infos) == set(FAMILY)
+    for name in FAMILY:
+        lm = load_model(tmp_path / name)
+        assert lm.num_parameters() == infos[name]["params"]
+        assert (tmp_path / name / "model.safetensors").exists()
