@@ -121,3 +121,15 @@ def test_label_pivots_shards_resume_and_identity(models, tmp_path):
     with pytest.raises(ValueError, match="pivot"):
         bad = Task(name="x", examples=task.examples, utility=task.utility, metric="m", meta={"split": "test"})
         label_pivots(verifier, drafter, bad, 1, **{**kw, "out": tmp_path / "other.pt"})
+
+
+def test_rollout_of_eos_candidate_is_the_response_itself(models):
+    verifier, _ = models
+    tok = verifier.tokenizer
+    cache, L = _prefix_cache(verifier, "Question: x\nAnswer:")
+    generated = tok(" Maya")["input_ids"]
+    g = torch.Generator().manual_seed(0)
+    texts = []
+    (u,), _ = rollout_utilities(verifier, cache, L, generated, [verifier.eos_token_id], k=3,
+                                score=lambda t: texts.append(t) or 1.0, budget=6, temperature=1.0, generator=g)
+    assert texts == [tok.decode(generated)] * 3 and u == 1.0

@@ -25,6 +25,11 @@ class CausalLM:
     name: str
     model: torch.nn.Module
     tokenizer: object
+    fast: object = None  # a FastLlama over the same weights, where the architecture allows
+
+    @property
+    def backend(self) -> str:
+        return "fast" if self.fast is not None else "transformers"
 
     @property
     def vocab_size(self) -> int:
@@ -42,6 +47,8 @@ class CausalLM:
         return sum(p.numel() for p in self.model.parameters())
 
     def new_cache(self):
+        if self.fast is not None:
+            return self.fast.new_cache()
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
@@ -49,7 +56,10 @@ class CausalLM:
     @torch.inference_mode()
     def forward(self, input_ids, cache, attention_mask, position_ids, hidden_layer: int | None = None):
         """Logits [B, T, V] (float32) for `input_ids` [B, T] appended to `cache`; optionally the
-        hidden state [B, T, H] after block `hidden_layer` (0-based; negative counts from the end)."""
+        hidden state [B, T, H] after block `hidden_layer` (0-based; negative counts from the end;
+        the last block's is reported after the final norm, as transformers does)."""
+        if self.fast is not None:
+            return self.fast.forward(input_ids, cache, attention_mask, position_ids, hidden_layer)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=cache, use_cache=True, output_hidden_states=hidden_layer is not None)
         hidden = None
@@ -66,8 +76,14 @@ def crop_cache(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def load_model(name_or_path: str | os.PathLike, dtype=torch.float32) -> CausalLM:
-    """A built-in model by name (see `relaxspec models list`) or any local Hugging Face model directory."""
+def load_model(name_or_path: str | os.PathLike, dtype=torch.float32, backend: str = "auto") -> CausalLM:
+    """A built-in model by name (see `relaxspec models list`) or any local Hugging Face model directory.
+
+    backend "auto" runs Llama-architecture models through the lean FastLlama path (same weights, same
+    logits, less per-call overhead) and everything else through `transformers`; "transformers" forces the latter.
+    """
+    if backend not in ("auto", "transformers"):
+        raise ValueError(f"backend must be 'auto' or 'transformers', got {backend!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = builtin_path(str(name_or_path)) if is_builtin(str(name_or_path)) else Path(name_or_path)
@@ -79,7 +95,10 @@ def load_model(name_or_path: str | os.PathLike, dtype=torch.float32) -> CausalLM
     hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    return CausalLM(name=str(name_or_path), model=model, tokenizer=tokenizer)
+    from relaxspec.models.fast_llama import FastLlama
+
+    fast = FastLlama(model) if backend == "auto" and FastLlama.supports(model) else None
+    return CausalLM(name=str(name_or_path), model=model, tokenizer=tokenizer, fast=fast)
 
 
 def check_same_vocab(verifier: CausalLM, drafter: CausalLM) -> None:

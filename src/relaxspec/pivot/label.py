@@ -115,7 +115,10 @@ def rollout_utilities(verifier, cache, length: int, generated: list[int], candid
     tok = verifier.tokenizer
     utils = []
     for c in range(C):
-        vals = [score(tok.decode(generated + [candidates[c]] + conts[c * k + j], skip_special_tokens=True))
+        # a candidate that IS the end of the response has no continuation (and a deterministic utility)
+        ended = verifier.eos_token_id is not None and candidates[c] == verifier.eos_token_id
+        vals = [score(tok.decode(generated + [candidates[c]] + ([] if ended else conts[c * k + j]),
+                                 skip_special_tokens=True))
                 for j in range(k)]
         utils.append(sum(vals) / k)
     h = hidden[::k, -1] if hidden is not None else None

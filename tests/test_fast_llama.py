@@ -1,0 +1,28 @@
+import torch
+
+from relaxspec.engine.generate import _Stream
+from relaxspec.models import load_model
+from relaxspec.tasks import synthetic
+
+
+def test_fast_path_matches_transformers_logits_and_hidden_states_with_holes():
+    fast, slow = load_model("verifier"), load_model("verifier", backend="transformers")
+    assert fast.backend == "fast" and slow.backend == "transformers"
+    prompts = [e.prompt for e in synthetic.examples("arithmetic", "test", 2)]
+    ids = [torch.tensor(fast.tokenizer(p)["input_ids"]) for p in prompts]
+    width = max(map(len, ids))
+    batch = torch.zeros((2, width), dtype=torch.long)
+    mask = torch.zeros((2, width), dtype=torch.long)
+    for i, row in enumerate(ids):  # left padding: a ragged batch
+        batch[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    outs = []
+    for lm in (fast, slow):
+        s = _Stream(lm)
+        s.prefill(batch[:, :-4], mask[:, :-4])
+        s.feed(batch[:, -4:], torch.ones((2, 4), dtype=torch.long))
+        s.invalidate_tail(torch.tensor([1, 3]), 4)  # rows keep different numbers of slots: holes
+        logits, hidden = s.feed(batch[:, -2:], torch.ones((2, 2), dtype=torch.long), hidden_layer=-1)
+        _, mid = s.feed(batch[:, -1:], torch.ones((2, 1), dtype=torch.long), hidden_layer=3)
+        outs.append((logits, hidden, mid))
+    for a, b in zip(*outs):
+        assert torch.allclose(a, b, atol=2e-4), (a - b).abs().max()
