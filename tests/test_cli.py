@@ -1,0 +1,66 @@
+import json
+import subprocess
+import sys
+
+from relaxspec.acceptance import RULES
+from relaxspec.cli import parse_params, render_trace
+from relaxspec.engine import generate
+from relaxspec.tasks import synthetic
+
+PROMPT = synthetic.examples("arithmetic", "test", 1)[0].prompt
+
+
+def relaxspec(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "relaxspec", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_generate_json_is_one_object_with_the_documented_fields():
+    out = relaxspec("generate", "--prompt", PROMPT, "--method", "cactus", "--param", "delta=0.25",
+                    "--temperature", "0.7", "--max-new-tokens", "24", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    keys = {"drafts_proposed", "drafts_accepted", "acceptance_rate", "acceptance_rate_per_position",
+            "mean_acceptance_length", "verifier_calls", "drafter_calls", "time_draft_s", "time_verify_s", "time_total_s"}
+    assert set(data["stats"]) == keys
+    (result,) = data["results"]
+    assert result["prompt"] == PROMPT and set(result["stats"]) == keys
+    assert 0 < len(result["token_ids"]) <= 24
+    assert len(result["stats"]["acceptance_rate_per_position"]) == 5
+
+
+def test_methods_lists_every_rule_with_parameters():
+    out = relaxspec("methods", "--json")
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(out.stdout)
+    assert set(listed) == set(RULES)
+    assert listed["mentored"]["params"]["alpha"]["grid"] == [0.3, 0.7, 0.95]
+    assert listed["cactus"]["strict"] == {"delta": 0.0}
+
+
+def test_bad_input_is_a_clear_error_with_exit_code_2():
+    for args, message in [(["--method", "nope"], "unknown acceptance method"),
+                          (["--method", "mentored", "--param", "alpha=1.5"], "alpha"),
+                          (["--param", "oops"], "KEY=VALUE")]:
+        out = relaxspec("generate", "--prompt", PROMPT, "--max-new-tokens", "4", *args)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+    out = relaxspec("generate", "--prompt", "", "--max-new-tokens", "4")
+    assert out.returncode == 2 and "empty" in out.stderr
+
+
+def test_show_marks_accepted_rejected_and_relaxed_tokens(builtin_pair):
+    verifier, drafter = builtin_pair
+    out = generate(verifier, drafter, [PROMPT], method="ensemble", weight=0.5, temperature=0.7,
+                   max_new_tokens=60, seed=0)
+    (result,) = out.results
+    shown = render_trace(result, verifier.tokenizer, color=False)
+    assert "[-" in shown and "{" in shown  # some drafts rejected, some accepted only thanks to the relaxation
+    stripped = shown
+    import re
+    stripped = re.sub(r"\[-.*?-\]>", "", stripped)  # drop rejected drafts, keep their replacements
+    stripped = re.sub(r"[{}<>]", "", stripped)
+    assert stripped == result.text or result.text.startswith(stripped[: len(result.text)])
+
+
+def test_parse_params():
+    assert parse_params(["alpha=0.5", "top=3", "classifier=a.pt", "flag=true"]) == {
+        "alpha": 0.5, "top": 3, "classifier": "a.pt", "flag": True}
