@@ -322,3 +322,18 @@ def test_rules_listing_is_complete():
     assert RULES["spec-casc-opt"].params["alpha"].grid == (-0.1, 0.0, 0.05)
     assert RULES["typical"].params["epsilon"].default == 0.09 and RULES["typical"].params["delta"].default == 0.3
     assert "pivot_prob" in RULES["pad"].inputs
+
+
+def test_pad_greedy_classifier_branch_uses_the_untempered_probability():
+    """At temperature 0 the processed p is one-hot; the min_prob floor must read softmax(z_p) instead."""
+    from relaxspec.acceptance import verify
+
+    target = torch.tensor([[[2.0, 1.5, -9.0], [0.0, 0.0, 0.0]]])  # argmax 0; token 1 plausible, token 2 not
+    draft = torch.tensor([[[0.0, 3.0, 0.0]]])
+    for token, expected in [(1, 1), (2, 0)]:
+        res = verify("pad", target, draft, torch.tensor([[token]]), temperature=0.0, threshold=0.5,
+                     pivot_prob=torch.zeros(1, 1))
+        assert int(res.num_accepted) == expected
+    strict = verify("pad", target, draft, torch.tensor([[1]]), temperature=0.0, threshold=0.0,
+                    pivot_prob=torch.zeros(1, 1))
+    assert int(strict.num_accepted) == 0

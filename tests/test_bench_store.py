@@ -88,3 +88,19 @@ def test_pad_cells_are_skipped_with_a_warning_without_a_classifier(tmp_path, mon
         summary = run_grid(config, progress=False, log=lambda *a: None)
     assert len(summary.ran) == 1 and len(summary.unavailable) == 3
     assert all("pad(threshold=" in label for label in summary.unavailable)
+
+
+def test_pad_cells_run_with_the_shipped_classifier(tmp_path, monkeypatch):
+    pivot = pytest.importorskip("relaxspec.pivot")
+    try:
+        path = pivot.builtin_classifier_path()
+    except FileNotFoundError:
+        pytest.skip("no built-in PAD classifier shipped")
+    monkeypatch.setenv("RELAXSPEC_CODE_VERSION", "test-pad-run")
+    config = small_config(tmp_path, methods=["ar", "pad:threshold=0.5"], limit=2, repeats=1)
+    summary = run_grid(config, progress=False, log=lambda *a: None)
+    assert len(summary.ran) == 2 and not summary.unavailable
+    with Store(tmp_path) as store:
+        pad = next(c for c in store if c.config["method"] == "pad")
+        assert pad.config["params"] == {"threshold": 0.5} and pad.config["pad_classifier"]
+        assert pad.metrics["n_samples"] == 2 and path.exists()

@@ -8,6 +8,7 @@ import torch
 from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.pivot import builtin_classifier_path, label_pivots, load_classifier, train_classifier
+from relaxspec.pivot.label import model_fingerprint
 from relaxspec.tasks.base import Example, Task
 from relaxspec.tasks.synthetic import examples
 
@@ -40,6 +41,7 @@ def trained(pair, tmp_path_factory):
 def test_label_then_train(trained):
     data, clf, report = trained
     assert data["meta"]["hidden_layer"] == -3 and data["hidden"].shape[1] == 128
+    assert data["meta"]["verifier_fingerprint"] != data["meta"]["drafter_fingerprint"]
     labels = data["labels"]
     assert len(labels) >= 4 and 0 < int(labels.sum()) < len(labels)  # both classes
     assert clf.hidden_layer == -3 and report["n_train"] + report["n_val"] == len(labels)
@@ -86,6 +88,12 @@ def test_builtin_classifier_is_shipped_and_decodes(pair):
     clf = load_classifier(path)
     assert clf.spec["verifier"] == "verifier" and clf.spec["drafter"] == "drafter-weak"
     assert clf.spec["task"] == "arithmetic" and clf.spec["hidden_size"] == verifier.model.config.hidden_size
+    # made with the weights shipped now (a retrained verifier or drafter needs a relabelled classifier)
+    assert clf.spec["verifier_fingerprint"] == model_fingerprint(verifier)
+    assert clf.spec["drafter_fingerprint"] == model_fingerprint(drafter)
+    assert clf.metrics["val"]["roc_auc"] >= 0.75
+    assert clf.check_models(verifier, drafter) == []
+    assert clf.check_models(load_model("drafter-strong"), drafter)  # another model is noticed
     out = generate(verifier, drafter, [examples("arithmetic", "test", 1)[0].prompt], method="pad",
                    draft_length=4, max_new_tokens=16, pivot_fn=clf.pivot_fn(), threshold=0.5)
     assert len(out.results[0].token_ids) > 0

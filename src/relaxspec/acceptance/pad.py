@@ -1,7 +1,8 @@
 """Pivot-aware speculative decoding, PAD (Ziashahabi et al., NeurIPS 2025).
 
 Accept if the strict test accepts, OR (with probability 1) if the classifier's
-P(pivot) < threshold and p(x) >= min_prob. Residual (p - q)+; bonus p.
+P(pivot) < threshold and p~(x) >= min_prob, p~ being the verifier at temperature
+1 without top-k/top-p. Residual (p - q)+; bonus p.
 
 min_prob gates only the classifier branch, never the strict test, so
 threshold 0 (no P(pivot) in [0, 1] is < 0) is exactly strict, i.e. lossless.
@@ -24,7 +25,7 @@ class PadRule(Rule):
         ),
         "min_prob": ParamSpec(
             "min_prob", 1e-4, low=0.0, high=1.0,
-            doc="the classifier branch needs p(x) >= min_prob",
+            doc="the classifier branch needs the untempered p(x) >= min_prob",
         ),
     }
     inputs = {
@@ -38,5 +39,8 @@ class PadRule(Rule):
         self, pos: Positions, *, threshold: float, min_prob: float, pivot_prob: torch.Tensor
     ) -> torch.Tensor:
         pivot_prob = pivot_prob.to(device=pos.p.device, dtype=pos.p.dtype)
-        harmless = (pivot_prob < threshold) & (pos.p_x >= min_prob)
+        # The floor is on the untempered verifier probability (as in the PAD paper): at temperature 0
+        # the processed p is one-hot, so gating on it would block every mismatched draft.
+        raw_p_x = pos.p_tilde.gather(-1, pos.x.unsqueeze(-1)).squeeze(-1)
+        harmless = (pivot_prob < threshold) & (raw_p_x >= min_prob)
         return torch.where(harmless, 1.0, capped_ratio(pos.p_x, pos.q_x))

@@ -424,7 +424,9 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     summary = RunSummary(out=str(config.out))
     cells = plan(config)
     versions = {"code": code_version()}
-    for name in {*config.verifiers, *config.drafters}:
+    models = {}
+    for name in dict.fromkeys([*config.verifiers, *config.drafters]):
+        models[name] = load_model(name)  # loaded next to hashing its weights, so the two agree
         versions[name] = model_version(name)
     pivot_fn = None
     if any(c.method == PAD for c in cells):
@@ -443,7 +445,7 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
             cells = [c for c in cells if all(c is not s for s in skipped)]
     store = Store(config.out)
     run_id = uuid.uuid4().hex[:12]
-    models, tasks, c_rels = {}, {}, {}
+    tasks, c_rels = {}, {}
 
     def model(name):
         if name not in models:

@@ -109,10 +109,14 @@ def _speedup_axis(ax) -> None:
     ax.set_xscale("log")
     lo, hi = ax.get_xlim()
     inside = [t for t in _NICE_TICKS if lo <= t <= hi]
-    step = max(1, len(inside) // 7)
-    ticks = inside[::step]
-    if 1.0 in inside and 1.0 not in ticks:
-        ticks = sorted({*ticks, 1.0})
+    min_ratio = (hi / lo) ** (1 / 7)  # at most ~7 labels, evenly spread on the log axis
+    ticks = [1.0] if 1.0 in inside else inside[:1]
+    for t in inside:  # grow outwards from 1x (or the first tick), keeping labels apart
+        if t > ticks[-1] and t / ticks[-1] >= min_ratio:
+            ticks.append(t)
+    for t in reversed(inside):
+        if t < ticks[0] and ticks[0] / t >= min_ratio:
+            ticks.insert(0, t)
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))

@@ -82,8 +82,13 @@ def build_rows(store: Store) -> list[dict]:
         rows.append(row)
     order = {AR: 0, "strict": 1}
     rows.sort(key=lambda r: (r["verifier"], r["task"], r["seed"], r["drafter"], r["draft_length"],
-                             order.get(r["method"], 2), r["method"], r["params"]))
+                             order.get(r["method"], 2), r["method"], _param_order(r["params"])))
     return rows
+
+
+def _param_order(params_json: str) -> tuple:
+    return tuple((k, float(v) if isinstance(v, (int, float)) else float("inf"))
+                 for k, v in sorted(json.loads(params_json).items()))
 
 
 def _num(x):

@@ -54,6 +54,21 @@ class PivotClassifier(nn.Module):
         h, s = candidate_features(hidden, target_logits, draft_logits, tokens)
         return torch.sigmoid(self(h.to(self.hidden_mean.device), s.to(self.hidden_mean.device)))
 
+    def check_models(self, verifier, drafter=None) -> list[str]:
+        """Ways the given models differ from the ones this classifier was trained with (empty: same).
+        The features depend on the verifier's hidden states and on both distributions."""
+        from relaxspec.pivot.label import model_fingerprint
+
+        problems = []
+        if verifier.model.config.hidden_size != self.hidden_mean.shape[0]:
+            problems.append(f"verifier hidden size {verifier.model.config.hidden_size} != {self.hidden_mean.shape[0]}")
+        for role, lm in (("verifier", verifier), ("drafter", drafter)):
+            want = self.spec.get(f"{role}_fingerprint")
+            if lm is not None and want and model_fingerprint(lm) != want:
+                problems.append(f"{role} {lm.name!r} has other weights than the {role} "
+                                f"{self.spec.get(role)!r} this classifier was trained with")
+        return problems
+
     def pivot_fn(self):
         """The callable the engine calls each round: fn(hidden [B,N,H], target_logits [B,N,V],
         draft_logits [B,N,V], draft_tokens [B,N]) -> P(pivot) [B,N]; `fn.hidden_layer` tells the
@@ -185,7 +200,8 @@ def train_classifier(data, epochs: int = 400, lr: float = 1e-3, seed: int = 0, v
         sub_fit, sub_inner = split_by_prompt(prompt_index[train], inner_fraction, seed + 1)
         fit[train], inner[train] = sub_fit, sub_inner
     torch.manual_seed(seed)
-    spec = {k: meta.get(k) for k in ("verifier", "drafter", "task", "k", "alpha", "margin", "min_prob")}
+    spec = {k: meta.get(k) for k in ("verifier", "drafter", "task", "k", "alpha", "margin", "min_prob",
+                                     "verifier_fingerprint", "drafter_fingerprint")}
     clf = PivotClassifier(hidden.shape[1], scalars.shape[1], int(meta.get("hidden_layer", -1)), spec, dropout)
     clf.set_normalisation(hidden[train], scalars[train])
     n_pos = float(labels[fit].sum())

@@ -11,7 +11,8 @@ Per prompt of the task's "pivot" split (disjoint from "train" and "test"):
 3. From prefix + drafter token and from prefix + verifier token the verifier
    samples k continuations each, as ONE batch of 2k rows. The prefix is not
    re-run: the trajectory's own KV cache (which already holds the prefix) is
-   copied and expanded across the 2k rows with `cache.batch_repeat_interleave`.
+   copied and expanded across the 2k rows (`_expand_cache`: selecting row 0
+   2k times, which both transformers' DynamicCache and the FastLlama cache do).
    Utility = mean task utility of the k full responses.
 4. Pivot rule (`is_pivot`): the drafter token is a pivot iff
        u_draft < alpha * u_verifier - margin.
@@ -31,10 +32,13 @@ counted (`gated`). This spends the roll-out budget on the candidates the
 classifier actually decides (with drafter-weak most mismatches are wrong digits
 at p(x) ~ 1e-8). `min_prob=0` rolls out every mismatch, as the paper does.
 
-Output: a per-run directory `<out>.shards/` with `meta.pt` (identity) and one
-`prompt_XXXXX.pt` per prompt done (so an interrupt loses at most the prompt in
-flight, and a rerun with the same identity resumes); when all prompts are done
-the shards are merged into `out` (a torch.save'd dict, see `merge_shards`).
+Output: a per-run directory `<out>.shards/` with `meta.pt` (identity: model
+names AND weight fingerprints, task, split, hidden_layer, k, alpha, margin, ...)
+and one `prompt_XXXXX.pt` per prompt done, written atomically (so an interrupt
+loses at most the prompt in flight, and a rerun with the same identity resumes;
+a rerun with other settings or retrained weights is refused). At the end of
+every run (also one stopped by `time_budget_s`, then `complete` is False) the
+shards are merged into `out` (a torch.save'd dict, see `merge_shards`).
 """
 
 from __future__ import annotations
@@ -49,6 +53,25 @@ import torch
 from relaxspec.pivot.features import SCALAR_FEATURES, candidate_features
 
 FORMAT = "relaxspec-pivot-labels/1"
+
+
+def _expand_cache(cache, n: int):
+    """A copy of a batch-1 cache repeated to n rows; the original is left untouched."""
+    rc = copy.deepcopy(cache)
+    rc.batch_select_indices(torch.zeros(n, dtype=torch.long))
+    return rc
+
+
+def model_fingerprint(lm) -> str:
+    """A short hash of a model's weights, so labels, resumes and classifiers can tell retrained
+    weights apart from the ones they were made with (names alone cannot)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(lm.model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def is_pivot(u_draft: float, u_verifier: float, alpha: float = 1.0, margin: float = 0.125) -> bool:
@@ -105,8 +128,7 @@ def rollout_utilities(verifier, cache, length: int, generated: list[int], candid
     Returns (utilities [len(candidates)], hidden [len(candidates), H] at each candidate's position
     from layer `hidden_layer`, or None)."""
     C = len(candidates)
-    rc = copy.deepcopy(cache)
-    rc.batch_repeat_interleave(C * k)
+    rc = _expand_cache(cache, C * k)
     first = torch.tensor(candidates, dtype=torch.long).repeat_interleave(k)[:, None]
     logits, hidden = verifier.forward(first, rc, torch.ones((C * k, length + 1), dtype=torch.long),
                                       torch.full((C * k, 1), length, dtype=torch.long), hidden_layer=hidden_layer)
@@ -128,6 +150,7 @@ def rollout_utilities(verifier, cache, length: int, generated: list[int], candid
 def _identity(verifier, drafter, task, hidden_layer, k, alpha, margin, temperature, max_new_tokens,
               min_baseline, seed, n_prompts, min_prob):
     return dict(min_prob=min_prob, format=FORMAT, verifier=verifier.name, drafter=drafter.name, task=task.name,
+                verifier_fingerprint=model_fingerprint(verifier), drafter_fingerprint=model_fingerprint(drafter),
                 split=task.meta.get("split"), hidden_layer=hidden_layer, hidden_size=verifier.model.config.hidden_size,
                 k=k, alpha=alpha, margin=margin, temperature=temperature, max_new_tokens=max_new_tokens,
                 min_baseline=min_baseline, seed=seed, feature_names=list(SCALAR_FEATURES))
@@ -148,8 +171,7 @@ def label_prompt(verifier, drafter, prompt: str, reference: str, utility, *, k: 
     d_logits = drafter.forward(x, dc, mask, pos)[0][:, -1]
 
     # 1. baseline: k sampled completions from the prompt.
-    bc = copy.deepcopy(vc)
-    bc.batch_repeat_interleave(k)
+    bc = _expand_cache(vc, k)
     conts = sample_continuations(verifier, bc, v_logits.expand(k, -1), L, max_new_tokens, temperature, generator)
     baseline = sum(score(verifier.tokenizer.decode(c, skip_special_tokens=True)) for c in conts) / k
     record = dict(baseline=baseline, skipped=baseline < min_baseline, hidden=[], scalars=[], labels=[], steps=[],
