@@ -72,6 +72,35 @@ def test_rollback_with_a_hole_in_the_middle(builtin_pair):
     assert torch.allclose(rolled[:, -1], fresh[:, -1], atol=1e-4)
 
 
+def test_left_padded_batch_gives_each_row_its_own_logits(builtin_pair):
+    """A ragged batch (left padding, then rows of different lengths) scores every row exactly as that
+    row alone: padding must not leak into the distribution AR or any rule samples from."""
+    verifier, _ = builtin_pair
+    from relaxspec.engine.generate import _encode
+
+    prompts = _prompts(2) + _prompts(2, "sorting")
+    ids, mask = _encode(verifier.tokenizer, prompts)
+    assert (mask == 0).any()  # really ragged
+    batch = _Stream(verifier)
+    batch.prefill(ids, mask)
+    singles = []
+    for p in prompts:
+        one = _Stream(verifier)
+        one.prefill(*_encode(verifier.tokenizer, [p]))
+        singles.append(one)
+    steps = torch.tensor([[11, 12, 13], [14, 15, 16], [17, 18, 19], [20, 21, 22]])
+    for t in range(steps.shape[1]):
+        # Row 1 gets a masked hole at step 1 (as after a rollback), the others a real token.
+        valid = torch.ones((len(prompts), 1), dtype=torch.long)
+        if t == 1:
+            valid[1] = 0
+        logits, _ = batch.feed(steps[:, t:t + 1], valid)
+        for b, one in enumerate(singles):
+            if valid[b]:
+                alone, _ = one.feed(steps[b:b + 1, t:t + 1], torch.ones((1, 1), dtype=torch.long))
+                assert torch.allclose(logits[b, -1], alone[0, -1], atol=1e-4), (t, b)
+
+
 def _freq(tokens, vocab):
     return torch.bincount(torch.tensor(tokens), minlength=vocab).double() / len(tokens)
 

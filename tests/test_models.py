@@ -34,7 +34,7 @@ def test_family_shares_one_tokenizer_and_is_small():
 
 
 # Floors that untrained or corrupted weights (accuracy 0) cannot pass; see the README table for the measured values.
-ACCURACY_FLOOR = {"verifier": 0.15}
+ACCURACY_FLOOR = {"verifier": 0.6}
 
 
 @pytest.mark.parametrize("name", list(ACCURACY_FLOOR))
@@ -53,12 +53,16 @@ def test_drafters_know_the_format(builtin_pair):
     assert sum("The answer is" in r.text for r in out.results) >= 7
 
 
-def test_training_script_runs_end_to_end_on_a_tiny_budget(tmp_path):
-    from relaxspec.models.train import train_family
+def test_training_script_runs_end_to_end_on_a_tiny_budget(tmp_path, capsys):
+    from relaxspec.cli import main
 
-    infos = train_family(tmp_path, scale=0.001, log=lambda *_: None)
-    assert set(infos) == set(FAMILY)
+    assert main(["models", "train", "--out", str(tmp_path), "--scale", "0.001", "--n", "2",
+                 "--tasks", "arithmetic"]) == 0
+    table = capsys.readouterr().out
+    assert "arithmetic T=0" in table  # the final accuracy table, over the freshly trained models
     for name in FAMILY:
+        info = json.loads((tmp_path / name / "relaxspec.json").read_text())
         lm = load_model(tmp_path / name)
-        assert lm.num_parameters() == infos[name]["params"]
+        assert lm.num_parameters() == info["params"]
         assert (tmp_path / name / "model.safetensors").exists()
+        assert name in table

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _parse_value(text: str):
@@ -174,10 +175,16 @@ def cmd_models(args) -> int:
         from relaxspec.models.train import train_family
 
         train_family(args.out, seed=args.seed, scale=args.scale, only=args.only)
+        from relaxspec.models.report import family_table
+
+        print(family_table(tasks=args.tasks, n=args.n, root=args.out))
         return 0
+    import torch
+
     from relaxspec.models.report import family_table
 
-    print(family_table(tasks=args.tasks, n=args.n))
+    torch.set_num_threads(args.threads)
+    print(family_table(tasks=args.tasks, n=args.n, root=args.dir))
     return 0
 
 
@@ -215,17 +222,18 @@ def build_parser() -> argparse.ArgumentParser:
     md = sub.add_parser("models", help="the built-in model family")
     msub = md.add_subparsers(dest="models_cmd", required=True)
     ml = msub.add_parser("list", help="sizes, latency, c_rel and task accuracy")
-    ml.add_argument("--tasks", nargs="*", default=["arithmetic", "sorting"])
-    ml.add_argument("--n", type=int, default=50, help="held-out problems per task for the accuracy column")
     mp = msub.add_parser("path", help="directory of a built-in model")
     mp.add_argument("name")
     mt = msub.add_parser("train", help="retrain the family from scratch (fixed seed)")
-    from pathlib import Path
-
     mt.add_argument("--out", type=Path, default=BUILTIN_DIR)
     mt.add_argument("--seed", type=int, default=0)
     mt.add_argument("--scale", type=float, default=1.0, help="multiply every step budget (tiny runs for tests)")
     mt.add_argument("--only", nargs="*")
+    for p in (ml, mt):
+        p.add_argument("--tasks", nargs="*", default=["arithmetic", "sorting"])
+        p.add_argument("--n", type=int, default=50, help="held-out problems per task for the accuracy table")
+    ml.add_argument("--dir", type=Path, default=BUILTIN_DIR, help="a family directory (default: the shipped one)")
+    ml.add_argument("--threads", type=int, default=1, help="torch CPU threads for the latency column (as the bench)")
     md.set_defaults(func=cmd_models)
 
     for module in ("relaxspec.bench.commands", "relaxspec.pivot.commands"):

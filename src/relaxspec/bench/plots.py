@@ -64,39 +64,45 @@ def capability_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
                 ax.axhline(ar["utility"], color="0.5", ls="--", lw=1, zorder=0)
                 ax.axhspan(ar["utility_ci_low"], ar["utility_ci_high"], color="0.85", zorder=0) \
                     if _ok(ar["utility_ci_low"]) else None
-                ax.errorbar([1.0], [ar["utility"]], yerr=_yerr(ar), fmt="*", ms=14, color="black", capsize=3,
+                ax.errorbar([1.0], [ar["utility"]], yerr=_yerr([ar]), fmt="*", ms=14, color="black", capsize=3,
                             label="AR (1x)", zorder=5)
             for rule in rules:
                 pts = sorted((r for r in cells if r["method"] == rule and _ok(r[col])), key=_param_value)
                 if not pts:
                     continue
                 xs, ys = [r[col] for r in pts], [r["utility"] for r in pts]
-                ax.errorbar(xs, ys, yerr=_yerr_many(pts), fmt="o-", ms=4, lw=1.3, capsize=2, color=colors[rule],
+                ax.errorbar(xs, ys, yerr=_yerr(pts), fmt="o-", ms=4, lw=1.3, capsize=2, color=colors[rule],
                             label=rule, alpha=0.9)
             strict = [r for r in cells if r["method"] == "strict" and _ok(r[col])]
             for r in strict:
-                ax.errorbar([r[col]], [r["utility"]], yerr=_yerr(r), fmt="D", ms=9, color="black", mfc="white",
+                ax.errorbar([r[col]], [r["utility"]], yerr=_yerr([r]), fmt="D", ms=9, color="black", mfc="white",
                             mew=2, capsize=3, label="strict (lossless)", zorder=6)
             c_meas = cells[0]["c_rel_measured"]
             ax.set_title(title if "measured" not in title or not _ok(c_meas) else f"measured c_rel = {c_meas:.3f}")
             _speedup_axis(ax)
             ax.set_xlabel("length-adjusted modelled speed-up vs AR (log scale)")
             ax.set_ylabel(f"utility on {task} (mean, 95% CI)")
-        handles, labels = [], []
-        for ax in axes:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        fig.legend(handles, labels, loc="center right", fontsize=9, frameon=False)
-        fig.suptitle(f"Capability vs speed-up: {task}, verifier {verifier}, drafter {drafter}, N = {n}"
-                     f" ({cells[0]['n_samples']} samples/cell)", fontsize=12)
-        fig.tight_layout(rect=(0, 0, 0.85, 0.96))
-        path = out_dir / f"capability_{_slug(task, verifier, drafter)}_N{n}{f'_seed{seed}' if several_seeds else ''}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        title = (f"Capability vs speed-up: {task}, verifier {verifier}, drafter {drafter}, N = {n}"
+                 f" ({cells[0]['n_samples']} samples/cell)")
+        name = f"capability_{_slug(task, verifier, drafter)}_N{n}{f'_seed{seed}' if several_seeds else ''}.png"
+        paths.append(_finish(plt, fig, axes, title, out_dir / name, right=0.85, top=0.96, fontsize=12))
     return paths
+
+
+def _finish(plt, fig, axes, title: str, path: Path, right: float, top: float, fontsize: int) -> Path:
+    """One legend for all panels (each label once) at the right, a title, then save and close."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center right", fontsize=9, frameon=False)
+    fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout(rect=(0, 0, right, top))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 _NICE_TICKS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4, 1.5, 1.6, 1.8, 2.0, 2.25,
@@ -125,13 +131,7 @@ def _speedup_axis(ax) -> None:
     ax.grid(True, which="major", alpha=0.35)
 
 
-def _yerr(r):
-    if not _ok(r["utility_ci_low"]):
-        return None
-    return [[r["utility"] - r["utility_ci_low"]], [r["utility_ci_high"] - r["utility"]]]
-
-
-def _yerr_many(rs):
+def _yerr(rs):
     if not all(_ok(r["utility_ci_low"]) for r in rs):
         return None
     return [[r["utility"] - r["utility_ci_low"] for r in rs], [r["utility_ci_high"] - r["utility"] for r in rs]]
@@ -171,15 +171,10 @@ def acceptance_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
             ax.set_ylim(0, 1.02)
             ax.grid(True, alpha=0.3)
         axes[0][0].set_ylabel("P(draft position accepted) per verifier call")
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="center right", fontsize=9, frameon=False)
-        fig.suptitle(f"Acceptance by draft position: {task}, verifier {verifier}, drafter {drafter}\n"
-                     f"(one colour per rule, one line per parameter value; darker = later in its grid)", fontsize=11)
-        fig.tight_layout(rect=(0, 0, 0.86, 0.93))
-        path = out_dir / f"acceptance_{_slug(task, verifier, drafter)}{f'_seed{seed}' if several_seeds else ''}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        title = (f"Acceptance by draft position: {task}, verifier {verifier}, drafter {drafter}\n"
+                 f"(one colour per rule, one line per parameter value; darker = later in its grid)")
+        name = f"acceptance_{_slug(task, verifier, drafter)}{f'_seed{seed}' if several_seeds else ''}.png"
+        paths.append(_finish(plt, fig, axes[0], title, out_dir / name, right=0.86, top=0.93, fontsize=11))
     return paths
 
 

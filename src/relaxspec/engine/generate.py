@@ -93,9 +93,10 @@ class _Stream:
         self.mask, self.pos = self.mask[rows], self.pos[rows]
 
 
-def _sample(logits: torch.Tensor, temperature, top_k, top_p, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    probs = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-    return sample_rows(probs, generator), probs
+def _sample(logits: torch.Tensor, temperature, top_k, top_p, generator) -> torch.Tensor:
+    if temperature == 0:  # greedy: the argmax, without building a one-hot row to sample from
+        return logits.argmax(dim=-1)
+    return sample_rows(process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p), generator)
 
 
 def _encode(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,7 +183,7 @@ def generate(
         if method == AR:
             t0 = time.perf_counter()
             logits, _ = target.feed(last[:, None], ones(1))
-            token, _ = _sample(logits[:, -1], **sampling, generator=generator)
+            token = _sample(logits[:, -1], **sampling, generator=generator)
             calls["verifier"] += 1
             timer["verify"] += time.perf_counter() - t0
             emitted = token[:, None]
@@ -200,7 +201,7 @@ def generate(
                 calls["drafter"] += 1
                 draft_logits.append(logits[:, -1])
                 if i < N:
-                    token, _ = _sample(logits[:, -1], **sampling, generator=generator)
+                    token = _sample(logits[:, -1], **sampling, generator=generator)
                     draft_tokens.append(token)
                     feed_ids, feed_valid = token[:, None], ones(1)
             draft_tokens = torch.stack(draft_tokens, dim=1)

@@ -25,11 +25,12 @@ class ModelSpec:
 FAMILY = {
     spec.name: spec
     for spec in [
-        ModelSpec("verifier", layers=8, hidden=128, heads=4, ffn=512, steps=3000, batch_size=32, lr=2e-3,
+        ModelSpec("verifier", layers=6, hidden=128, heads=4, ffn=512, steps=3600, batch_size=32, lr=2.5e-3,
                   role="verifier: the strongest of the family"),
         ModelSpec("drafter-strong", layers=2, hidden=128, heads=2, ffn=512, steps=1500, batch_size=32, lr=2e-3,
-                  role="drafter: smaller LM, decent at the tasks"),
-        ModelSpec("drafter-weak", layers=1, hidden=64, heads=1, ffn=192, steps=2400, batch_size=32, lr=3e-3,
+                  role="drafter: smaller LM, knows the format, agrees with the verifier more often than drafter-weak"),
+        # Two layers let the tiny drafter copy numbers from the question (an induction head needs two).
+        ModelSpec("drafter-weak", layers=2, hidden=64, heads=2, ffn=192, steps=2000, batch_size=32, lr=3e-3,
                   role="drafter: tiny LM, knows the format, weak at the arithmetic"),
     ]
 }

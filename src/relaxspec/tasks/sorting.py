@@ -1,6 +1,6 @@
 """Sort a short list of numbers, with the comparison written out.
 
-Checkable answer (the sorted list), variable length (3-6 numbers of 1-4
+Checkable answer (the sorted list), variable length (3-5 numbers of 1-3
 digits), and free wording around the decisive digits.
 """
 
@@ -20,10 +20,10 @@ CLOSE = ["The answer is {ys}.", "So the order is {ys}. The answer is {ys}."]
 
 
 def make_problem(rng: random.Random) -> Example:
-    count = rng.randint(3, 6)
+    count = rng.randint(3, 5)
     numbers: list[int] = []
     while len(numbers) < count:
-        digits = rng.choice([1, 2, 3, 3, 4, 4])
+        digits = rng.choice([1, 2, 2, 3, 3])
         x = rng.randint(10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1)
         if x not in numbers:
             numbers.append(x)
