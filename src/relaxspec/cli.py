@@ -171,17 +171,15 @@ def cmd_models(args) -> int:
     if args.models_cmd == "path":
         print(family.builtin_path(args.name))
         return 0
+    from relaxspec.models.report import family_table
+
     if args.models_cmd == "train":
         from relaxspec.models.train import train_family
 
         train_family(args.out, seed=args.seed, scale=args.scale, only=args.only)
-        from relaxspec.models.report import family_table
-
         print(family_table(tasks=args.tasks, n=args.n, root=args.out))
         return 0
     import torch
-
-    from relaxspec.models.report import family_table
 
     torch.set_num_threads(args.threads)
     print(family_table(tasks=args.tasks, n=args.n, root=args.dir))

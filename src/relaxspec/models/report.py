@@ -24,14 +24,15 @@ def task_accuracy(lm, task: str, n: int, temperature: float = 0.0, seed: int = 0
 def family_table(tasks=("arithmetic", "sorting"), n: int = 50, temperatures=(0.0, 0.7),
                  root: Path = BUILTIN_DIR) -> str:
     """The family under `root` (the shipped one by default, or a fresh `models train --out` directory)."""
-    models = {name: load_model(Path(root) / name) for name in FAMILY if (Path(root) / name).exists()}
+    root = Path(root)
+    models = {name: load_model(root / name) for name in FAMILY if (root / name).exists()}
     latency = {name: measure_step_latency(m) for name, m in models.items()}
     head = ["model", "params", "layers x width", "ms/step", "c_rel", "trained"]
     head += [f"{t} T={temp:g}" for t in tasks for temp in temperatures]
     rows = []
     for name, lm in models.items():
         spec = FAMILY[name]
-        info = json.loads((Path(root) / name / "relaxspec.json").read_text())
+        info = json.loads((root / name / "relaxspec.json").read_text())
         row = [name, f"{lm.num_parameters():,}", f"{spec.layers} x {spec.hidden}", f"{latency[name] * 1e3:.2f}",
                f"{latency[name] / latency.get(DEFAULT_VERIFIER, float('nan')):.3f}", f"{info['steps']} steps, {info['train_seconds']:.0f}s"]
         row += [f"{task_accuracy(lm, t, n, temp):.2f}" for t in tasks for temp in temperatures]
