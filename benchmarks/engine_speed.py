@@ -5,7 +5,9 @@
 Every figure is a ratio measured in this run on the same prompts (batch 1, one prompt at a time, as
 speculative decoding is used for latency). Modelled speed-up = tau / (1 + N * c_rel), with c_rel the
 measured drafter/verifier step-latency ratio. "overhead" = measured / modelled (1.0 = the engine costs
-nothing beyond the model calls the model counts). The HF peer is
+nothing beyond the model calls the model counts). That model prices the verifier's (N+1)-token block
+like a one-token step; "block-aware" = tau / (N * c_rel + c_block), with c_block the measured latency
+of that block over a one-token step, shows how much of the gap is the block itself. The HF peer is
 `verifier.generate(assistant_model=drafter)` with a constant N and no confidence cut, greedy only.
 """
 
@@ -62,9 +64,14 @@ def main():
 
     verifier, drafter = load_model(args.verifier), load_model(args.drafter)
     prompts = synthetic_task(args.task, "test", args.prompts).prompts
-    c_rel = measure_step_latency(drafter) / measure_step_latency(verifier)
-    print(f"pair {args.verifier} / {args.drafter}; {len(prompts)} {args.task} prompts; measured c_rel {c_rel:.3f}")
-    print(f"{'temp':>5} {'N':>3} {'tau':>6} {'measured':>9} {'modelled':>9} {'overhead':>9} {'HF peer':>8} {'ours/HF':>8}")
+    step = measure_step_latency(verifier)
+    c_rel = measure_step_latency(drafter) / step
+    c_block = {n: measure_step_latency(verifier, block=n + 1) / step for n in args.draft_lengths}
+    print(f"pair {args.verifier} / {args.drafter}; {len(prompts)} {args.task} prompts; {args.threads} thread(s); "
+          f"verifier step {step * 1e3:.2f} ms; measured c_rel {c_rel:.3f}; c_block "
+          + ", ".join(f"N={n}: {c:.2f}" for n, c in c_block.items()))
+    print(f"{'temp':>5} {'N':>3} {'tau':>6} {'measured':>9} {'modelled':>9} {'overhead':>9} {'block-aware':>12} "
+          f"{'HF peer':>8} {'ours/HF':>8}")
     for temperature in (0.0, 0.7):
         for n in args.draft_lengths:
             ratios, hf_ratios, taus = [], [], []
@@ -79,8 +86,9 @@ def main():
             modelled = tau / (1 + n * c_rel)
             hf = f"{statistics.median(hf_ratios):8.2f}" if hf_ratios else f"{'-':>8}"
             vs_hf = f"{measured / statistics.median(hf_ratios):8.2f}" if hf_ratios else f"{'-':>8}"
+            block_aware = tau / (n * c_rel + c_block[n])
             print(f"{temperature:5.1f} {n:3d} {tau:6.2f} {measured:8.2f}x {modelled:8.2f}x {measured / modelled:9.2f} "
-                  f"{hf} {vs_hf}", flush=True)
+                  f"{block_aware:11.2f}x {hf} {vs_hf}", flush=True)
 
 
 if __name__ == "__main__":

@@ -105,10 +105,8 @@ def capped_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     den == 0 happens for drafts the drafter could not have produced (greedy
     drafts, top-k cuts); the convention keeps every rule NaN-free there.
     """
-    positive = den > 0
-    safe_den = torch.where(positive, den, torch.ones_like(den))
-    ratio = torch.where(positive, num / safe_den, (num > 0).to(num.dtype))
-    return ratio.clamp(max=1.0)
+    # x/0 is inf (-> 1 after the cap) for x > 0 and NaN (-> 0) for x = 0: three ops, no branches.
+    return (num / den).nan_to_num_(nan=0.0).clamp_(max=1.0)
 
 
 def normalize_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
@@ -160,9 +158,10 @@ def check_logits(name: str, logits) -> None:
     if logits.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(logits.shape)})")
     row_max = logits.amax(dim=-1)  # one pass: amax propagates NaN and +inf
+    if bool(torch.isfinite(row_max).all()):  # the common case costs one check
+        return
     if torch.isnan(row_max).any():
         raise ValueError(f"{name} contains NaN (only -inf is allowed, for masked tokens)")
     if torch.isposinf(row_max).any():
         raise ValueError(f"{name} contains +inf (only -inf is allowed, for masked tokens)")
-    if torch.isneginf(row_max).any():
-        raise ValueError(f"{name} has a row where every logit is -inf (no token left to sample)")
+    raise ValueError(f"{name} has a row where every logit is -inf (no token left to sample)")

@@ -91,7 +91,8 @@ def build_context(
     devices = {target_logits.device, draft_logits.device, draft_tokens.device}
     if len(devices) > 1:
         raise ValueError(f"target_logits, draft_logits and draft_tokens are on different devices: {devices}")
-    if bool(((draft_tokens < 0) | (draft_tokens >= V)).any()):
+    lowest, highest = draft_tokens.aminmax()
+    if lowest < 0 or highest >= V:
         raise ValueError(f"draft_tokens must lie in [0, V) = [0, {V})")
 
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -136,10 +137,9 @@ def verify(
     u = torch.rand((B, N), generator=generator, device=accept_prob.device, dtype=accept_prob.dtype)
     accepted = u < accept_prob
 
-    # n = index of the first rejection, N if every draft passed.
-    rejected = ~accepted
-    n = torch.where(rejected.any(dim=1), rejected.int().argmax(dim=1), N)
-    kept = torch.arange(N, device=n.device) < n.unsqueeze(1)  # [B, N]
+    # The drafts before the first rejection are kept; n counts them (N if every draft passed).
+    kept = accepted.cumprod(dim=1).bool()  # [B, N]
+    n = kept.sum(dim=1)
 
     # One residual row per sequence, at its first rejection (row N-1 is a
     # placeholder for fully accepted sequences, which take the bonus instead).

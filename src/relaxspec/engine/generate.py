@@ -67,23 +67,26 @@ class _Stream:
         if ids.shape[1]:
             self.feed(ids, mask)
 
-    def feed(self, ids: torch.Tensor, valid: torch.Tensor, hidden_layer=None):
-        """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good)."""
-        positions = self.pos[:, None] + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
+    def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None):
+        """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good;
+        None: all are)."""
+        T = ids.shape[1]
+        if valid is None:
+            positions = self.pos[:, None] + torch.arange(T)
+            valid = torch.ones_like(ids)
+        else:
+            positions = self.pos[:, None] + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
         self.mask = torch.cat([self.mask, valid], dim=1)
         logits, hidden = self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
-        self.pos = self.pos + valid.sum(dim=1)
+        self.pos = self.mask.sum(dim=1)
         return logits, hidden
 
     def invalidate_tail(self, keep: torch.Tensor, width: int) -> None:
-        """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop
-        the columns that no row uses any more."""
-        tail = torch.arange(width)[None] < keep[:, None]
-        dropped = (self.mask[:, -width:] * ~tail).sum(dim=1)
-        self.mask[:, -width:] *= tail
-        self.pos = self.pos - dropped
-        used = self.mask.any(dim=0).nonzero()
-        length = int(used.max()) + 1 if used.numel() else 0
+        """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
+        tail columns that no row uses any more."""
+        self.mask[:, -width:] *= torch.arange(width) < keep[:, None]
+        self.pos = self.mask.sum(dim=1)  # invariant: a row's position counter = its real slots
+        length = self.mask.shape[1] - width + int(keep.max())
         if length < self.mask.shape[1]:
             crop_cache(self.cache, length)
             self.mask = self.mask[:, :length]
@@ -177,12 +180,11 @@ def generate(
         needs_catch_up = torch.zeros(B, dtype=torch.long)
     last = ids[:, -1].clone()
     rows = torch.arange(B)  # which sequence each live batch row belongs to
-    ones = lambda t: torch.ones((len(rows), t), dtype=torch.long)  # noqa: E731
 
     while len(rows):
         if method == AR:
             t0 = time.perf_counter()
-            logits, _ = target.feed(last[:, None], ones(1))
+            logits, _ = target.feed(last[:, None])
             token = _sample(logits[:, -1], **sampling, generator=generator)
             calls["verifier"] += 1
             timer["verify"] += time.perf_counter() - t0
@@ -193,8 +195,14 @@ def generate(
             N = draft_length
             t0 = time.perf_counter()
             draft_tokens, draft_logits = [], []
-            feed_ids = torch.stack([catch_up, last], dim=1)
-            feed_valid = torch.stack([needs_catch_up, torch.ones_like(last)], dim=1)
+            # x_N goes in front of `last` for rows whose drafter has not seen it; the column is only
+            # fed when some row needs it (a masked slot for the others).
+            caught_up = bool(needs_catch_up.any())
+            if caught_up:
+                feed_ids = torch.stack([catch_up, last], dim=1)
+                feed_valid = torch.stack([needs_catch_up, torch.ones_like(last)], dim=1)
+            else:
+                feed_ids, feed_valid = last[:, None], None
             extra = 1 if method in _NEEDS_DRAFT_BONUS else 0
             for i in range(N + extra):
                 logits, _ = draft.feed(feed_ids, feed_valid)
@@ -203,14 +211,14 @@ def generate(
                 if i < N:
                     token = _sample(logits[:, -1], **sampling, generator=generator)
                     draft_tokens.append(token)
-                    feed_ids, feed_valid = token[:, None], ones(1)
+                    feed_ids, feed_valid = token[:, None], None
             draft_tokens = torch.stack(draft_tokens, dim=1)
             draft_logits = torch.stack(draft_logits, dim=1)
             t1 = time.perf_counter()
             timer["draft"] += t1 - t0
 
             hidden_layer = getattr(pivot_fn, "hidden_layer", -1) if pivot_fn is not None else None
-            target_logits, hidden = target.feed(torch.cat([last[:, None], draft_tokens], dim=1), ones(N + 1),
+            target_logits, hidden = target.feed(torch.cat([last[:, None], draft_tokens], dim=1),
                                                 hidden_layer=hidden_layer)
             calls["verifier"] += 1
             params = dict(rule_params)
@@ -224,31 +232,33 @@ def generate(
             # Roll back: the verifier keeps last + accepted drafts; the drafter the same, except that
             # it never saw x_N (unless it made the extra bonus pass), so that one is caught up next round.
             target.invalidate_tail(accepted + 1, N + 1)
-            # Drafting appended [catch_up, last, x_1..x_{N-1}] (+ x_N with the extra pass).
-            draft.invalidate_tail(2 + accepted.clamp(max=N - 1 + extra), N + 1 + extra)
+            # Drafting appended [catch_up?, last, x_1..x_{N-1}] (+ x_N with the extra pass).
+            fed_before = 1 + caught_up
+            draft.invalidate_tail(fed_before + accepted.clamp(max=N - 1 + extra), fed_before + N - 1 + extra)
             needs_catch_up = (accepted == N).long() * (1 - extra)
             catch_up = draft_tokens[:, -1]
             emitted = results.tokens
 
-        # Bookkeeping per sequence: stop at EOS or the token budget.
-        done = torch.zeros(len(rows), dtype=torch.bool)
+        # Bookkeeping per sequence (plain lists: one copy out of the tensors per round).
+        accepted_list, emitted_list = accepted.tolist(), emitted.tolist()
+        if results is not None:
+            drafts_list, relaxed_list = draft_tokens.tolist(), results.relaxed_only.tolist()
+        done = []
         for b, seq in enumerate(rows.tolist()):
-            n = int(accepted[b])
-            new = emitted[b, : n + 1].tolist()
+            n = accepted_list[b]
+            new = emitted_list[b][: n + 1]
             out = outputs[seq]
             room = max_new_tokens - len(out)
             stop = eos is not None and eos in new[:room]
-            new = new[: min(room, new.index(eos) if stop else room)]
-            out.extend(new)
+            out.extend(new[: min(room, new.index(eos) if stop else room)])
             seq_stats[seq].add_round(n)
             if results is not None:
-                traces[seq].append(Round(drafts=draft_tokens[b].tolist(), num_accepted=n,
-                                         emitted=int(emitted[b, n]),
-                                         relaxed_only=results.relaxed_only[b].tolist()))
-            done[b] = stop or len(out) >= max_new_tokens
+                traces[seq].append(Round(drafts=drafts_list[b], num_accepted=n, emitted=new[n],
+                                         relaxed_only=relaxed_list[b]))
+            done.append(stop or len(out) >= max_new_tokens)
         last = emitted[torch.arange(len(rows)), accepted]
-        if done.any():
-            keep = (~done).nonzero().squeeze(1)
+        if any(done):
+            keep = torch.tensor([b for b, d in enumerate(done) if not d], dtype=torch.long)
             rows, last = rows[keep], last[keep]
             for s in streams:
                 s.select(keep)
