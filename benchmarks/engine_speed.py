@@ -24,29 +24,38 @@ from relaxspec.models import load_model, measure_step_latency
 from relaxspec.tasks.synthetic import synthetic_task
 
 
-def run(verifier, drafter, prompts, method, n, temperature, max_new_tokens):
+def timed_generate(verifier, drafter, prompt, method, n, temperature, max_new_tokens, seed):
     start = time.perf_counter()
-    accepted = rounds = tokens = 0
-    for i, prompt in enumerate(prompts):
-        out = generate(verifier, drafter, [prompt], method=method, draft_length=n, max_new_tokens=max_new_tokens,
-                       temperature=temperature, top_p=0.95 if temperature else None, seed=i)
-        accepted += out.stats["drafts_accepted"]
-        rounds += out.stats["sequence_rounds"]
-        tokens += out.stats["generated_tokens"]
-    return time.perf_counter() - start, (rounds + accepted) / rounds, tokens
+    out = generate(verifier, drafter, [prompt], method=method, draft_length=n, max_new_tokens=max_new_tokens,
+                   temperature=temperature, top_p=0.95 if temperature else None, seed=seed)
+    return time.perf_counter() - start, out.stats
 
 
-def run_hf(verifier, drafter, prompts, n, max_new_tokens):
+def timed_hf(verifier, drafter, prompt, n, max_new_tokens):
     tok = verifier.tokenizer
+    enc = tok(prompt, return_tensors="pt")
     start = time.perf_counter()
-    for prompt in prompts:
-        enc = tok(prompt, return_tensors="pt")
-        with torch.inference_mode():
-            verifier.model.generate(**enc, assistant_model=drafter.model, do_sample=False,
-                                    max_new_tokens=max_new_tokens, num_assistant_tokens=n,
-                                    num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-                                    pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    with torch.inference_mode():
+        verifier.model.generate(**enc, assistant_model=drafter.model, do_sample=False,
+                                max_new_tokens=max_new_tokens, num_assistant_tokens=n,
+                                num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
+                                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     return time.perf_counter() - start
+
+
+def time_row(verifier, drafter, prompts, n, temperature, max_new_tokens, with_hf):
+    """Seconds of AR, strict (and HF) over the prompts, and strict's tau. The systems take turns prompt by
+    prompt, so a change in the machine's speed during the row (these machines drift) hits all of them."""
+    seconds = {"ar": 0.0, "strict": 0.0, "hf": 0.0}
+    accepted = rounds = 0
+    for i, prompt in enumerate(prompts):
+        seconds["ar"] += timed_generate(verifier, None, prompt, "ar", 0, temperature, max_new_tokens, i)[0]
+        elapsed, stats = timed_generate(verifier, drafter, prompt, "strict", n, temperature, max_new_tokens, i)
+        seconds["strict"] += elapsed
+        accepted, rounds = accepted + stats["drafts_accepted"], rounds + stats["sequence_rounds"]
+        if with_hf:
+            seconds["hf"] += timed_hf(verifier, drafter, prompt, n, max_new_tokens)
+    return seconds, (rounds + accepted) / rounds
 
 
 def main():
@@ -76,12 +85,12 @@ def main():
         for n in args.draft_lengths:
             ratios, hf_ratios, taus = [], [], []
             for _ in range(args.repeats):
-                t_ar, _, _ = run(verifier, None, prompts, "ar", 0, temperature, args.max_new_tokens)
-                t_sd, tau, _ = run(verifier, drafter, prompts, "strict", n, temperature, args.max_new_tokens)
-                ratios.append(t_ar / t_sd)
+                seconds, tau = time_row(verifier, drafter, prompts, n, temperature, args.max_new_tokens,
+                                        with_hf=temperature == 0.0)
+                ratios.append(seconds["ar"] / seconds["strict"])
                 taus.append(tau)
                 if temperature == 0.0:
-                    hf_ratios.append(t_ar / run_hf(verifier, drafter, prompts, n, args.max_new_tokens))
+                    hf_ratios.append(seconds["ar"] / seconds["hf"])
             measured, tau = statistics.median(ratios), statistics.median(taus)
             modelled = tau / (1 + n * c_rel)
             hf = f"{statistics.median(hf_ratios):8.2f}" if hf_ratios else f"{'-':>8}"

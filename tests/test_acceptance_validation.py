@@ -130,3 +130,20 @@ def test_edge_values_are_accepted():
                            ("typical", dict(epsilon=0.0, delta=0.0))]:
         res = verify(method, t, d, x, top_k=1, top_p=1.0, **params)
         assert not res.accept_prob.isnan().any()
+
+
+def test_draft_probs_given_are_used_as_q_and_checked():
+    from relaxspec.acceptance import process_logits
+
+    t, d, x = block()
+    sampling = dict(temperature=0.7, top_p=0.9)
+    q = process_logits(d, **sampling)
+    plain = verify("strict", t, d, x, generator=torch.Generator().manual_seed(1), **sampling)
+    given = verify("strict", t, d, x, generator=torch.Generator().manual_seed(1), draft_probs=q, **sampling)
+    assert torch.equal(plain.tokens, given.tokens)
+    assert torch.allclose(plain.accept_prob, given.accept_prob)
+    uniform = torch.full_like(q, 1.0 / V)  # a different q must change the acceptance test
+    other = verify("strict", t, d, x, generator=torch.Generator().manual_seed(1), draft_probs=uniform, **sampling)
+    assert not torch.allclose(other.accept_prob, plain.accept_prob)
+    raises(r"draft_probs must be a tensor \[B, N, V\] = \[3, 2, 5\], got \[3, 5\]", "strict", t, d, x,
+           draft_probs=q[:, 0])

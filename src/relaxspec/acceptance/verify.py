@@ -48,9 +48,10 @@ class VerifyResult:
 
 
 def build_context(
-    target_logits, draft_logits, draft_tokens, *, temperature=1.0, top_k=None, top_p=None
+    target_logits, draft_logits, draft_tokens, *, temperature=1.0, top_k=None, top_p=None, draft_probs=None
 ) -> VerifyContext:
-    """Validate the block and process both distributions once."""
+    """Validate the block and process both distributions once (`draft_probs`, if given, are the
+    drafter's already processed distributions [B, N, V], e.g. those its drafts were sampled from)."""
     check_sampling_args(temperature, top_k, top_p)
     check_logits("target_logits", target_logits)
     if not isinstance(draft_logits, torch.Tensor):
@@ -96,9 +97,14 @@ def build_context(
         raise ValueError(f"draft_tokens must lie in [0, V) = [0, {V})")
 
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    if draft_probs is None:
+        draft_probs = process_logits(draft_logits[:, :N], **sampling)
+    elif not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (B, N, V):
+        got = list(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
+        raise ValueError(f"draft_probs must be a tensor [B, N, V] = [{B}, {N}, {V}], got {got}")
     return VerifyContext(
         p=process_logits(target_logits, **sampling),
-        q=process_logits(draft_logits[:, :N], **sampling),
+        q=draft_probs,
         target_logits=target_logits,
         draft_logits=draft_logits,
         draft_tokens=draft_tokens,
@@ -116,17 +122,21 @@ def verify(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    draft_probs: torch.Tensor | None = None,
     **params,
 ) -> VerifyResult:
     """Verify a block of drafts with acceptance rule `method` (see `RULES`).
 
     target_logits [B, N+1, V] (N draft positions + bonus), draft_logits [B, N, V]
     (or [B, N+1, V] with the drafter's bonus-position row, used only by
-    spec-cont-dec), draft_tokens long [B, N]; params are the rule's own.
+    spec-cont-dec), draft_tokens long [B, N]; params are the rule's own. draft_probs [B, N, V]:
+    the drafter's processed distributions, when the caller has them already (they are then not
+    recomputed from draft_logits; they must be what `process_logits` gives on them).
     """
     rule = get_rule(method)
     ctx = build_context(
-        target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p
+        target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        draft_probs=draft_probs,
     )
     params = rule.validate(params, batch_shape=tuple(draft_tokens.shape))
     B, N = ctx.batch_size, ctx.num_drafts

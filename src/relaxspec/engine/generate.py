@@ -96,10 +96,13 @@ class _Stream:
         self.mask, self.pos = self.mask[rows], self.pos[rows]
 
 
-def _sample(logits: torch.Tensor, temperature, top_k, top_p, generator) -> torch.Tensor:
-    if temperature == 0:  # greedy: the argmax, without building a one-hot row to sample from
-        return logits.argmax(dim=-1)
-    return sample_rows(process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p), generator)
+def _sample(logits: torch.Tensor, temperature, top_k, top_p, generator):
+    """(token, processed distribution it was drawn from); greedy takes the argmax without building
+    a one-hot row, and returns None for the distribution."""
+    if temperature == 0:
+        return logits.argmax(dim=-1), None
+    probs = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    return sample_rows(probs, generator), probs
 
 
 def _encode(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,7 +188,7 @@ def generate(
         if method == AR:
             t0 = time.perf_counter()
             logits, _ = target.feed(last[:, None])
-            token = _sample(logits[:, -1], **sampling, generator=generator)
+            token, _ = _sample(logits[:, -1], **sampling, generator=generator)
             calls["verifier"] += 1
             timer["verify"] += time.perf_counter() - t0
             emitted = token[:, None]
@@ -194,7 +197,7 @@ def generate(
         else:
             N = draft_length
             t0 = time.perf_counter()
-            draft_tokens, draft_logits = [], []
+            draft_tokens, draft_logits, draft_probs = [], [], []
             # x_N goes in front of `last` for rows whose drafter has not seen it; the column is only
             # fed when some row needs it (a masked slot for the others).
             caught_up = bool(needs_catch_up.any())
@@ -209,11 +212,13 @@ def generate(
                 calls["drafter"] += 1
                 draft_logits.append(logits[:, -1])
                 if i < N:
-                    token = _sample(logits[:, -1], **sampling, generator=generator)
+                    token, probs = _sample(logits[:, -1], **sampling, generator=generator)
                     draft_tokens.append(token)
+                    draft_probs.append(probs)
                     feed_ids, feed_valid = token[:, None], None
             draft_tokens = torch.stack(draft_tokens, dim=1)
             draft_logits = torch.stack(draft_logits, dim=1)
+            draft_probs = torch.stack(draft_probs, dim=1) if temperature else None  # verify reuses q
             t1 = time.perf_counter()
             timer["draft"] += t1 - t0
 
@@ -225,7 +230,7 @@ def generate(
             if pivot_fn is not None:
                 params["pivot_prob"] = pivot_fn(hidden[:, 1:], target_logits[:, :N], draft_logits[:, :N], draft_tokens)
             results = verify(method, target_logits, draft_logits, draft_tokens, **sampling, generator=generator,
-                             **params)
+                             draft_probs=draft_probs, **params)
             accepted = results.num_accepted
             timer["verify"] += time.perf_counter() - t1
 
