@@ -26,3 +26,14 @@ def test_fast_path_matches_transformers_logits_and_hidden_states_with_holes():
         outs.append((logits, hidden, mid))
     for a, b in zip(*outs):
         assert torch.allclose(a, b, atol=2e-4), (a - b).abs().max()
+
+
+def test_fast_path_accepts_positions_beyond_the_cache_length():
+    # The RoPE table grows with the cache; position ids a caller offsets past it must still match.
+    fast, slow = load_model("verifier"), load_model("verifier", backend="transformers")
+    ids = torch.tensor([fast.tokenizer("Compute 12 + 7.")["input_ids"]])
+    positions = torch.arange(ids.shape[1])[None] + 1000
+    mask = torch.ones_like(ids)
+    a, _ = fast.forward(ids, fast.new_cache(), mask, positions)
+    b, _ = slow.forward(ids, slow.new_cache(), mask, positions)
+    assert torch.allclose(a, b, atol=2e-4), (a - b).abs().max()

@@ -200,8 +200,8 @@ def generate(
             draft_tokens, draft_logits, draft_probs = [], [], []
             # x_N goes in front of `last` for rows whose drafter has not seen it; the column is only
             # fed when some row needs it (a masked slot for the others).
-            caught_up = bool(needs_catch_up.any())
-            if caught_up:
+            with_catch_up = bool(needs_catch_up.any())
+            if with_catch_up:
                 feed_ids = torch.stack([catch_up, last], dim=1)
                 feed_valid = torch.stack([needs_catch_up, torch.ones_like(last)], dim=1)
             else:
@@ -238,7 +238,7 @@ def generate(
             # it never saw x_N (unless it made the extra bonus pass), so that one is caught up next round.
             target.invalidate_tail(accepted + 1, N + 1)
             # Drafting appended [catch_up?, last, x_1..x_{N-1}] (+ x_N with the extra pass).
-            fed_before = 1 + caught_up
+            fed_before = 1 + int(with_catch_up)
             draft.invalidate_tail(fed_before + accepted.clamp(max=N - 1 + extra), fed_before + N - 1 + extra)
             needs_catch_up = (accepted == N).long() * (1 - extra)
             catch_up = draft_tokens[:, -1]

@@ -120,14 +120,18 @@ class FastLlama:
     def new_cache(self) -> KVCache:
         return KVCache(self.num_layers)
 
-    def _rotation(self, position_ids: torch.Tensor) -> torch.Tensor:
-        """e^{i·pos·inv_freq} (times HF's attention scaling) [B, T, 1, D/2], from a table grown on demand."""
-        needed = int(position_ids.max()) + 1
+    def _rotation(self, position_ids: torch.Tensor, needed: int) -> torch.Tensor:
+        """e^{i·pos·inv_freq} (times HF's attention scaling) [B, T, 1, D/2], from a table grown on demand
+        to `needed` positions: the cache length bounds the engine's positions without a device sync;
+        any other position ids still work, through the IndexError of a too-short table."""
         if needed > self._rotations.shape[0]:
             size = max(2 * self._rotations.shape[0], needed, 256)
             angles = torch.arange(size, dtype=torch.float32)[:, None] * self.inv_freq
             self._rotations = torch.polar(torch.full_like(angles, self.rope_scale), angles)
-        return self._rotations[position_ids][:, :, None]
+        try:
+            return self._rotations[position_ids][:, :, None]
+        except IndexError:
+            return self._rotation(position_ids, int(position_ids.max()) + 1)
 
     def _attention_bias(self, attention_mask, past: int, T: int):
         """Additive mask [B, 1, T, L]: key j is visible to query t iff it is a real slot of the row and
@@ -145,7 +149,7 @@ class FastLlama:
         past = cache.get_seq_length()
         x = F.embedding(input_ids.reshape(-1), self.embed)  # [B*T, C]: every matmul is one mm
         C = (x.shape[-1],)
-        rotation = self._rotation(position_ids)
+        rotation = self._rotation(position_ids, past + T)
         bias = self._attention_bias(attention_mask, past, T)
         qk_size = (H + KVH) * D
         hidden = None
