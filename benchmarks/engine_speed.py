@@ -73,9 +73,17 @@ def main():
 
     verifier, drafter = load_model(args.verifier), load_model(args.drafter)
     prompts = synthetic_task(args.task, "test", args.prompts).prompts
-    step = measure_step_latency(verifier)
-    c_rel = measure_step_latency(drafter) / step
-    c_block = {n: measure_step_latency(verifier, block=n + 1) / step for n in args.draft_lengths}
+    # Step latencies measured in turns, several times over, medians: the machine's speed drifts.
+    calls = {"verifier": (verifier, 1), "drafter": (drafter, 1)}
+    calls.update({n: (verifier, n + 1) for n in args.draft_lengths})
+    samples = {key: [] for key in calls}
+    for _ in range(5):
+        for key, (lm, block) in calls.items():
+            samples[key].append(measure_step_latency(lm, block=block))
+    latency = {key: statistics.median(v) for key, v in samples.items()}
+    step = latency["verifier"]
+    c_rel = latency["drafter"] / step
+    c_block = {n: latency[n] / step for n in args.draft_lengths}
     print(f"pair {args.verifier} / {args.drafter}; {len(prompts)} {args.task} prompts; {args.threads} thread(s); "
           f"verifier step {step * 1e3:.2f} ms; measured c_rel {c_rel:.3f}; c_block "
           + ", ".join(f"N={n}: {c:.2f}" for n, c in c_block.items()))
