@@ -8,9 +8,9 @@ drafter is almost all per-op overhead, so every op per layer counts:
 
 * the KV cache is a preallocated buffer per layer: appending writes only the
   new slots, rollback moves a length pointer (gpt-fast style), no copy of the past;
-* RoPE is one complex multiply on q and k together: the q/k projection rows of
-  each head are permuted once so that HF's half-split pairs (j, j + D/2) sit
-  side by side. q·k is unchanged by a permutation applied to both;
+* RoPE is one complex multiply on q, k (and v, rotated by 1) together: the q/k
+  projection rows of each head are permuted once so that HF's half-split pairs
+  (j, j + D/2) sit side by side. q·k is unchanged by a permutation applied to both;
 * the attention mask is built once per call (not per layer), and skipped for a
   single new token that may see every slot.
 """
@@ -24,35 +24,28 @@ _MASKED = -1e30  # additive mask: finite, so a row with no visible slot (padding
 
 
 class KVCache:
-    """Per-layer key/value buffers [B, H, capacity, D], of which the first `length` slots are in use."""
+    """Per-layer buffers [B, 2 * KV heads, capacity, D] (keys, then values, along the head axis), of
+    which the first `length` slots are in use."""
 
     def __init__(self, num_layers: int):
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.kv: list[torch.Tensor | None] = [None] * num_layers
         self.length = 0
 
     def get_seq_length(self) -> int:
         return self.length
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v [B, H, T, D] at slots start..start+T; the keys and values of slots 0..start+T."""
-        end = start + k.shape[2]
-        buf = self.keys[layer]
+    def write(self, layer: int, start: int, kv: torch.Tensor) -> torch.Tensor:
+        """Store kv [B, 2 * KV heads, T, D] at slots start..start+T; the keys and values of slots 0..start+T."""
+        end = start + kv.shape[2]
+        buf = self.kv[layer]
         if buf is None or buf.shape[2] < end:
-            capacity = max(2 * (0 if buf is None else buf.shape[2]), end + 64)
-            self.keys[layer] = self._grown(self.keys[layer], k, capacity, start)
-            self.values[layer] = self._grown(self.values[layer], v, capacity, start)
-        self.keys[layer][:, :, start:end] = k
-        self.values[layer][:, :, start:end] = v
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
-
-    @staticmethod
-    def _grown(old, like, capacity: int, keep: int):
-        B, H, _, D = like.shape
-        new = like.new_empty((B, H, capacity, D))
-        if old is not None and keep:
-            new[:, :, :keep] = old[:, :, :keep]
-        return new
+            B, H, _, D = kv.shape
+            grown = kv.new_empty((B, H, max(2 * (0 if buf is None else buf.shape[2]), end + 64), D))
+            if buf is not None and start:
+                grown[:, :, :start] = buf[:, :, :start]
+            buf = self.kv[layer] = grown
+        buf[:, :, start:end] = kv
+        return buf[:, :, :end]
 
     def crop(self, tokens_to_remove: int) -> None:
         """Same convention as transformers' DynamicCache.crop: a negative count from the end."""
@@ -60,8 +53,7 @@ class KVCache:
             self.length = max(0, self.length + tokens_to_remove)
 
     def batch_select_indices(self, rows: torch.Tensor) -> None:
-        self.keys = [None if k is None else k[rows] for k in self.keys]
-        self.values = [None if v is None else v[rows] for v in self.values]
+        self.kv = [None if kv is None else kv[rows] for kv in self.kv]
 
 
 def _interleave_rope_pairs(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
@@ -149,18 +141,19 @@ class FastLlama:
         past = cache.get_seq_length()
         x = F.embedding(input_ids.reshape(-1), self.embed)  # [B*T, C]: every matmul is one mm
         C = (x.shape[-1],)
-        rotation = self._rotation(position_ids, past + T)
+        rotation = self._rotation(position_ids, past + T).expand(B, T, H + KVH, D // 2)
+        # v rides along in the one complex multiply, rotated by 1 (exact): q, k, v come out as heads.
+        rotation = torch.cat([rotation, torch.ones_like(rotation[:, :, :KVH])], dim=2)
         bias = self._attention_bias(attention_mask, past, T)
-        qk_size = (H + KVH) * D
         hidden = None
         wanted = None if hidden_layer is None else hidden_layer % self.num_layers
         for i, (w_in, qkv_t, o_t, w_post, gate_up_t, down_t) in enumerate(self.layers):
             qkv = torch.mm(F.rms_norm(x, C, w_in, self.eps), qkv_t)
-            pairs = torch.view_as_complex(qkv[:, :qk_size].reshape(B, T, H + KVH, D // 2, 2))
-            qk = torch.view_as_real(pairs * rotation).reshape(B, T, H + KVH, D).transpose(1, 2)
-            v = qkv[:, qk_size:].reshape(B, T, KVH, D).transpose(1, 2)
-            k, v = cache.write(i, past, qk[:, H:], v)
-            o = F.scaled_dot_product_attention(qk[:, :H], k, v, attn_mask=bias, enable_gqa=KVH != H)
+            pairs = torch.view_as_complex(qkv.view(B, T, H + 2 * KVH, D // 2, 2))
+            heads = torch.view_as_real(pairs * rotation).view(B, T, H + 2 * KVH, D).transpose(1, 2)
+            kv = cache.write(i, past, heads[:, H:])
+            o = F.scaled_dot_product_attention(heads[:, :H], kv[:, :KVH], kv[:, KVH:], attn_mask=bias,
+                                               enable_gqa=KVH != H)
             x = torch.addmm(x, o.transpose(1, 2).reshape(B * T, H * D), o_t)
             gate, up = torch.mm(F.rms_norm(x, C, w_post, self.eps), gate_up_t).chunk(2, dim=-1)
             x = torch.addmm(x, F.silu(gate) * up, down_t)
