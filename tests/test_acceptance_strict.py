@@ -63,6 +63,24 @@ def test_greedy_accepts_exactly_the_verifier_argmax_matches():
     assert (first_miss == N).any() and (first_miss == 0).any()
 
 
+
+def test_greedy_closed_form_matches_the_shared_loop():
+    # verify("strict", T=0) takes a closed form; rules at their strict setting go through the shared
+    # loop. Integer logits make ties common, drafts are arbitrary (often not the drafter's argmax).
+    B, N, V = 3000, 4, 6
+    g = torch.Generator().manual_seed(11)
+    target = torch.randint(0, 3, (B, N + 1, V), generator=g).float()
+    draft = torch.randint(0, 3, (B, N, V), generator=g).float()
+    best = target.argmax(-1)[:, :N]
+    x = torch.where(torch.rand(B, N, generator=g) < 0.6, best, torch.randint(0, V, (B, N), generator=g))
+    fast = verify("strict", target, draft, x, temperature=0.0)
+    for method, params in (("cactus", dict(delta=0.0)), ("mentored", dict(alpha=0.0))):
+        loop = verify(method, target, draft, x, temperature=0.0, generator=torch.Generator().manual_seed(0), **params)
+        assert torch.equal(fast.tokens, loop.tokens), method
+        assert torch.equal(fast.num_accepted, loop.num_accepted)
+        assert torch.equal(fast.accept_prob, loop.accept_prob) and torch.equal(fast.accepted, loop.accepted)
+    assert len(set(fast.num_accepted.tolist())) == N + 1  # every prefix length occurs
+
 def test_zero_mass_residual_falls_back_to_p():
     # Greedy: draft 2 is neither argmax; q = p (both one-hot on 0) so (p - q)+ = 0.
     target = torch.tensor([[[5.0, 1.0, 0.0], [0.0, 0.0, 1.0]]])

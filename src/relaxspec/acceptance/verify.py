@@ -53,6 +53,25 @@ def build_context(
     """Validate the block and process both distributions once (`draft_probs`, if given, are the
     drafter's already processed distributions [B, N, V], e.g. those its drafts were sampled from)."""
     check_sampling_args(temperature, top_k, top_p)
+    B, N, V = check_block(target_logits, draft_logits, draft_tokens)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    if draft_probs is None:
+        draft_probs = process_logits(draft_logits[:, :N], **sampling)
+    elif not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (B, N, V):
+        got = list(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
+        raise ValueError(f"draft_probs must be a tensor [B, N, V] = [{B}, {N}, {V}], got {got}")
+    return VerifyContext(
+        p=process_logits(target_logits, **sampling),
+        q=draft_probs,
+        target_logits=target_logits,
+        draft_logits=draft_logits,
+        draft_tokens=draft_tokens,
+        **sampling,
+    )
+
+
+def check_block(target_logits, draft_logits, draft_tokens) -> tuple[int, int, int]:
+    """(B, N, V) of a well-formed verify block; ValueError naming what is wrong otherwise."""
     check_logits("target_logits", target_logits)
     if not isinstance(draft_logits, torch.Tensor):
         raise ValueError(f"draft_logits must be a torch.Tensor, got {type(draft_logits).__name__}")
@@ -95,21 +114,7 @@ def build_context(
     lowest, highest = draft_tokens.aminmax()
     if lowest < 0 or highest >= V:
         raise ValueError(f"draft_tokens must lie in [0, V) = [0, {V})")
-
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    if draft_probs is None:
-        draft_probs = process_logits(draft_logits[:, :N], **sampling)
-    elif not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (B, N, V):
-        got = list(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
-        raise ValueError(f"draft_probs must be a tensor [B, N, V] = [{B}, {N}, {V}], got {got}")
-    return VerifyContext(
-        p=process_logits(target_logits, **sampling),
-        q=draft_probs,
-        target_logits=target_logits,
-        draft_logits=draft_logits,
-        draft_tokens=draft_tokens,
-        **sampling,
-    )
+    return B, N, V
 
 
 def verify(
@@ -134,6 +139,11 @@ def verify(
     recomputed from draft_logits; they must be what `process_logits` gives on them).
     """
     rule = get_rule(method)
+    if temperature == 0 and method == "strict":
+        check_sampling_args(temperature, top_k, top_p)
+        check_block(target_logits, draft_logits, draft_tokens)
+        rule.validate(params)
+        return _verify_greedy_strict(target_logits, draft_tokens)
     ctx = build_context(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         draft_probs=draft_probs,
@@ -175,6 +185,24 @@ def verify(
         accepted=accepted,
         relaxed_only=accepted & kept & ~(u < strict_accept_prob),
     )
+
+
+def _verify_greedy_strict(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> VerifyResult:
+    """Strict at temperature 0 in closed form (vLLM's greedy path): p is one-hot on the verifier's
+    argmax, so min(1, p(x)/q(x)) is 1 exactly where the draft is that argmax (whatever q), and the
+    residual (p - q)+, or p where it has no mass, is that argmax again. Same result as the shared
+    loop (tested against rules at their strict setting), without one-hot rows or uniforms."""
+    B, N = draft_tokens.shape
+    best = target_logits.argmax(dim=-1)  # [B, N+1], first index on ties as one_hot_argmax
+    match = draft_tokens == best[:, :N]
+    kept = match.cumprod(dim=1).bool()
+    n = kept.sum(dim=1)
+    tokens = torch.full((B, N + 1), -1, dtype=torch.long, device=n.device)
+    tokens[:, :N] = torch.where(kept, draft_tokens, -1)
+    tokens.scatter_(1, n.unsqueeze(1), best.gather(1, n.unsqueeze(1)))
+    accept_prob = match.to(target_logits.dtype)
+    return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob, strict_accept_prob=accept_prob,
+                        accepted=match, relaxed_only=torch.zeros_like(match))
 
 
 def relaxed_targets(
