@@ -173,9 +173,7 @@ def verify(
     final = torch.where(use_residual, residual, final)
     last = sample_rows(final, generator)  # [B]
 
-    tokens = torch.full((B, N + 1), -1, dtype=torch.long, device=n.device)
-    tokens[:, :N] = torch.where(kept, ctx.draft_tokens, -1)
-    tokens.scatter_(1, n.unsqueeze(1), last.unsqueeze(1))
+    tokens = _emitted_tokens(ctx.draft_tokens, kept, n, last)
 
     return VerifyResult(
         num_accepted=n,
@@ -192,17 +190,24 @@ def _verify_greedy_strict(target_logits: torch.Tensor, draft_tokens: torch.Tenso
     argmax, so min(1, p(x)/q(x)) is 1 exactly where the draft is that argmax (whatever q), and the
     residual (p - q)+, or p where it has no mass, is that argmax again. Same result as the shared
     loop (tested against rules at their strict setting), without one-hot rows or uniforms."""
-    B, N = draft_tokens.shape
+    N = draft_tokens.shape[1]
     best = target_logits.argmax(dim=-1)  # [B, N+1], first index on ties as one_hot_argmax
     match = draft_tokens == best[:, :N]
     kept = match.cumprod(dim=1).bool()
     n = kept.sum(dim=1)
-    tokens = torch.full((B, N + 1), -1, dtype=torch.long, device=n.device)
-    tokens[:, :N] = torch.where(kept, draft_tokens, -1)
-    tokens.scatter_(1, n.unsqueeze(1), best.gather(1, n.unsqueeze(1)))
+    tokens = _emitted_tokens(draft_tokens, kept, n, best.gather(1, n.unsqueeze(1)).squeeze(1))
     accept_prob = match.to(target_logits.dtype)
     return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob, strict_accept_prob=accept_prob,
                         accepted=match, relaxed_only=torch.zeros_like(match))
+
+
+def _emitted_tokens(draft_tokens, kept, n, last) -> torch.Tensor:
+    """[B, N+1]: the kept drafts, then `last` at position n, then -1."""
+    B, N = draft_tokens.shape
+    tokens = torch.full((B, N + 1), -1, dtype=torch.long, device=n.device)
+    tokens[:, :N] = torch.where(kept, draft_tokens, -1)
+    tokens.scatter_(1, n.unsqueeze(1), last.unsqueeze(1))
+    return tokens
 
 
 def relaxed_targets(
