@@ -147,3 +147,4 @@ def test_draft_probs_given_are_used_as_q_and_checked():
     assert not torch.allclose(other.accept_prob, plain.accept_prob)
     raises(r"draft_probs must be a tensor \[B, N, V\] = \[3, 2, 5\], got \[3, 5\]", "strict", t, d, x,
            draft_probs=q[:, 0])
+    raises(r"draft_probs must be a tensor", "strict", t, d, x, draft_probs=q[:, 0], temperature=0.0)  # greedy path too

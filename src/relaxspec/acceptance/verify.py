@@ -53,13 +53,10 @@ def build_context(
     """Validate the block and process both distributions once (`draft_probs`, if given, are the
     drafter's already processed distributions [B, N, V], e.g. those its drafts were sampled from)."""
     check_sampling_args(temperature, top_k, top_p)
-    B, N, V = check_block(target_logits, draft_logits, draft_tokens)
+    N = check_block(target_logits, draft_logits, draft_tokens, draft_probs)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if draft_probs is None:
         draft_probs = process_logits(draft_logits[:, :N], **sampling)
-    elif not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (B, N, V):
-        got = list(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
-        raise ValueError(f"draft_probs must be a tensor [B, N, V] = [{B}, {N}, {V}], got {got}")
     return VerifyContext(
         p=process_logits(target_logits, **sampling),
         q=draft_probs,
@@ -70,8 +67,8 @@ def build_context(
     )
 
 
-def check_block(target_logits, draft_logits, draft_tokens) -> tuple[int, int, int]:
-    """(B, N, V) of a well-formed verify block; ValueError naming what is wrong otherwise."""
+def check_block(target_logits, draft_logits, draft_tokens, draft_probs=None) -> int:
+    """N, the number of drafts of a well-formed verify block; ValueError naming what is wrong otherwise."""
     check_logits("target_logits", target_logits)
     if not isinstance(draft_logits, torch.Tensor):
         raise ValueError(f"draft_logits must be a torch.Tensor, got {type(draft_logits).__name__}")
@@ -114,7 +111,11 @@ def check_block(target_logits, draft_logits, draft_tokens) -> tuple[int, int, in
     lowest, highest = draft_tokens.aminmax()
     if lowest < 0 or highest >= V:
         raise ValueError(f"draft_tokens must lie in [0, V) = [0, {V})")
-    return B, N, V
+    if draft_probs is not None and (not isinstance(draft_probs, torch.Tensor)
+                                    or tuple(draft_probs.shape) != (B, N, V)):
+        got = list(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
+        raise ValueError(f"draft_probs must be a tensor [B, N, V] = [{B}, {N}, {V}], got {got}")
+    return N
 
 
 def verify(
@@ -141,7 +142,7 @@ def verify(
     rule = get_rule(method)
     if temperature == 0 and method == "strict":
         check_sampling_args(temperature, top_k, top_p)
-        check_block(target_logits, draft_logits, draft_tokens)
+        check_block(target_logits, draft_logits, draft_tokens, draft_probs)
         rule.validate(params)
         return _verify_greedy_strict(target_logits, draft_tokens)
     ctx = build_context(

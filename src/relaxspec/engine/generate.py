@@ -53,39 +53,36 @@ class GenerationOutput:
 
 
 class _Stream:
-    """One model's cache plus per-row attention mask and position counters."""
+    """One model's cache plus the per-row attention mask over its slots (a row's real slots also
+    count its positions, so there is no separate counter to keep in step)."""
 
     def __init__(self, lm: CausalLM):
         self.lm = lm
         self.cache = lm.new_cache()
         self.mask = None  # [B, L] 1 where the cache slot belongs to the row's sequence
-        self.pos = None  # [B] number of valid tokens per row
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
         self.mask = torch.zeros((ids.shape[0], 0), dtype=torch.long)
-        self.pos = torch.zeros(ids.shape[0], dtype=torch.long)
         if ids.shape[1]:
             self.feed(ids, mask)
 
     def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None):
         """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good;
         None: all are)."""
-        T = ids.shape[1]
+        # A row's next position is its number of real slots so far.
+        start = self.mask.sum(dim=1, keepdim=True)
         if valid is None:
-            positions = self.pos[:, None] + torch.arange(T)
+            positions = start + torch.arange(ids.shape[1])
             valid = torch.ones_like(ids)
         else:
-            positions = self.pos[:, None] + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
+            positions = start + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
         self.mask = torch.cat([self.mask, valid], dim=1)
-        logits, hidden = self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
-        self.pos = self.mask.sum(dim=1)
-        return logits, hidden
+        return self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
 
     def invalidate_tail(self, keep: torch.Tensor, width: int) -> None:
         """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
         tail columns that no row uses any more."""
         self.mask[:, -width:] *= torch.arange(width) < keep[:, None]
-        self.pos = self.mask.sum(dim=1)  # invariant: a row's position counter = its real slots
         length = self.mask.shape[1] - width + int(keep.max())
         if length < self.mask.shape[1]:
             crop_cache(self.cache, length)
@@ -93,7 +90,7 @@ class _Stream:
 
     def select(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
-        self.mask, self.pos = self.mask[rows], self.pos[rows]
+        self.mask = self.mask[rows]
 
 
 def _sample(logits: torch.Tensor, temperature, top_k, top_p, generator):
