@@ -14,8 +14,12 @@ drafter is almost all per-op overhead, so every op per layer counts:
 * the attention mask is built once per call (not per layer), and skipped for a
   single new token that may see every slot.
 
-Every tensor it makes (KV buffers, the RoPE table, masks) lives on the weights' device; activations
-keep the weights' dtype except RoPE, which is applied in float32 (bfloat16 has no complex type).
+Every tensor it makes (KV buffers, the RoPE table, masks) lives on the weights' device. On a CPU it
+computes in float32 whatever the weights' dtype (bfloat16 / float16 weights are upcast once, into its
+own copies): CPUs without bf16 arithmetic emulate it (measured 2-5x slower, benchmarks/model_speed.py),
+and bf16 arithmetic rounds differently for a block of tokens than for one token at a time, so strict
+greedy would drift from autoregressive greedy. Elsewhere it computes in the weights' dtype, except RoPE,
+which is applied in float32 (bfloat16 has no complex type).
 """
 
 from __future__ import annotations
@@ -68,10 +72,10 @@ def _interleave_rope_pairs(weight: torch.Tensor, heads: int, head_dim: int) -> t
     return per_head.reshape(heads * head_dim, -1)
 
 
-def _as_right_operand(weight: torch.Tensor) -> torch.Tensor:
-    """W [out, in] stored as a contiguous W^T [in, out]: `x @ W^T` on a row-major right operand is
-    ~1.5x faster than F.linear's transposed one for the few rows a decode step has."""
-    return weight.detach().t().contiguous()
+def _as_right_operand(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """W [out, in] stored as a contiguous W^T [in, out] in `dtype`: `x @ W^T` on a row-major right operand
+    is ~1.5x faster than F.linear's transposed one for the few rows a decode step has."""
+    return weight.detach().to(dtype).t().contiguous()
 
 
 class FastLlama:
@@ -87,12 +91,13 @@ class FastLlama:
         inner = model.model
         rotary = inner.rotary_emb
         self.embed = inner.embed_tokens.weight
-        self.device, self.dtype = self.embed.device, self.embed.dtype
+        self.device = self.embed.device
+        self.dtype = torch.float32 if self.device.type == "cpu" else self.embed.dtype  # compute dtype
         self.inv_freq = rotary.inv_freq.float().to(self.device)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._rotations = torch.empty((0, self.head_dim // 2), dtype=torch.complex64, device=self.device)
         self.masked = max(_MASKED, torch.finfo(self.dtype).min)
-        self.final_norm = inner.norm.weight
+        self.final_norm = inner.norm.weight.detach().to(self.dtype)
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
@@ -102,10 +107,12 @@ class FastLlama:
                              _interleave_rope_pairs(a.k_proj.weight, self.kv_heads, self.head_dim),
                              a.v_proj.weight], dim=0)
             gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight], dim=0)
-            self.layers.append((layer.input_layernorm.weight.detach(), _as_right_operand(qkv),
-                                _as_right_operand(a.o_proj.weight), layer.post_attention_layernorm.weight.detach(),
-                                _as_right_operand(gate_up), _as_right_operand(m.down_proj.weight)))
-        self.lm_head = _as_right_operand(model.lm_head.weight)
+            dt = self.dtype
+            self.layers.append((layer.input_layernorm.weight.detach().to(dt), _as_right_operand(qkv, dt),
+                                _as_right_operand(a.o_proj.weight, dt),
+                                layer.post_attention_layernorm.weight.detach().to(dt),
+                                _as_right_operand(gate_up, dt), _as_right_operand(m.down_proj.weight, dt)))
+        self.lm_head = _as_right_operand(model.lm_head.weight, self.dtype)
 
     @classmethod
     def supports(cls, model) -> bool:
@@ -146,7 +153,7 @@ class FastLlama:
         B, T = input_ids.shape
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
         past = cache.get_seq_length()
-        x = F.embedding(input_ids.reshape(-1), self.embed)  # [B*T, C]: every matmul is one mm
+        x = F.embedding(input_ids.reshape(-1), self.embed).to(self.dtype)  # [B*T, C]: every matmul is one mm
         C = (x.shape[-1],)
         rotation = self._rotation(position_ids, past + T).expand(B, T, H + KVH, D // 2)
         # v rides along in the one complex multiply, rotated by 1 (exact): q, k, v come out as heads.
