@@ -200,6 +200,15 @@ def cmd_models(args) -> int:
 # ------------------------------------------------------------------ main
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default in --help, unless it is None / False or its help already says it."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from relaxspec import __version__
     from relaxspec.bench import commands as bench_commands
@@ -207,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     from relaxspec.models.options import add_device_args, add_prompt_args
     from relaxspec.pivot import commands as pivot_commands
 
-    defaults = argparse.ArgumentDefaultsHelpFormatter
+    defaults = DefaultsHelpFormatter
     ap = argparse.ArgumentParser(prog="relaxspec", description=__doc__)
     ap.add_argument("--version", action="version", version=f"relaxspec {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -220,17 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--verifier", default=DEFAULT_VERIFIER,
                    help="built-in model name, HF model directory, FILE.gguf, DIR::FILE.gguf or smollm2")
     g.add_argument("--drafter", default=DEFAULT_DRAFTER, help="same forms as --verifier")
-    g.add_argument("--method", default="strict", help="'ar' or an acceptance rule (see `relaxspec methods`)")
+    g.add_argument("--method", default="strict", help="'ar' (no drafter) or an acceptance rule (see `relaxspec methods`)")
     g.add_argument("--param", action="append", metavar="KEY=VALUE", help="rule parameter (repeatable)")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt")
+    src.add_argument("--prompt", help="one prompt")
     src.add_argument("--prompts", help="JSONL file with a 'prompt' per line ('-': standard input)")
-    g.add_argument("--draft-length", type=int, default=5)
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--draft-length", type=int, default=5, help="tokens the drafter proposes per round (N)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="generated tokens per prompt, at most")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    g.add_argument("--top-k", type=int, help="keep the k most likely tokens (default: all)")
+    g.add_argument("--top-p", type=float, help="keep the smallest set of tokens with this mass (default: all)")
+    g.add_argument("--seed", type=int, default=0, help="sequence i samples with a seed derived from (SEED, i)")
     add_prompt_args(g)
     add_device_args(g)
     g.add_argument("--force", action="store_true",

@@ -140,13 +140,13 @@ def _from_pretrained(name: str, source: Path, dtype: torch.dtype, extra: dict):
 
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
-    except Exception as e:  # noqa: BLE001 - any broken tokenizer file: one clear line, not a traceback
-        raise ValueError(f"cannot load the tokenizer of model {name!r}: {_first_line(e)}") from None
-    try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
-    except Exception as e:  # noqa: BLE001 - corrupted config or weights
+    except Exception as e:  # noqa: BLE001 - corrupted config or weights: one clear line, not a traceback
         raise ValueError(f"cannot load model {name!r}: {_first_line(e)}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+    except Exception as e:  # noqa: BLE001 - a broken tokenizer file
+        raise ValueError(f"cannot load the tokenizer of model {name!r}: {_first_line(e)}") from None
     return model, tokenizer
 
 
