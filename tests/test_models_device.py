@@ -14,6 +14,7 @@ from relaxspec.tasks import synthetic
 
 def test_device_and_dtype_resolution(monkeypatch):
     monkeypatch.delenv("RELAXSPEC_DEVICE", raising=False)
+    monkeypatch.delenv("RELAXSPEC_DTYPE", raising=False)
     default = "cuda" if torch.cuda.is_available() else "cpu"
     assert resolve_device(None).type == default
     assert resolve_device("cpu") == resolve_device(torch.device("cpu")) == torch.device("cpu")
@@ -34,6 +35,8 @@ def test_device_and_dtype_resolution(monkeypatch):
     assert resolve_dtype("torch.float16") == torch.float16
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("float8")
+    monkeypatch.setenv("RELAXSPEC_DTYPE", "float16")
+    assert resolve_dtype(None, torch.device("cpu")) == torch.float16 and resolve_dtype("float32") == torch.float32
     with pytest.raises(ValueError, match="unsupported dtype"):
         resolve_dtype(torch.int8)
 
@@ -47,7 +50,7 @@ def test_causal_lm_reports_device_dtype_and_context_and_returns_float32():
                                 hidden_layer=2)
     assert logits.dtype == hidden.dtype == torch.float32
     # Same weights in float32: bfloat16 rounding moves the logits a little, not the greedy choices.
-    fp32 = load_model("verifier")
+    fp32 = load_model("verifier", device="cpu", dtype="float32")
     ref, _ = fp32.forward(ids, fp32.new_cache(), torch.ones_like(ids), torch.arange(ids.shape[1])[None])
     assert (logits - ref).abs().max() < 0.5
     assert torch.equal(logits.argmax(-1), ref.argmax(-1))
@@ -55,7 +58,7 @@ def test_causal_lm_reports_device_dtype_and_context_and_returns_float32():
 
 def test_fast_path_creates_every_tensor_on_the_weights_device():
     # On the meta device any tensor made on the default (CPU) device meets a meta one and raises.
-    model = load_model("verifier", backend="transformers").model.to("meta")
+    model = load_model("verifier", device="cpu", backend="transformers").model.to("meta")
     lm = CausalLM("verifier", model, None, FastLlama(model))
     assert lm.device.type == "meta"
     cache = lm.new_cache()
@@ -70,8 +73,8 @@ def test_fast_path_creates_every_tensor_on_the_weights_device():
 
 
 def test_strict_greedy_equals_ar_greedy_in_bfloat16():
-    verifier = load_model("verifier", dtype="bfloat16")
-    drafter = load_model("drafter-weak", dtype="bfloat16")
+    verifier = load_model("verifier", device="cpu", dtype="bfloat16")
+    drafter = load_model("drafter-weak", device="cpu", dtype="bfloat16")
     prompts = synthetic.synthetic_task("arithmetic", "test", 3).prompts
     ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
     strict = generate(verifier, drafter, prompts, method="strict", draft_length=4, max_new_tokens=40)

@@ -7,7 +7,9 @@ import os
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEVICE_ENV = "RELAXSPEC_DEVICE"  # overrides the default device (e.g. `cpu` on a CUDA machine, `cuda` in gpu_check.sh)
+# Environment overrides of the defaults (e.g. RELAXSPEC_DEVICE=cpu on a CUDA machine; gpu_check.sh runs the
+# tests with RELAXSPEC_DEVICE=cuda RELAXSPEC_DTYPE=float32). An explicit argument always wins.
+DEVICE_ENV, DTYPE_ENV = "RELAXSPEC_DEVICE", "RELAXSPEC_DTYPE"
 
 
 def resolve_device(device=None) -> torch.device:
@@ -34,8 +36,10 @@ def resolve_device(device=None) -> torch.device:
 
 
 def resolve_dtype(dtype=None, device: torch.device | None = None) -> torch.dtype:
-    """A torch dtype from None / "float32" / "bfloat16" / "float16" / a torch dtype. None: bfloat16 on CUDA,
-    float32 elsewhere."""
+    """A torch dtype from None / "float32" / "bfloat16" / "float16" / a torch dtype. None: $RELAXSPEC_DTYPE when
+    set, else bfloat16 on CUDA, float32 elsewhere."""
+    if dtype is None:
+        dtype = os.environ.get(DTYPE_ENV) or None
     if dtype is None:
         return torch.bfloat16 if device is not None and device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):

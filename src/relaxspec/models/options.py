@@ -12,7 +12,8 @@ def add_device_args(parser) -> None:
                         help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu; "
                              "$RELAXSPEC_DEVICE overrides the default)")
     parser.add_argument("--dtype", default=None, choices=sorted(DTYPES),
-                        help="the weights' precision (default: bfloat16 on CUDA, float32 elsewhere); on a CPU "
+                        help="the weights' precision (default: bfloat16 on CUDA, float32 elsewhere; "
+                             "$RELAXSPEC_DTYPE overrides the default); on a CPU "
                              "the fast Llama path computes in float32; logits are float32 before any rule sees them")
 
 
