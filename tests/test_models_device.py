@@ -88,3 +88,29 @@ def test_generate_cli_runs_the_builtin_pair_in_bfloat16(capsys):
                  "--max-new-tokens", "30"]) == 0
     out = capsys.readouterr()
     assert len(out.out.strip()) > 10 and "[strict] 30 tokens" in out.err
+
+
+def test_hub_ids_load_from_the_local_hugging_face_cache_offline(tmp_path):
+    # A Hugging Face cache laid out as huggingface_hub writes it, holding a copy of a built-in model.
+    import shutil
+    import subprocess
+    import sys
+
+    from relaxspec.models import builtin_path
+
+    repo = tmp_path / "hub" / "models--acme--tiny"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(builtin_path("drafter-weak"), snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    code = ("import sys; from relaxspec.models import load_model; from relaxspec.cli import main;"
+            "lm = load_model('acme/tiny', device='cpu'); print(lm.num_parameters(), lm.backend);"
+            "print(main(['generate', '--verifier', 'acme/absent', '--method', 'ar', '--prompt', 'hi']))")
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": ":".join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(load_model("drafter-weak", device="cpu").num_parameters()), "fast", "2"]
+    # A hub id that is not in the cache: one line, nothing downloaded.
+    assert run.stderr.startswith("relaxspec: error: cannot load model 'acme/absent'") and \
+        run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr

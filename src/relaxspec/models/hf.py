@@ -10,6 +10,7 @@ crop of the columns that no row uses any more.
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from relaxspec.models.family import builtin_path, is_builtin
 from relaxspec.models.gguf import check_gguf_packages, is_gguf, split_gguf
 
 BACKENDS = ("auto", "fast", "transformers")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 @dataclass
@@ -96,7 +98,8 @@ def crop_cache(cache, length: int) -> None:
 
 
 def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend: str = "auto") -> CausalLM:
-    """A built-in model by name (see `relaxspec models list`), a local Hugging Face model directory, or a
+    """A built-in model by name (see `relaxspec models list`), a local Hugging Face model directory, a hub id
+    (`org/name`, from the local Hugging Face cache: nothing is downloaded unless HF_HUB_OFFLINE=0), or a
     GGUF file (`FILE.gguf`, `DIR::FILE.gguf`, or `smollm2`; dequantized on load).
 
     device: "cpu", "cuda", "cuda:N", "mps" or a torch.device (default: cuda when available, else cpu);
@@ -116,10 +119,14 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
         directory, gguf_file = split_gguf(name)
         check_gguf_packages()
         source, extra = directory, {"gguf_file": gguf_file}
+    elif not is_builtin(name) and not Path(name_or_path).exists() and HUB_ID.fullmatch(name):
+        # A hub id (org/name): resolved from the local Hugging Face cache (offline unless HF_HUB_OFFLINE=0).
+        source, extra = name, {}
     else:
         source, extra = builtin_path(name) if is_builtin(name) else Path(name_or_path), {}
         if not source.exists():
-            raise ValueError(f"model {name!r} is neither a built-in model, a GGUF file nor an existing directory")
+            raise ValueError(f"model {name!r} is neither a built-in model, a GGUF file, an existing directory "
+                             "nor a hub id (org/name)")
         if not (source / "config.json").is_file():
             raise ValueError(f"model directory {name!r} has no config.json (not a Hugging Face model directory)")
     model, tokenizer = _from_pretrained(name, source, dtype, extra)
@@ -133,7 +140,7 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=FastLlama(model) if use_fast else None)
 
 
-def _from_pretrained(name: str, source: Path, dtype: torch.dtype, extra: dict):
+def _from_pretrained(name: str, source: Path | str, dtype: torch.dtype, extra: dict):
     """(model, tokenizer) from `source`; whatever transformers raises on a broken file becomes one line."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
