@@ -164,18 +164,18 @@ def verify(
     rule = get_rule(method)
     if greedy not in GREEDY_MODES:
         raise ValueError(f"greedy must be one of {', '.join(GREEDY_MODES)}, got {greedy!r}")
+    check_sampling_args(temperature, top_k, top_p)
     if is_greedy(temperature) and (rule.greedy_closed_form or greedy == "strict"):
-        check_sampling_args(temperature, top_k, top_p)
         N = check_block(target_logits, draft_logits, draft_tokens, draft_probs)
-        check_rule_block(rule, draft_logits, N)
         rule.validate(params, batch_shape=tuple(draft_tokens.shape))
+        check_rule_block(rule, draft_logits, N)
         return _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens.long(), draft_probs)
     ctx = build_context(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         draft_probs=draft_probs,
     )
-    check_rule_block(rule, ctx.draft_logits, ctx.num_drafts)
     params = rule.validate(params, batch_shape=tuple(draft_tokens.shape))
+    check_rule_block(rule, ctx.draft_logits, ctx.num_drafts)
     B, N = ctx.batch_size, ctx.num_drafts
     drafts = ctx.drafts()
 
@@ -258,5 +258,6 @@ def relaxed_targets(
     ctx = build_context(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p
     )
+    rule.validate(params, batch_shape=tuple(ctx.draft_tokens.shape))
     check_rule_block(rule, ctx.draft_logits, ctx.num_drafts)
     return rule.targets(ctx, **params)
