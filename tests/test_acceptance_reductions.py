@@ -1,7 +1,5 @@
 """Every rule with a strict setting is exactly strict there; FSD at T = 0 is AR from p."""
 
-import math
-
 import pytest
 import torch
 
