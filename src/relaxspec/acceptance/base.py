@@ -202,11 +202,6 @@ class VerifyContext:
         return self.draft_tokens.shape[1]
 
     @property
-    def has_bonus_draft(self) -> bool:
-        """True when draft_logits carries the drafter's row at the bonus position."""
-        return self.draft_logits.shape[1] == self.num_drafts + 1
-
-    @property
     def p_x(self) -> torch.Tensor:
         return self.drafts().p_x
 
@@ -286,7 +281,8 @@ class Rule:
 
     def targets(self, ctx: VerifyContext, **params) -> Targets:
         """Dense targets on the whole block (for inspection; verify only gathers rows)."""
-        params = self.validate(params, batch_shape=tuple(ctx.draft_tokens.shape))
+        params = self.validate(params, batch_shape=tuple(ctx.draft_tokens.shape),
+                               draft_rows=ctx.draft_logits.shape[1])
         pos = ctx.drafts()
         return Targets(
             accept_prob=self.accept_prob(pos, **params),
@@ -303,9 +299,12 @@ class Rule:
         strict = {n: s.strict_value for n, s in self.params.items() if s.strict_value is not None}
         return strict or None
 
-    def validate(self, params: dict, batch_shape: tuple[int, int] | None = None) -> dict:
+    def validate(self, params: dict, batch_shape: tuple[int, int] | None = None,
+                 draft_rows: int | None = None) -> dict:
         """Defaults filled in; ValueError for unknown names, wrong types, out-of-range
-        values, missing / malformed tensor inputs (shape checked if batch_shape is given)."""
+        values, missing / malformed tensor inputs (shape checked if batch_shape [B, N] is given),
+        and a missing bonus-position drafter row for a rule with `extra_draft_passes` (checked
+        if draft_rows, the number of draft_logits rows, is given with batch_shape)."""
         known = {**self.params, **self.inputs}
         for name in params:
             if name not in known:
@@ -319,6 +318,11 @@ class Rule:
             out[name] = spec.check(params.get(name, spec.default), self.name)
         for name, spec in self.inputs.items():
             out[name] = self._check_input(spec, params.get(name), batch_shape)
+        if self.extra_draft_passes and draft_rows is not None and draft_rows != batch_shape[1] + 1:
+            raise ValueError(
+                f"rule {self.name!r} needs the drafter's row at the bonus position (one extra drafter pass): "
+                f"draft_logits must have N+1 = {batch_shape[1] + 1} rows per sequence, got {draft_rows}"
+            )
         return out
 
     def _check_input(self, spec: TensorInput, value, batch_shape) -> torch.Tensor:

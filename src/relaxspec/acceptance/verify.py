@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relaxspec.acceptance.base import Rule, Targets, VerifyContext, get_rule
+from relaxspec.acceptance.base import Targets, VerifyContext, get_rule
 from relaxspec.acceptance.processing import (
     as_float,
     capped_ratio,
@@ -126,16 +126,6 @@ def check_block(target_logits, draft_logits, draft_tokens, draft_probs=None) -> 
     return N
 
 
-def check_rule_block(rule: Rule, draft_logits: torch.Tensor, num_drafts: int) -> None:
-    """ValueError when draft_logits lack the bonus-position drafter row a rule declares it needs."""
-    if rule.extra_draft_passes and draft_logits.shape[1] != num_drafts + 1:
-        B, _, V = draft_logits.shape
-        raise ValueError(
-            f"rule {rule.name!r} needs the drafter's row at the bonus position (one extra drafter pass): "
-            f"draft_logits must have shape [B, N+1, V] = [{B}, {num_drafts + 1}, {V}], got {list(draft_logits.shape)}"
-        )
-
-
 def verify(
     method: str,
     target_logits: torch.Tensor,
@@ -166,16 +156,14 @@ def verify(
         raise ValueError(f"greedy must be one of {', '.join(GREEDY_MODES)}, got {greedy!r}")
     check_sampling_args(temperature, top_k, top_p)
     if is_greedy(temperature) and (rule.greedy_closed_form or greedy == "strict"):
-        N = check_block(target_logits, draft_logits, draft_tokens, draft_probs)
-        rule.validate(params, batch_shape=tuple(draft_tokens.shape))
-        check_rule_block(rule, draft_logits, N)
+        check_block(target_logits, draft_logits, draft_tokens, draft_probs)
+        rule.validate(params, batch_shape=tuple(draft_tokens.shape), draft_rows=draft_logits.shape[1])
         return _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens.long(), draft_probs)
     ctx = build_context(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         draft_probs=draft_probs,
     )
-    params = rule.validate(params, batch_shape=tuple(draft_tokens.shape))
-    check_rule_block(rule, ctx.draft_logits, ctx.num_drafts)
+    params = rule.validate(params, batch_shape=tuple(draft_tokens.shape), draft_rows=draft_logits.shape[1])
     B, N = ctx.batch_size, ctx.num_drafts
     drafts = ctx.drafts()
 
@@ -258,6 +246,4 @@ def relaxed_targets(
     ctx = build_context(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p
     )
-    rule.validate(params, batch_shape=tuple(ctx.draft_tokens.shape))
-    check_rule_block(rule, ctx.draft_logits, ctx.num_drafts)
     return rule.targets(ctx, **params)
