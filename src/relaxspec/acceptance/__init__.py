@@ -44,6 +44,7 @@ from relaxspec.acceptance.processing import (
     process_logits,
     total_variation,
 )
+from relaxspec.acceptance.random import Draws, SequenceSeeds, derive_seed
 from relaxspec.acceptance.verify import GREEDY_MODES, VerifyResult, build_context, relaxed_targets, verify
 
 __all__ = [
@@ -68,4 +69,7 @@ __all__ = [
     "Targets",
     "Positions",
     "VerifyContext",
+    "Draws",
+    "SequenceSeeds",
+    "derive_seed",
 ]
