@@ -2,26 +2,19 @@
 
 A response is a completion of the problem's prompt (the function body), as in
 the HumanEval protocol: the program `prompt + completion + test + check(entry_point)`
-runs in a fresh, isolated Python subprocess (`python -I`) in a temporary
-directory with a timeout; utility is 1.0 iff it exits with status 0. A response
-that already repeats the whole prompt is run as it is.
+runs in the code sandbox (`relaxspec.tasks.sandbox`); utility is 1.0 iff the harness
+reports that every test ran (never from the exit status). A response that already
+repeats the whole prompt is run as it is; one in a fenced code block is taken from it.
 
 The reference of each example is its task id ("HumanEval/0", ...).
-Running model-written code is inherently unsafe; the subprocess is isolated
-from the user's site-packages and working directory, not sandboxed.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
-import tempfile
 
 from relaxspec.tasks.base import Example, Task
-
-DEFAULT_TIMEOUT_S = 5.0
+from relaxspec.tasks.sandbox import DEFAULT_TIMEOUT_S, passes_tests
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,29 +31,11 @@ def program(problem: dict, completion: str) -> str:
     return f"{body}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
-def run_program(source: str, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
-    """Run `source` in an isolated subprocess; (passed, reason)."""
-    with tempfile.TemporaryDirectory(prefix="relaxspec-he-") as tmp:
-        path = os.path.join(tmp, "program.py")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(source)
-        env = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
-        try:
-            proc = subprocess.run([sys.executable, "-I", path], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return False, "timed out"
-        if proc.returncode == 0:
-            return True, "passed"
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
-        return False, err[-1] if err else f"exit status {proc.returncode}"
-
-
 def check_completion(task_id: str, completion: str, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
     all_problems = problems()
     if task_id not in all_problems:
         raise ValueError(f"unknown HumanEval task id {task_id!r}")
-    return run_program(program(all_problems[task_id], completion), timeout)
+    return passes_tests(program(all_problems[task_id], completion), timeout=timeout)
 
 
 def make_utility(timeout: float = DEFAULT_TIMEOUT_S):
