@@ -94,7 +94,7 @@ def normalize_math(text: str) -> str:
     for command in ("text", "textbf", "mathrm", "mbox"):
         s = _unwrap(s, command)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\\left|\\right|\\!|\\,|\\;|\\:|\\ |\\quad|\$", "", s)
+    s = re.sub(r"\\left|\\right|\\!|\\,|\\;|\\:|\\ |\\quad|\\?\$", "", s)
     s = re.sub(r"\^\s*\{?\\circ\}?|\\%|%|\\degree", "", s)
     s = _fracs(s)
     s = re.sub(r"\s+", "", s).rstrip(".")
