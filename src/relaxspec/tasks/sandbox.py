@@ -78,26 +78,26 @@ class RunResult:
 
 
 def _world_usable(path: str) -> bool:
-    """Whether a user with no privileges can run the file at `path` (every parent searchable)."""
+    """Whether a user with no privileges can run the Python at `path`: the file and every parent
+    searchable, and its installation's lib/ (the standard library) too."""
     real = Path(os.path.realpath(path))
-    if not real.is_file() or not real.stat().st_mode & stat.S_IXOTH:
-        return False
-    return all(p.stat().st_mode & stat.S_IXOTH for p in real.parents)
+    lib = real.parent.parent / "lib"
+    return (real.is_file() and lib.is_dir()
+            and all(p.stat().st_mode & stat.S_IXOTH for p in [real, *real.parents, lib]))
 
 
-def sandbox_python(as_root: bool) -> str:
+def sandbox_python(drop_privileges: bool) -> str:
     """The interpreter for sandboxed programs: this one, unless the run drops to an unprivileged
     uid that cannot reach it (e.g. a Python under /root), then a system Python."""
-    candidates = [sys.executable, getattr(sys, "_base_executable", sys.executable)]
-    if as_root:
-        candidates += ["/usr/bin/python3", "/usr/local/bin/python3"]
+    if not drop_privileges:
+        return sys.executable
+    candidates = [sys.executable, getattr(sys, "_base_executable", sys.executable), "/usr/bin/python3",
+                  "/usr/local/bin/python3"]
     for path in candidates:
-        if path and (not as_root or _world_usable(path)):
-            base = Path(os.path.realpath(path)).parent.parent
-            if not as_root or all(p.stat().st_mode & stat.S_IXOTH for p in [base, *base.parents]):
-                return path
-    raise RuntimeError("no Python interpreter that an unprivileged user can run was found for the code sandbox "
-                       "(tried " + ", ".join(candidates) + ")")
+        if _world_usable(path):
+            return path
+    raise ValueError("the code sandbox found no Python that an unprivileged user can run (tried "
+                     + ", ".join(candidates) + "); install python3 system-wide")
 
 
 def _processes() -> list[int]:
@@ -221,7 +221,7 @@ def run_python(source: str, stdin: str = "", timeout: float = DEFAULT_TIMEOUT_S,
                 read_status = -1
                 status_line = f.read().decode()
             if not status_line:
-                raise RuntimeError(f"code sandbox failed to start: {_read(ferr).strip() or 'no message'}")
+                raise ValueError(f"the code sandbox failed to start: {(_read(ferr).strip().splitlines() or ['no message'])[-1]}")
             return RunResult(stdout=_read(fout), stderr=_read(ferr), returncode=None if timed_out else proc.returncode,
                              timed_out=timed_out, isolation=json.loads(status_line))
     finally:
