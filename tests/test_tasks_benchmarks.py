@@ -191,7 +191,7 @@ def test_file_errors(tmp_path):
         get_task(f"math500:{tmp_path / 'none.jsonl'}")
     bad = tmp_path / "data.csv"
     bad.write_text("question,answer\n")
-    with pytest.raises(ValueError, match="expected a .jsonl or .parquet"):
+    with pytest.raises(ValueError, match="expected a .jsonl \\(JSON lines\\) or .parquet"):
         get_task(f"gsm8k:{bad}")
     broken = tmp_path / "broken.parquet"
     broken.write_bytes(b"PAR1 not really")

@@ -80,8 +80,6 @@ def _text(row: dict, key: str, where: str, numbers: bool = False) -> str:
 
 def _strings(row: dict, key: str, where: str) -> list[str]:
     value = row.get(key)
-    if hasattr(value, "tolist"):  # numpy arrays from parquet
-        value = value.tolist()
     if not isinstance(value, list) or not value or not all(isinstance(x, str) for x in value):
         raise ValueError(f"{where}: field {key!r} must be a non-empty list of strings")
     return value
@@ -255,7 +253,7 @@ BENCHMARKS = {b.name: b for b in [
 
 
 def read_rows(path: str | Path) -> Rows:
-    """Rows of a local JSONL or parquet file, keys lower-cased."""
+    """Rows of a local JSONL (.jsonl or .json, one object a line) or parquet file, keys lower-cased."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"dataset file {str(path)!r} does not exist")
@@ -270,12 +268,12 @@ def read_rows(path: str | Path) -> Rows:
             raise ValueError(f"{path}: not a readable parquet file ({e})") from None
         return [(f"{path} row {i}", {str(k).lower(): v for k, v in r.items()}) for i, r in enumerate(records, 1)]
     if path.suffix not in (".jsonl", ".json"):
-        raise ValueError(f"{path}: expected a .jsonl or .parquet file")
-    rows = []
+        raise ValueError(f"{path}: expected a .jsonl (JSON lines) or .parquet file")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    rows = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -302,8 +300,7 @@ def hub_rows(bench: Benchmark) -> Rows:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"could not load {bench.name} from the hub ({bench.source}): {first}; "
                          f"offline, give a local file: {bench.name}:PATH (JSONL or parquet)") from None
-    return [(f"{bench.hub['path']} row {i}", {str(k).lower(): v for k, v in r.items()})
-            for i, r in enumerate(records, 1)]
+    return [(f"{bench.name} (hub) row {i}", {str(k).lower(): v for k, v in r.items()}) for i, r in enumerate(records, 1)]
 
 
 def benchmark_task(name: str, path: str | None = None, limit: int | None = None, prompt_template: str | None = None,
