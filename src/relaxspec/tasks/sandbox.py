@@ -182,7 +182,9 @@ def run_python(source: str, stdin: str = "", timeout: float = DEFAULT_TIMEOUT_S,
     if drop_privileges and not as_root:
         raise ValueError("drop_privileges needs root")
     uid = _free_uid() if drop_privileges else None
-    marker = f"RELAXSPEC_SANDBOX_RUN={secrets.token_hex(16)}"
+    run_id = secrets.token_hex(16)
+    marker_env = {"RELAXSPEC_SANDBOX_RUN": run_id}  # finds the run's processes when not root
+    marker = f"RELAXSPEC_SANDBOX_RUN={run_id}".encode()
     keep = workdir is not None
     work = Path(workdir) if keep else Path(tempfile.mkdtemp(prefix="relaxspec-sandbox-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -199,14 +201,14 @@ def run_python(source: str, stdin: str = "", timeout: float = DEFAULT_TIMEOUT_S,
     read_status, write_status = os.pipe()
     config = {"uid": uid, "limits": limits, "tmpfs_mb": FILE_SIZE_MB, "status_fd": write_status,
               "argv": [python, "-I", "-c", RUNNER, program.name],
-              "env": {} if uid is not None else dict([marker.split("=", 1)])}
+              "env": {} if uid is not None else marker_env}
     try:
         with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
             fin.write(stdin.encode("utf-8"))
             fin.seek(0)
             # The launcher carries the marker in every mode (the program only where it stays this user).
             proc = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(config)],
-                                    cwd=work, env=dict([marker.split("=", 1)]), stdin=fin, stdout=fout,
+                                    cwd=work, env=marker_env, stdin=fin, stdout=fout,
                                     stderr=ferr, start_new_session=True, pass_fds=(write_status,))
             os.close(write_status)
             write_status = -1
@@ -215,7 +217,7 @@ def run_python(source: str, stdin: str = "", timeout: float = DEFAULT_TIMEOUT_S,
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
-            _kill_all(proc.pid, uid, marker.encode())
+            _kill_all(proc.pid, uid, marker)
             proc.wait()
             with os.fdopen(read_status, "rb") as f:
                 read_status = -1
