@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--threads", type=int, default=1, help="torch CPU threads for the latency column (as the bench)")
     md.set_defaults(func=cmd_models)
 
-    for module in ("relaxspec.bench.commands", "relaxspec.pivot.commands"):
+    for module in ("relaxspec.bench.commands", "relaxspec.pivot.commands", "relaxspec.tasks.commands"):
         try:
             __import__(module, fromlist=["register"]).register(sub)
         except ImportError as e:  # a layer that is not installed must not break the others
