@@ -37,6 +37,7 @@ def cmd_methods(args) -> int:
         print(json.dumps({name: _rule_info(rule) for name, rule in RULES.items()}, indent=2))
         return 0
     print("ar: autoregressive baseline (no drafter, no parameters)")
+    print(_GREEDY_NOTE)
     for name, rule in RULES.items():
         strict = rule.strict_params()
         strict_text = "no strict setting" if strict is None else (
@@ -45,15 +46,30 @@ def cmd_methods(args) -> int:
         for p in rule.params.values():
             grid = ", ".join(map(str, p.grid)) if p.grid else "-"
             print(f"  --param {p.name}=<{p.default}>  range {p.range_str()}  paper grid: {grid}")
-        for t in getattr(rule, "inputs", {}).values():
-            print(f"  input {t.name}: {getattr(t, 'doc', '')}")
+        for t in rule.inputs.values():
+            print(f"  input {t.name}: {t.doc}")
+        print(f"  needs: {rule.needs_text()}")
+        print(f"  at temperature 0: {rule.at_greedy}")
+        verdict = "ok" if rule.valid_with_one_hot_q else "refused"
+        print(f"  one-hot q (drafter without distributions): {verdict}: {rule.one_hot_q}")
     return 0
+
+
+_GREEDY_NOTE = ("At temperature 0 (or below 1e-5) every rule is applied to one-hot p and q (greedy='rule', "
+                "the default);\ngreedy='strict' makes every rule strict argmax matching, as the reference "
+                "implementation does.")
 
 
 def _rule_info(rule) -> dict:
     return {"description": rule.description, "strict": rule.strict_params(),
-            "params": {p.name: {"default": p.default, "range": p.range_str(), "grid": list(p.grid or [])}
-                       for p in rule.params.values()}}
+            "params": {p.name: {"default": p.default, "range": p.range_str(), "grid": list(p.grid or []),
+                                "doc": p.doc}
+                       for p in rule.params.values()},
+            "needs": {"extra_draft_passes": rule.extra_draft_passes, "reads_q": rule.reads_q,
+                      "inputs": {t.name: t.doc for t in rule.inputs.values()},
+                      "greedy_closed_form": rule.greedy_closed_form},
+            "at_temperature_0": rule.at_greedy,
+            "one_hot_q": {"valid": rule.valid_with_one_hot_q, "behaviour": rule.one_hot_q}}
 
 
 # ------------------------------------------------------------------ generate
@@ -215,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     from relaxspec.models.family import BUILTIN_DIR, DEFAULT_DRAFTER, DEFAULT_VERIFIER
     from relaxspec.models.options import add_device_args, add_prompt_args
     from relaxspec.pivot import commands as pivot_commands
+    from relaxspec.tasks import commands as tasks_commands
 
     defaults = DefaultsHelpFormatter
     ap = argparse.ArgumentParser(prog="relaxspec", description=__doc__)
@@ -267,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--threads", type=int, default=1, help="torch CPU threads for the latency column (as the bench)")
     md.set_defaults(func=cmd_models)
 
-    for commands in (bench_commands, pivot_commands):
+    for commands in (bench_commands, pivot_commands, tasks_commands):
         commands.register(sub)
     return ap
 
