@@ -25,10 +25,11 @@ from typing import Sequence
 import torch
 
 from relaxspec.acceptance import SequenceSeeds, derive_seed, get_rule, process_logits, verify
-from relaxspec.acceptance.processing import check_sampling_args
+from relaxspec.acceptance.processing import check_sampling_args, is_greedy
 from relaxspec.acceptance.random import DRAFT, TOKEN
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.models.hf import CausalLM, check_same_vocab, crop_cache
+from relaxspec.models.prompts import check_context, encode_prompts
 
 AR = "ar"
 
@@ -105,18 +106,19 @@ class _Stream:
 def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int, offset: int = 0):
     """(token, processed distribution it was drawn from); greedy takes the argmax without building
     a one-hot row (and draws nothing), and returns None for the distribution."""
-    if temperature == 0:
+    if is_greedy(temperature):
         return logits.argmax(dim=-1), None
     probs = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     return draws.sample(probs, purpose, offset), probs
 
 
-def _encode(tokenizer, prompts: list[str], device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids and mask on `device`, encoded as `tokenizer(prompt)` does."""
-    encoded = [tokenizer(p)["input_ids"] for p in prompts]
-    for i, ids in enumerate(encoded):
-        if not ids:
-            raise ValueError(f"prompt {i} is empty (it encodes to no tokens)")
+def _encode(tokenizer, prompts: list[str], device=None, chat_template="auto", system=None):
+    """Left-padded prompt ids and mask on `device` (see `encode_prompts` for the chat template)."""
+    return _left_pad(encode_prompts(tokenizer, prompts, chat_template=chat_template, system=system),
+                     tokenizer, device)
+
+
+def _left_pad(encoded: list[list[int]], tokenizer, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(map(len, encoded))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = torch.device("cpu") if device is None else device
@@ -157,6 +159,8 @@ def generate(
     top_p: float | None = None,
     seed: int | Sequence[int] = 0,
     pivot_fn=None,
+    chat_template: str = "auto",
+    system: str | None = None,
     **rule_params,
 ) -> GenerationOutput:
     """Generate from `verifier` with `drafter` proposing `draft_length` tokens per round under
@@ -165,7 +169,9 @@ def generate(
 
     seed: an int (sequence i gets `derive_seed(seed, i)`) or one int per prompt (a per-request seed,
     as vLLM's `SamplingParams.seed`); a sequence's output depends on its own seed only, not on the
-    other prompts of the call. `pivot_fn` computes a rule's `pivot_prob` input from the verifier's
+    other prompts of the call. Prompts go through the verifier tokenizer's chat template when it
+    has one (chat_template "auto"; "on" requires one, "off" never uses it; `system`: a system turn).
+    A prompt that does not fit the models' context with `max_new_tokens` is an error. `pivot_fn` computes a rule's `pivot_prob` input from the verifier's
     hidden states (see relaxspec.pivot)."""
     check_sampling_args(temperature, top_k, top_p)
     if isinstance(prompts, str):
@@ -195,7 +201,10 @@ def generate(
     device = model_device(verifier)
     seeds = _sequence_seeds(seed, len(prompts))
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    ids, mask = _encode(verifier.tokenizer, prompts, device)
+    greedy = is_greedy(temperature)
+    encoded = encode_prompts(verifier.tokenizer, prompts, chat_template=chat_template, system=system)
+    encoded = check_context(encoded, max_new_tokens, *[m for m in (verifier, drafter) if m is not None])
+    ids, mask = _left_pad(encoded, verifier.tokenizer, device)
     B = ids.shape[0]
     N = draft_length if rule is not None else 0
     extra = rule.extra_draft_passes if rule is not None else 0  # drafter rows beyond N (bonus position)
@@ -223,7 +232,7 @@ def generate(
 
     n_round = 0  # drafts per round (AR: none)
     while live:
-        draws = sequence_seeds.at(produced) if temperature else None
+        draws = None if greedy else sequence_seeds.at(produced)
         if rule is None:
             t0 = time.perf_counter()
             logits, _ = target.feed(last[:, None])
@@ -260,7 +269,7 @@ def generate(
                     feed_ids, feed_valid = token[:, None], None
             draft_tokens = torch.stack(draft_tokens, dim=1)
             draft_logits = torch.stack(draft_logits, dim=1)
-            draft_probs = torch.stack(draft_probs, dim=1) if temperature else None  # verify reuses q
+            draft_probs = None if greedy else torch.stack(draft_probs, dim=1)  # verify reuses q
             t1 = time.perf_counter()
             stats.time_draft_s += t1 - t0
 
