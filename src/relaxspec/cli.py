@@ -82,11 +82,12 @@ def _read_prompts(args) -> list[str]:
 def cmd_generate(args) -> int:
     from relaxspec.engine import generate
     from relaxspec.models import load_model
+    from relaxspec.models.drafters import load_drafter
 
     params = parse_params(args.param)
     prompts = _read_prompts(args)
     verifier = load_model(args.verifier)
-    drafter = None if args.method == "ar" else load_model(args.drafter)
+    drafter = None if args.method == "ar" else load_drafter(args.drafter, verifier)
     pivot_fn = None
     if args.method == "pad":
         from relaxspec.pivot import builtin_classifier_path, load_classifier
@@ -196,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="speculative (or autoregressive) generation")
     g.add_argument("--verifier", default=DEFAULT_VERIFIER, help="built-in model name or HF model directory")
-    g.add_argument("--drafter", default=DEFAULT_DRAFTER)
+    g.add_argument("--drafter", default=DEFAULT_DRAFTER, help="LM (built-in name or HF directory), MTP head "
+                   "(drafter-mtp or a `drafter train` directory) or ngram[:n=3][,min=1] (prompt lookup)")
     g.add_argument("--method", default="strict", help="'ar' or an acceptance rule (see `relaxspec methods`)")
     g.add_argument("--param", action="append", metavar="KEY=VALUE", help="rule parameter (repeatable)")
     src = g.add_mutually_exclusive_group(required=True)
@@ -229,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--threads", type=int, default=1, help="torch CPU threads for the latency column (as the bench)")
     md.set_defaults(func=cmd_models)
 
-    for module in ("relaxspec.bench.commands", "relaxspec.pivot.commands"):
+    for module in ("relaxspec.bench.commands", "relaxspec.pivot.commands", "relaxspec.models.drafter_commands"):
         try:
             __import__(module, fromlist=["register"]).register(sub)
         except ImportError as e:  # a layer that is not installed must not break the others
