@@ -86,6 +86,11 @@ def load_model(name_or_path: str | os.PathLike, dtype=torch.float32, backend: st
         raise ValueError(f"backend must be 'auto' or 'transformers', got {backend!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from relaxspec.models.mtp import is_mtp
+
+    if is_mtp(name_or_path):
+        raise ValueError(f"{str(name_or_path)!r} is an MTP drafter head, not a causal LM: use it as a drafter "
+                         f"(--drafter, relaxspec.models.drafters.load_drafter)")
     path = builtin_path(str(name_or_path)) if is_builtin(str(name_or_path)) else Path(name_or_path)
     if not path.exists():
         raise ValueError(f"model {str(name_or_path)!r} is neither a built-in model nor an existing directory")

@@ -1,0 +1,218 @@
+"""The drafter protocol and its three kinds: LM, MTP head, prompt lookup (DESIGN.md, "Drafters")."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from relaxspec.engine import generate
+from relaxspec.models import load_model
+from relaxspec.models.drafters import LMDrafter, NgramDrafter, load_drafter, parse_ngram
+from relaxspec.models.mtp import TrainConfig, load_mtp_drafter, train_head, training_prompts
+from relaxspec.tasks import synthetic
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def GREEDY(logits, i):  # the engine's sampler at temperature 0
+    return logits.argmax(-1), None
+
+
+def _prompts(n, task="arithmetic"):
+    return [e.prompt for e in synthetic.examples(task, "test", n)]
+
+
+@pytest.fixture(scope="session")
+def mtp_dir(tmp_path_factory, builtin_pair):
+    """A small MTP head for the built-in verifier, trained here (seconds): its quality does not
+    matter to these tests, only that it is a real trained head."""
+    verifier, _ = builtin_pair
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("mtp")
+    train_head(verifier, training_prompts(["arithmetic", "sorting"], 20), out,
+               cfg=TrainConfig(steps=40, batch_size=64, max_new_tokens=60), log=lambda *a: None)
+    return out
+
+
+def _drafter(kind, verifier, drafter_lm, mtp_dir):
+    if kind == "lm":
+        return LMDrafter(drafter_lm)
+    if kind == "mtp":
+        return load_mtp_drafter(mtp_dir, verifier)
+    return load_drafter("ngram:n=3", verifier)
+
+
+@pytest.mark.parametrize("kind", ["lm", "mtp", "ngram"])
+def test_greedy_strict_equals_ar_with_each_kind_on_a_ragged_batch(builtin_pair, mtp_dir, kind):
+    verifier, drafter_lm = builtin_pair
+    prompts = _prompts(3) + _prompts(2, "sorting")
+    drafter = _drafter(kind, verifier, drafter_lm, mtp_dir)
+    ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
+    for n in (1, 4):
+        sd = generate(verifier, drafter, prompts, method="strict", draft_length=n, max_new_tokens=40)
+        assert [r.token_ids for r in sd.results] == [r.token_ids for r in ar.results], n
+        assert sd.stats.drafts_accepted > 0  # the drafter really proposed something the verifier took
+        assert (sd.stats.drafter_forwards == 0) == (kind == "ngram")
+
+
+def _freq(tokens, vocab):
+    return torch.bincount(torch.tensor(tokens), minlength=vocab).double() / len(tokens)
+
+
+def test_sampled_strict_with_the_mtp_head_matches_ar_sampling(builtin_pair, mtp_dir):
+    verifier, _ = builtin_pair
+    drafter = load_mtp_drafter(mtp_dir, verifier)
+    prompts = [_prompts(1)[0], _prompts(1, "sorting")[0]]  # ragged, and rows diverge
+    n, length = 600, 12
+    sampling = dict(max_new_tokens=length, temperature=1.0)
+    sd = generate(verifier, drafter, prompts * n, method="strict", draft_length=3, seed=4, **sampling)
+    ar = generate(verifier, None, prompts * n, method="ar", seed=5, **sampling)
+    assert 0.1 < sd.stats.acceptance_rate < 0.95  # both accept and reject paths are exercised
+    V = verifier.vocab_size
+    spread = []
+    for k in range(len(prompts)):
+        for position in (0, 3, 7, 11):
+            a = _freq([r.token_ids[position] for r in sd.results[k::2]], V)
+            b = _freq([r.token_ids[position] for r in ar.results[k::2]], V)
+            pooled = (a + b) / 2
+            tol = 5 * torch.sqrt(pooled * (1 - pooled) * 2 / n) + 2e-3  # 5 sigma per token, two samples
+            assert ((a - b).abs() <= tol).all(), (k, position)
+            spread.append(float(pooled.max()))
+    assert min(spread) < 0.7  # not a deterministic position: the comparison has teeth
+
+
+def _verifier_prefix_hidden(verifier, rows):
+    """Left-padded ids / mask of `rows` and the verifier's last hidden states over them."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    _, hidden = verifier.forward(ids, verifier.new_cache(), mask, positions, hidden_layer=-1)
+    return ids, mask, hidden
+
+
+@pytest.mark.parametrize("kind", ["mtp", "lm"])
+def test_rollback_gives_the_draft_of_a_fresh_run_on_the_accepted_prefix(builtin_pair, mtp_dir, kind):
+    """One round by hand on a ragged batch: row 0 accepts nothing, row 1 all four drafts (the LM
+    drafter's catch-up path). The next proposal equals that of a fresh drafter prefilled on the
+    accepted prefix."""
+    verifier, drafter_lm = builtin_pair
+    prompts = [verifier.tokenizer(p)["input_ids"] for p in (_prompts(1)[0], _prompts(1, "sorting")[0])]
+    drafter = _drafter(kind, verifier, drafter_lm, mtp_dir)
+    ids, mask, hidden = _verifier_prefix_hidden(verifier, [p[:-1] for p in prompts])
+    drafter.prefill(ids, mask, hidden)
+    last = torch.tensor([p[-1] for p in prompts])
+    drafts = drafter.propose(last, 4, 0, GREEDY).tokens
+    accepted = torch.tensor([0, 4])
+    _, _, block_hidden = _verifier_prefix_hidden(verifier, [p + d for p, d in zip(prompts, drafts.tolist())])
+    drafter.rollback(accepted, block_hidden[:, -5:])  # the verifier's features of [last, x_1..x_4]
+    nxt = torch.tensor([11, 12])
+    rolled = drafter.propose(nxt, 3, 0, GREEDY)
+    for b in range(2):
+        prefix = prompts[b] + drafts[b, :accepted[b]].tolist()
+        fresh = _drafter(kind, verifier, drafter_lm, mtp_dir)
+        fresh.prefill(*_verifier_prefix_hidden(verifier, [prefix]))
+        again = fresh.propose(nxt[b:b + 1], 3, 0, GREEDY)
+        assert torch.allclose(rolled.logits[b], again.logits[0], atol=1e-4), b
+        assert rolled.tokens[b].tolist() == again.tokens[0].tolist()
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_match(builtin_pair):
+    verifier, _ = builtin_pair
+    drafter = NgramDrafter(vocab_size=20, max_n=3)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6], [0, 0, 1, 2, 3, 4, 5]])
+    drafter.prefill(ids, torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]]))
+    proposal = drafter.propose(torch.tensor([7, 6]), 4, 0, GREEDY)
+    # Row 0: [..5, 6, 7] matched at the start, followed by 8, 9, 5, 6. Row 1: no match, repeat the last token.
+    assert proposal.tokens.tolist() == [[8, 9, 5, 6], [6, 6, 6, 6]]
+    assert proposal.forwards == 0 and proposal.probs is None
+    q = torch.softmax(proposal.logits / 0.7, dim=-1)  # one-hot q at any temperature
+    assert torch.equal(q, torch.nn.functional.one_hot(proposal.tokens, 20).float())
+    drafter.rollback(torch.tensor([2, 0]))
+    assert drafter.texts == [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6]]
+    # Continuations that run out are looked up again on the extended text: a period-2 pattern.
+    drafter.select(torch.tensor([1]))
+    drafter.texts = [[3, 4, 3, 4]]
+    assert drafter.propose(torch.tensor([3]), 5, 0, GREEDY).tokens.tolist() == [[4, 3, 4, 3, 4]]
+    with pytest.raises(ValueError, match="min <= n"):
+        NgramDrafter(20, max_n=1, min_n=2)
+    assert parse_ngram("ngram:n=4,min=2") == {"max_n": 4, "min_n": 2}
+    with pytest.raises(ValueError, match="ngram"):
+        load_drafter("ngram:n=x", verifier)
+
+
+def test_prompt_lookup_refuses_rules_that_need_a_real_q(builtin_pair, monkeypatch):
+    verifier, _ = builtin_pair
+    with pytest.raises(ValueError, match="bonus position.*ngram"):
+        generate(verifier, "ngram", ["x"], method="spec-cont-dec", beta=0.5)
+    from relaxspec.acceptance import get_rule
+
+    monkeypatch.setattr(get_rule("fuzzy"), "valid_with_one_hot_q", False, raising=False)
+    with pytest.raises(ValueError, match="meaningless.*one-hot"):
+        generate(verifier, "ngram", ["x"], method="fuzzy")
+    # The LM drafter has a real q: the same rule runs.
+    generate(verifier, "drafter-weak", ["x"], method="fuzzy", max_new_tokens=2)
+
+
+def test_mtp_head_refuses_another_verifier_and_is_no_causal_lm(builtin_pair, mtp_dir):
+    verifier, _ = builtin_pair
+    other = load_model("drafter-strong")  # same vocabulary and hidden size, different weights
+    with pytest.raises(ValueError, match="trained for verifier 'verifier'"):
+        load_drafter(str(mtp_dir), other)
+    with pytest.raises(ValueError, match="MTP drafter head, not a causal LM"):
+        load_model(mtp_dir)
+    config = json.loads((mtp_dir / "config.json").read_text())
+    assert config["relaxspec_kind"] == "mtp" and config["verifier"]["name"] == "verifier"
+    # Only the head's own weights are stored (the embedding and LM head are the verifier's).
+    assert (mtp_dir / "model.safetensors").stat().st_size < 4 * config["params"] + 10_000
+    env = {**os.environ, "PYTHONPATH": SRC}
+    run = subprocess.run([sys.executable, "-m", "relaxspec", "generate", "--verifier", "drafter-strong",
+                          "--drafter", str(mtp_dir), "--prompt", "hi"], capture_output=True, text=True, env=env)
+    assert run.returncode == 2
+    assert run.stderr.startswith("relaxspec: error: MTP drafter") and run.stderr.count("\n") == 1
+
+
+def test_mtp_training_resumes_to_the_same_head(builtin_pair, tmp_path):
+    verifier, _ = builtin_pair
+    prompts = training_prompts(["sorting"], 6)
+    cfg = TrainConfig(steps=6, batch_size=16, max_new_tokens=20)
+    quiet = dict(log=lambda *a: None)
+    train_head(verifier, prompts, tmp_path / "once", cfg=cfg, **quiet)
+    train_head(verifier, prompts, tmp_path / "twice", cfg=cfg, stop_after=4, **quiet)
+    assert (tmp_path / "twice" / "checkpoint.pt").exists() and not (tmp_path / "twice" / "config.json").exists()
+    train_head(verifier, prompts, tmp_path / "twice", cfg=cfg, **quiet)
+    assert not (tmp_path / "twice" / "checkpoint.pt").exists()
+    from safetensors.torch import load_file
+
+    once, twice = load_file(tmp_path / "once" / "model.safetensors"), load_file(tmp_path / "twice" / "model.safetensors")
+    assert once.keys() == twice.keys() and all(torch.equal(once[k], twice[k]) for k in once)
+    untrained = train_head(verifier, prompts, tmp_path / "short", cfg=TrainConfig(steps=1, batch_size=16,
+                                                                                   max_new_tokens=20), **quiet)
+    assert not torch.equal(load_file(untrained / "model.safetensors")["fc.weight"], once["fc.weight"])
+
+
+def test_drafter_cli_trains_a_head_that_generate_uses(tmp_path):
+    env = {**os.environ, "PYTHONPATH": SRC}
+
+    def relaxspec(*args):
+        return subprocess.run([sys.executable, "-m", "relaxspec", *args], capture_output=True, text=True, env=env)
+
+    out = tmp_path / "head"
+    run = relaxspec("drafter", "train", "--task", "sorting", "--n", "4", "--steps", "3", "--batch-size", "8",
+                    "--max-new-tokens", "10", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "train mtp head" in run.stderr  # the progress bar
+    run = relaxspec("generate", "--drafter", str(out), "--json", "--prompt", _prompts(1)[0], "--max-new-tokens", "20")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["stats"]["drafter_forwards"] > 0
+    run = relaxspec("generate", "--drafter", "ngram:n=2", "--json", "--prompt", _prompts(1)[0], "--max-new-tokens", "30")
+    assert run.returncode == 0, run.stderr
+    stats = json.loads(run.stdout)["stats"]
+    assert stats["generated_tokens"] > 0 and stats["drafter_forwards"] == 0
+    run = relaxspec("drafter", "train", "--out", str(tmp_path / "x"))
+    assert run.returncode == 2 and run.stderr == "relaxspec: error: give the training prompts: --prompts FILE or " \
+        "--task NAME (repeatable)\n"
