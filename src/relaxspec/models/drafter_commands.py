@@ -25,7 +25,7 @@ def cmd_drafter(args) -> int:
     torch.set_num_threads(args.threads)
     verifier = load_model(args.verifier)
     prompts = training_prompts(args.task or [], args.n, args.prompts)
-    head = HeadConfig(hidden=verifier.model.config.hidden_size, ffn=args.ffn, layers=args.layers)
+    head = HeadConfig(hidden=verifier.model.config.hidden_size, heads=args.heads, ffn=args.ffn, layers=args.layers)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     train_head(verifier, prompts, args.out, head, cfg, stop_after=args.stop_after)
@@ -34,7 +34,7 @@ def cmd_drafter(args) -> int:
 
 def register(subparsers) -> None:
     from relaxspec.models.family import DEFAULT_VERIFIER
-    from relaxspec.models.mtp import TrainConfig
+    from relaxspec.models.mtp import HeadConfig, TrainConfig
 
     d = subparsers.add_parser("drafter", help="train drafters for a verifier (MTP head)")
     dsub = d.add_subparsers(dest="drafter_cmd", required=True)
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     src.add_argument("--prompts", help="JSONL file with a 'prompt' per line")
     src.add_argument("--task", action="append", help="task whose prompts to use (repeatable; built-in synthetic "
                                                      "tasks use their train split)")
-    t.add_argument("--n", type=int, default=600, help="prompts per --task")
+    t.add_argument("--n", type=int, default=400, help="prompts per --task")
     t.add_argument("--out", type=Path, required=True, help="output directory (also holds the checkpoint)")
     defaults = TrainConfig()
     t.add_argument("--steps", type=int, default=defaults.steps)
@@ -55,8 +55,10 @@ def register(subparsers) -> None:
     t.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     t.add_argument("--temperature", type=float, default=defaults.temperature,
                    help="sampling temperature of the verifier's answers")
-    t.add_argument("--ffn", type=int, default=256, help="head MLP width")
-    t.add_argument("--layers", type=int, default=2, help="head MLP blocks")
+    head = HeadConfig(hidden=0)
+    t.add_argument("--heads", type=int, default=head.heads, help="attention heads of the head's decoder layer")
+    t.add_argument("--ffn", type=int, default=head.ffn, help="MLP width of the head's decoder layer")
+    t.add_argument("--layers", type=int, default=head.layers, help="decoder layers (EAGLE: 1)")
     t.add_argument("--seed", type=int, default=defaults.seed)
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")

@@ -50,42 +50,85 @@ CHECKPOINT, DATA = "checkpoint.pt", "train_data.pt"
 @dataclass(frozen=True)
 class HeadConfig:
     hidden: int  # the verifier's hidden size
-    ffn: int = 256
-    layers: int = 2
+    heads: int = 4
+    ffn: int = 512
+    layers: int = 1  # decoder layers (EAGLE: one)
     eps: float = 1e-6
+    rope_theta: float = 10000.0
 
 
-class _Block(torch.nn.Module):
+_MASKED = -1e30  # additive mask: finite, so a query with no visible key stays NaN-free
+
+
+class _DecoderLayer(torch.nn.Module):
+    """Pre-norm causal self-attention (RoPE) + SwiGLU MLP, with an explicit KV cache."""
+
     def __init__(self, cfg: HeadConfig):
         super().__init__()
-        self.norm = torch.nn.Parameter(torch.ones(cfg.hidden))
+        self.cfg = cfg
+        self.attn_norm = torch.nn.Parameter(torch.ones(cfg.hidden))
+        self.qkv = torch.nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=False)
+        self.o = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.mlp_norm = torch.nn.Parameter(torch.ones(cfg.hidden))
         self.gate_up = torch.nn.Linear(cfg.hidden, 2 * cfg.ffn, bias=False)
         self.down = torch.nn.Linear(cfg.ffn, cfg.hidden, bias=False)
-        self.eps = cfg.eps
 
-    def forward(self, x):
-        gate, up = self.gate_up(F.rms_norm(x, x.shape[-1:], self.norm, self.eps)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+    def forward(self, x, rotation, bias, kv):
+        B, T, H = x.shape
+        heads, eps = self.cfg.heads, self.cfg.eps
+        q, k, v = self.qkv(F.rms_norm(x, (H,), self.attn_norm, eps)).view(B, T, 3, heads, H // heads).unbind(2)
+        q, k = _rotate(q, rotation).transpose(1, 2), _rotate(k, rotation).transpose(1, 2)
+        v = v.transpose(1, 2)
+        if kv is not None:
+            k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        x = x + self.o(o.transpose(1, 2).reshape(B, T, H))
+        gate, up = self.gate_up(F.rms_norm(x, (H,), self.mlp_norm, eps)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up), (k, v)
+
+
+def _rotate(x, rotation):
+    """RoPE on x [B, T, heads, D] with rotation (cos, sin) [B, T, 1, D/2] (half-split pairs)."""
+    cos, sin = rotation
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
 
 class MTPHead(torch.nn.Module):
+    """Entry k of a sequence is (f_{k-1}, E[t_k]): the feature of the token before t_k and t_k's
+    embedding. Its output g_k is a feature in the verifier's final space: g_k W^T predicts t_{k+1},
+    and g_k stands in for f_k in the next entry while drafting."""
+
     def __init__(self, cfg: HeadConfig):
         super().__init__()
         self.cfg = cfg
         self.norm_feature = torch.nn.Parameter(torch.ones(cfg.hidden))
         self.norm_embed = torch.nn.Parameter(torch.ones(cfg.hidden))
         self.fc = torch.nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
-        self.blocks = torch.nn.ModuleList(_Block(cfg) for _ in range(cfg.layers))
+        self.layers = torch.nn.ModuleList(_DecoderLayer(cfg) for _ in range(cfg.layers))
         self.norm_out = torch.nn.Parameter(torch.ones(cfg.hidden))
+        head_dim = cfg.hidden // cfg.heads
+        self.register_buffer("inv_freq", 1.0 / cfg.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim),
+                             persistent=False)
 
-    def forward(self, feature: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
-        """The next feature [..., H] from the current one and the embedding of the token after it."""
-        shape, eps = feature.shape[-1:], self.cfg.eps
-        x = self.fc(torch.cat([F.rms_norm(feature, shape, self.norm_feature, eps),
-                               F.rms_norm(embedding, shape, self.norm_embed, eps)], dim=-1))
-        for block in self.blocks:
-            x = block(x)
-        return F.rms_norm(x, shape, self.norm_out, eps)
+    def forward(self, features, embeddings, mask, positions, cache=None):
+        """features, embeddings [B, T, H] of T new entries at `positions` [B, T]; mask [B, L] says which
+        of the L = past + T entries are real; cache: the past's keys and values per layer (None: no past).
+        Returns the output features [B, T, H] and the cache extended by the new entries."""
+        H, eps = self.cfg.hidden, self.cfg.eps
+        x = self.fc(torch.cat([F.rms_norm(features, (H,), self.norm_feature, eps),
+                               F.rms_norm(embeddings, (H,), self.norm_embed, eps)], dim=-1))
+        angles = positions[..., None, None].to(x.dtype) * self.inv_freq
+        rotation = (angles.cos(), angles.sin())
+        T, L = x.shape[1], mask.shape[1]
+        causal = torch.arange(L, device=x.device)[None, :] <= (L - T + torch.arange(T, device=x.device))[:, None]
+        allowed = causal[None, None] & mask[:, None, None, :].bool()
+        bias = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(~allowed, _MASKED)
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, rotation, bias, None if cache is None else cache[i])
+            new_cache.append(kv)
+        return F.rms_norm(x, (H,), self.norm_out, eps), new_cache
 
 
 # ---------------------------------------------------------------- the verifier it belongs to
@@ -111,6 +154,10 @@ def verifier_fingerprint(verifier: CausalLM) -> str:
 
 
 class MTPDrafter(Drafter):
+    """Drafting state per row: the head's cache over the entries of the accepted prefix (all made with
+    the verifier's own features), and the entries still to feed: those of the tokens accepted last
+    round (with their true features, replacing the head's guesses) and the one of `last`."""
+
     kind = KIND
     needs_hidden = True
 
@@ -121,41 +168,67 @@ class MTPDrafter(Drafter):
         self.lm_head_t = lm_head.detach().t().contiguous()  # x @ W^T with a row-major right operand
         self.head.to(device=self.embed.device, dtype=self.embed.dtype)
 
-    def check(self, verifier, rule) -> None:
-        if verifier_weights(verifier)[0].shape != self.embed.shape:
-            raise ValueError(f"MTP head {self.name!r} was built for another verifier")
-        super().check(verifier, rule)
+    def _feed(self, features, tokens, valid):
+        """Append entries (features [B, T, H], tokens [B, T]) where valid [B, T]; their output features."""
+        start = self.mask.sum(dim=1, keepdim=True)
+        positions = start + valid.cumsum(dim=1) - valid  # real entries get consecutive positions
+        self.mask = torch.cat([self.mask, valid], dim=1)
+        out, self.cache = self.head(features, F.embedding(tokens, self.embed), self.mask, positions, self.cache)
+        return out
 
+    @torch.inference_mode()
     def prefill(self, ids, mask, hidden=None) -> None:
-        # The feature of the token before `last`; a one-token prompt has none (zeros).
         B, H = ids.shape[0], self.embed.shape[1]
-        if hidden is None or hidden.shape[1] == 0:
-            self.feature = torch.zeros((B, H), dtype=self.embed.dtype, device=ids.device)
+        self.mask = torch.zeros((B, 0), dtype=torch.long, device=ids.device)
+        self.cache = None
+        if hidden is not None and ids.shape[1] >= 2:  # entries (f_{k-1}, t_k) of the prompt
+            self._feed(hidden[:, :-1].to(self.embed.dtype), ids[:, 1:], mask[:, 1:] * mask[:, :-1])
+        if hidden is None or ids.shape[1] == 0:  # a one-token prompt: no feature before `last`
+            self.pending = torch.zeros((B, 1, H), dtype=self.embed.dtype, device=ids.device)
         else:
-            self.feature = hidden[:, -1] * mask[:, -1:].to(hidden.dtype)
+            self.pending = hidden[:, -1:].to(self.embed.dtype) * mask[:, -1:, None]
+        self.pending_tokens = torch.zeros((B, 1), dtype=torch.long, device=ids.device)
+        self.pending_valid = torch.ones((B, 1), dtype=torch.long, device=ids.device)
 
     @torch.inference_mode()
     def propose(self, last, n, extra, sample) -> Proposal:
-        feature, token = self.feature, last
+        tokens_in = torch.cat([self.pending_tokens[:, :-1], last[:, None]], dim=1)
+        feature = self._feed(self.pending, tokens_in, self.pending_valid)[:, -1]
+        ones = torch.ones_like(last)[:, None]
         tokens, logits_rows, probs = [], [], []
         for i in range(n + extra):
-            feature = self.head(feature, F.embedding(token, self.embed))
+            if i:  # the head's own feature stands in for the verifier's
+                feature = self._feed(feature[:, None], token[:, None], ones)[:, 0]
             logits = torch.mm(feature, self.lm_head_t).float()
             logits_rows.append(logits)
             if i < n:
                 token, p = sample(logits, i)
                 tokens.append(token)
                 probs.append(p)
-        return Proposal(torch.stack(tokens, dim=1), torch.stack(logits_rows, dim=1),
+        self._drafts, self._guessed = torch.stack(tokens, dim=1), n - 1 + extra
+        return Proposal(self._drafts, torch.stack(logits_rows, dim=1),
                         None if probs[0] is None else torch.stack(probs, dim=1), forwards=n + extra)
 
     def rollback(self, accepted, hidden=None) -> None:
-        # hidden [B, n+1, H]: the verifier's features of [last, x_1..x_n]; the new `last` follows x_accepted.
-        index = accepted.to(hidden.device)[:, None, None].expand(-1, 1, hidden.shape[-1])
-        self.feature = hidden.gather(1, index).squeeze(1).to(self.embed.dtype)
+        # Drop the entries made from the head's guesses; queue the accepted drafts' entries with the
+        # verifier's features (hidden [B, n+1, H] of [last, x_1..x_n]) plus the next `last`'s entry,
+        # right-aligned so every row's entry for `last` is in the final column.
+        if self._guessed:
+            self.mask = self.mask[:, :-self._guessed]
+            self.cache = [(k[:, :, :-self._guessed], v[:, :, :-self._guessed]) for k, v in self.cache]
+        accepted = accepted.to(self.mask.device)
+        width = int(accepted.max()) + 1
+        entry = torch.arange(width, device=accepted.device)[None, :] - (width - 1 - accepted)[:, None]
+        self.pending_valid = (entry >= 0).long()
+        entry = entry.clamp(min=0)  # entry e: (feature of [last, x_1..][e], x_{e+1}); the last one's token comes later
+        self.pending = hidden.gather(1, entry[..., None].expand(-1, -1, hidden.shape[-1])).to(self.embed.dtype)
+        self.pending_tokens = self._drafts.gather(1, entry.clamp(max=self._drafts.shape[1] - 1))
 
     def select(self, rows) -> None:
-        self.feature = self.feature[rows.to(self.feature.device)]
+        rows = rows.to(self.mask.device)
+        self.mask, self.pending, self.pending_tokens, self.pending_valid = (
+            t[rows] for t in (self.mask, self.pending, self.pending_tokens, self.pending_valid))
+        self.cache = None if self.cache is None else [(k[rows], v[rows]) for k, v in self.cache]
 
 
 # ---------------------------------------------------------------- files
@@ -199,7 +272,7 @@ def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
                          f"{expected['fingerprint']}); verifier {verifier.name!r} is a different model "
                          f"(fingerprint {verifier_fingerprint(verifier)}): train a head for it with "
                          f"`relaxspec drafter train --verifier {verifier.name} --kind mtp`")
-    head = MTPHead(HeadConfig(**{k: config[k] for k in ("hidden", "ffn", "layers", "eps")}))
+    head = MTPHead(HeadConfig(**{k: config[k] for k in HeadConfig.__dataclass_fields__}))
     head.load_state_dict(load_file(path / "model.safetensors"))
     return MTPDrafter(head, verifier, name=str(name))
 
@@ -209,27 +282,26 @@ def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 1200
-    batch_size: int = 128  # starting positions per step
-    unroll: int = 4  # draft steps per position, each on the head's own previous output
-    lr: float = 3e-3
+    steps: int = 400
+    batch_size: int = 16  # sequences per step
+    unroll: int = 3  # passes per step, each fed the head's own output features of the previous one
+    lr: float = 2e-3
     max_new_tokens: int = 160  # length of the verifier's generations
     temperature: float = 0.7  # sampling temperature of the verifier's generations
     seed: int = 0
 
 
-def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig, batch: int = 64, log=None):
-    """The verifier's own answers to `prompts` (engine, sampled at cfg.temperature), and one forward over
-    each prompt + answer (+ EOS when it stopped): flat token ids [T], features [T, H] (float16),
-    the global index of each position's sequence end [T], and where each answer starts [T] (bool)."""
+def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig, batch: int = 64) -> dict:
+    """The verifier's own answers to `prompts` (relaxspec's engine, sampled at cfg.temperature), and one
+    forward over each prompt + answer (+ EOS when it stopped): per sequence its token ids [S], its
+    last hidden states [S, H] (float16) and where its answer starts."""
     from tqdm import tqdm
 
     from relaxspec.engine import generate
 
-    tokens, features, ends, starts = [], [], [], []
+    data = {"tokens": [], "features": [], "answer_start": []}
     eos = verifier.eos_token_id
-    bar = tqdm(range(0, len(prompts), batch), desc="verifier answers", unit="batch", dynamic_ncols=True)
-    for i in bar:
+    for i in tqdm(range(0, len(prompts), batch), desc="verifier answers", unit="batch", dynamic_ncols=True):
         chunk = prompts[i:i + batch]
         out = generate(verifier, None, chunk, method="ar", max_new_tokens=cfg.max_new_tokens,
                        temperature=cfg.temperature, seed=[cfg.seed * 1_000_003 + i + j for j in range(len(chunk))])
@@ -237,17 +309,12 @@ def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainCon
             prompt_ids = verifier.tokenizer(r.prompt)["input_ids"]
             answer = r.token_ids + ([eos] if eos is not None and len(r.token_ids) < cfg.max_new_tokens else [])
             ids = torch.tensor([prompt_ids + answer])
-            with torch.inference_mode():
-                _, hidden = verifier.forward(ids, verifier.new_cache(), torch.ones_like(ids),
-                                             torch.arange(ids.shape[1])[None], hidden_layer=-1)
-            offset = sum(len(t) for t in tokens)
-            tokens.append(ids[0])
-            features.append(hidden[0].to(torch.float16))
-            ends.append(torch.full((ids.shape[1],), offset + ids.shape[1] - 1))
-            # The first draft of a round reads the feature of the token before the last prompt token.
-            starts.append(torch.arange(ids.shape[1]) >= len(prompt_ids) - 2)
-    return {"tokens": torch.cat(tokens), "features": torch.cat(features), "ends": torch.cat(ends),
-            "starts": torch.cat(starts)}
+            _, hidden = verifier.forward(ids, verifier.new_cache(), torch.ones_like(ids),
+                                         torch.arange(ids.shape[1])[None], hidden_layer=-1)
+            data["tokens"].append(ids[0])
+            data["features"].append(hidden[0].to(torch.float16))
+            data["answer_start"].append(len(prompt_ids))
+    return data
 
 
 def _lr(step: int, cfg: TrainConfig) -> float:
@@ -255,22 +322,33 @@ def _lr(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / cfg.steps)))
 
 
-def head_loss(head: MTPHead, data: dict, positions: torch.Tensor, embed, lm_head, unroll: int) -> torch.Tensor:
-    """Mean over the unrolled steps of KL(verifier || head) at `positions` (global indices j: the
-    head starts from F_j, and step k predicts the token after j + k from the embedding of token j + k)."""
-    feature = data["features"][positions].float()
+def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll: int) -> torch.Tensor:
+    """Mean KL(verifier || head) over the answer entries of sequences `rows`, averaged over `unroll`
+    passes: pass 1 feeds entry k the verifier's feature f_{k-1} (as after a verify step), pass m the
+    head's own output g_{k-1} of pass m - 1 (as m - 1 draft steps into a round)."""
+    S = max(len(data["tokens"][r]) for r in rows)
+    B, H = len(rows), embed.shape[1]
+    tokens = torch.zeros((B, S), dtype=torch.long)
+    features = torch.zeros((B, S, H))
+    valid = torch.zeros((B, S), dtype=torch.long)
+    scored = torch.zeros((B, S - 1), dtype=torch.bool)  # entries k = 1..S-1 whose target t_{k+1} exists
+    for b, r in enumerate(rows):
+        n = len(data["tokens"][r])
+        tokens[b, :n], features[b, :n], valid[b, :n] = data["tokens"][r], data["features"][r].float(), 1
+        # Entry k drafts t_{k+1}; drafting starts at the entry of the last prompt token.
+        scored[b, max(0, data["answer_start"][r] - 2): n - 2] = True
+    with torch.no_grad():
+        log_p = torch.log_softmax(features[:, 1:] @ lm_head.t(), dim=-1)  # [B, S-1, V]: targets of entries 1..S-1
+    embeddings = F.embedding(tokens[:, 1:], embed)
+    positions = torch.arange(S - 1)[None].expand(B, -1)
+    inputs = features[:, :-1]
     total = 0.0
-    for k in range(1, unroll + 1):
-        index = positions + k
-        valid = index < data["ends"][positions]  # token j + k + 1 exists: the verifier's target is real
-        if not bool(valid.any()):
-            break
-        index = index.clamp(max=data["tokens"].shape[0] - 1)
-        feature = head(feature, F.embedding(data["tokens"][index], embed))
-        log_q = torch.log_softmax(feature @ lm_head.t(), dim=-1)
-        log_p = torch.log_softmax(data["features"][index].float() @ lm_head.t(), dim=-1)
+    for _ in range(unroll):
+        out, _ = head(inputs, embeddings, valid[:, 1:], positions)
+        log_q = torch.log_softmax(out @ lm_head.t(), dim=-1)
         kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)
-        total = total + (kl * valid).sum() / valid.sum()
+        total = total + kl[scored].mean()
+        inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)  # entry k now gets g_{k-1}
     return total / unroll
 
 
@@ -295,11 +373,11 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     data_file = out / DATA
     data = torch.load(data_file) if data_file.exists() else None
     if data is None or data.get("identity") != data_identity:
-        data = self_distillation_data(verifier, prompts, cfg) | {"identity": data_identity}
+        with torch.inference_mode():
+            data = self_distillation_data(verifier, prompts, cfg) | {"identity": data_identity}
         torch.save(data, data_file)
-    candidates = torch.nonzero(data["starts"] & (torch.arange(len(data["starts"])) + 1 < data["ends"])).squeeze(1)
-    log(f"self-distillation data: {len(prompts)} answers, {len(data['tokens'])} tokens, "
-        f"{len(candidates)} training positions")
+    rows = [r for r in range(len(data["tokens"])) if len(data["tokens"][r]) - data["answer_start"][r] >= 1]
+    log(f"self-distillation data: {len(prompts)} answers, {sum(map(len, data['tokens']))} tokens")
 
     torch.manual_seed(cfg.seed)
     head = MTPHead(head_cfg)
@@ -327,10 +405,10 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     head.train()
     while step < end:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # batch = f(seed, step): resumable
-        positions = candidates[torch.randint(len(candidates), (cfg.batch_size,), generator=gen)]
+        batch = [rows[i] for i in torch.randint(len(rows), (cfg.batch_size,), generator=gen).tolist()]
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
-        loss = head_loss(head, data, positions, embed, lm_head, cfg.unroll)
+        loss = head_loss(head, data, batch, embed, lm_head, cfg.unroll)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -339,14 +417,14 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
         loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
         bar.update()
         bar.set_postfix(kl=f"{loss_ema:.3f}")
-        if step % 200 == 0 or step == end:
+        if step % 50 == 0 or step == end:
             save_checkpoint()
     bar.close()
     if step < cfg.steps:
         log(f"stopped at step {step} of {cfg.steps}: run again to resume")
         return out
     seconds += time.perf_counter() - t_start
-    training = {"prompts": len(prompts), "tokens": len(data["tokens"]), **asdict(cfg),
+    training = {"prompts": len(prompts), "tokens": sum(map(len, data["tokens"])), **asdict(cfg),
                 "train_seconds": round(seconds, 1), "data_seconds": round(t_start - t0, 1),
                 "final_kl": None if loss_ema is None else round(loss_ema, 4)}
     save_head(head.eval(), verifier, out, training)
