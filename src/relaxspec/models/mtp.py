@@ -74,17 +74,18 @@ class _DecoderLayer(torch.nn.Module):
         self.down = torch.nn.Linear(cfg.ffn, cfg.hidden, bias=False)
 
     def forward(self, x, rotation, bias, kv):
+        # Functional calls on the weights: a draft step is per-op overhead bound, module calls add up.
         B, T, H = x.shape
         heads, eps = self.cfg.heads, self.cfg.eps
-        q, k, v = self.qkv(F.rms_norm(x, (H,), self.attn_norm, eps)).view(B, T, 3, heads, H // heads).unbind(2)
-        q, k = _rotate(q, rotation).transpose(1, 2), _rotate(k, rotation).transpose(1, 2)
-        v = v.transpose(1, 2)
+        qkv = F.linear(F.rms_norm(x, (H,), self.attn_norm, eps), self.qkv.weight).view(B, T, 3 * heads, H // heads)
+        qk = _rotate(qkv[:, :, :2 * heads], rotation).transpose(1, 2)  # q and k in one rotation
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, 2 * heads:].transpose(1, 2)
         if kv is not None:
             k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        x = x + self.o(o.transpose(1, 2).reshape(B, T, H))
-        gate, up = self.gate_up(F.rms_norm(x, (H,), self.mlp_norm, eps)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up), (k, v)
+        x = x + F.linear(o.transpose(1, 2).reshape(B, T, H), self.o.weight)
+        gate, up = F.linear(F.rms_norm(x, (H,), self.mlp_norm, eps), self.gate_up.weight).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down.weight), (k, v)
 
 
 def _rotate(x, rotation):
@@ -116,17 +117,18 @@ class MTPHead(torch.nn.Module):
         of the L = past + T entries are real; cache: the past's keys and values per layer (None: no past).
         Returns the output features [B, T, H] and the cache extended by the new entries."""
         H, eps = self.cfg.hidden, self.cfg.eps
-        x = self.fc(torch.cat([F.rms_norm(features, (H,), self.norm_feature, eps),
-                               F.rms_norm(embeddings, (H,), self.norm_embed, eps)], dim=-1))
+        x = F.linear(torch.cat([F.rms_norm(features, (H,), self.norm_feature, eps),
+                               F.rms_norm(embeddings, (H,), self.norm_embed, eps)], dim=-1), self.fc.weight)
         angles = positions[..., None, None].to(x.dtype) * self.inv_freq
         rotation = (angles.cos(), angles.sin())
         T, L = x.shape[1], mask.shape[1]
-        causal = torch.arange(L, device=x.device)[None, :] <= (L - T + torch.arange(T, device=x.device))[:, None]
-        allowed = causal[None, None] & mask[:, None, None, :].bool()
-        bias = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(~allowed, _MASKED)
+        visible = mask[:, None, None, :].bool()
+        if T > 1:  # (one new entry sees every real one: no causal part)
+            visible = visible & (torch.arange(L, device=x.device) <= L - T + torch.arange(T, device=x.device)[:, None])
+        bias = torch.where(visible, 0.0, _MASKED).to(x.dtype)
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, rotation, bias, None if cache is None else cache[i])
+            x, kv = layer.forward(x, rotation, bias, None if cache is None else cache[i])
             new_cache.append(kv)
         return F.rms_norm(x, (H,), self.norm_out, eps), new_cache
 
