@@ -112,13 +112,17 @@ class MTPHead(torch.nn.Module):
         self.register_buffer("inv_freq", 1.0 / cfg.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim),
                              persistent=False)
 
-    def forward(self, features, embeddings, mask, positions, cache=None):
-        """features, embeddings [B, T, H] of T new entries at `positions` [B, T]; mask [B, L] says which
-        of the L = past + T entries are real; cache: the past's keys and values per layer (None: no past).
+    def entries(self, features, embeddings):
+        """The input of the decoder layer for entries (features, embeddings) [B, T, H]."""
+        H, eps = self.cfg.hidden, self.cfg.eps
+        return F.linear(torch.cat([F.rms_norm(features, (H,), self.norm_feature, eps),
+                                   F.rms_norm(embeddings, (H,), self.norm_embed, eps)], dim=-1), self.fc.weight)
+
+    def forward(self, x, mask, positions, cache=None):
+        """x [B, T, H]: `entries` of T new entries at `positions` [B, T]; mask [B, L] says which of
+        the L = past + T entries are real; cache: the past's keys and values per layer (None: no past).
         Returns the output features [B, T, H] and the cache extended by the new entries."""
         H, eps = self.cfg.hidden, self.cfg.eps
-        x = F.linear(torch.cat([F.rms_norm(features, (H,), self.norm_feature, eps),
-                               F.rms_norm(embeddings, (H,), self.norm_embed, eps)], dim=-1), self.fc.weight)
         angles = positions[..., None, None].to(x.dtype) * self.inv_freq
         rotation = (angles.cos(), angles.sin())
         T, L = x.shape[1], mask.shape[1]
@@ -169,13 +173,22 @@ class MTPDrafter(Drafter):
         self.embed = embed.detach()
         self.lm_head_t = lm_head.detach().t().contiguous()  # x @ W^T with a row-major right operand
         self.head.to(device=self.embed.device, dtype=self.embed.dtype)
+        # `head.entries` split in two (same math): the embedding half becomes a per-token table, the
+        # feature half one matmul with the norm weight folded in. A draft step is op-count bound.
+        H, eps = head.cfg.hidden, head.cfg.eps
+        with torch.no_grad():
+            fc = head.fc.weight.detach()
+            self.entry_table = F.rms_norm(self.embed, (H,), head.norm_embed, eps) @ fc[:, H:].t()  # [V, H]
+            self.feature_proj_t = (fc[:, :H] * head.norm_feature).t().contiguous()  # [H, H]
 
     def _feed(self, features, tokens, valid):
         """Append entries (features [B, T, H], tokens [B, T]) where valid [B, T]; their output features."""
         start = self.mask.sum(dim=1, keepdim=True)
         positions = start + valid.cumsum(dim=1) - valid  # real entries get consecutive positions
         self.mask = torch.cat([self.mask, valid], dim=1)
-        out, self.cache = self.head(features, F.embedding(tokens, self.embed), self.mask, positions, self.cache)
+        H, eps = self.head.cfg.hidden, self.head.cfg.eps
+        x = F.embedding(tokens, self.entry_table) + F.rms_norm(features, (H,), None, eps) @ self.feature_proj_t
+        out, self.cache = self.head(x, self.mask, positions, self.cache)
         return out
 
     @torch.inference_mode()
@@ -346,7 +359,7 @@ def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll
     inputs = features[:, :-1]
     total = 0.0
     for _ in range(unroll):
-        out, _ = head(inputs, embeddings, valid[:, 1:], positions)
+        out, _ = head(head.entries(inputs, embeddings), valid[:, 1:], positions)
         log_q = torch.log_softmax(out @ lm_head.t(), dim=-1)
         kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)
         total = total + kl[scored].mean()
