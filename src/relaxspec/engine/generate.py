@@ -1,10 +1,13 @@
 """Batched speculative generation: draft N tokens, verify them in one verifier pass, roll back.
 
 Each round, for every live row:
-  1. the drafter proposes x_1..x_N from its processed distribution q;
+  1. the drafter (relaxspec.models.drafters: an LM, an MTP head, prompt lookup) proposes x_1..x_N
+     with its processed distribution q (one-hot for prompt lookup);
   2. the verifier scores [last, x_1..x_N] in one forward (logits for N drafts + bonus);
   3. `verify` (any acceptance rule) keeps n drafts and emits one more token;
-  4. both caches "roll back" by masking the rejected slots; `last` becomes the emitted token.
+  4. both roll back to the accepted prefix (the verifier's cache by masking the rejected slots; the
+     drafter by its own rule, reading the verifier's hidden states if it drafts from them); `last`
+     becomes the emitted token.
 
 Rows accept different numbers of drafts, so each row's positions come from its own attention-mask
 row while all rows share one cache length (see relaxspec.models.hf).
