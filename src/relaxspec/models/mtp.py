@@ -112,6 +112,16 @@ class MTPHead(torch.nn.Module):
         self.register_buffer("inv_freq", 1.0 / cfg.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim),
                              persistent=False)
 
+    def _rotation(self, positions, dtype):
+        """(cos, sin) [B, T, 1, D/2] of the positions, from a table grown on demand (the same values
+        as computing them: a table row is cos / sin of position * inv_freq)."""
+        needed = int(positions.max()) + 1 if positions.numel() else 0
+        table = getattr(self, "_table", None)
+        if table is None or table[0].shape[0] < needed or table[0].dtype != dtype:
+            angles = torch.arange(max(2 * needed, 256), device=positions.device, dtype=dtype)[:, None] * self.inv_freq
+            table = self._table = (angles.cos()[:, None], angles.sin()[:, None])
+        return table[0][positions], table[1][positions]
+
     def entries(self, features, embeddings):
         """The input of the decoder layer for entries (features, embeddings) [B, T, H]."""
         H, eps = self.cfg.hidden, self.cfg.eps
@@ -123,8 +133,7 @@ class MTPHead(torch.nn.Module):
         the L = past + T entries are real; cache: the past's keys and values per layer (None: no past).
         Returns the output features [B, T, H] and the cache extended by the new entries."""
         H, eps = self.cfg.hidden, self.cfg.eps
-        angles = positions[..., None, None].to(x.dtype) * self.inv_freq
-        rotation = (angles.cos(), angles.sin())
+        rotation = self._rotation(positions, x.dtype)
         T, L = x.shape[1], mask.shape[1]
         visible = mask[:, None, None, :].bool()
         if T > 1:  # (one new entry sees every real one: no causal part)
@@ -183,8 +192,9 @@ class MTPDrafter(Drafter):
 
     def _feed(self, features, tokens, valid):
         """Append entries (features [B, T, H], tokens [B, T]) where valid [B, T]; their output features."""
-        start = self.mask.sum(dim=1, keepdim=True)
-        positions = start + valid.cumsum(dim=1) - valid  # real entries get consecutive positions
+        positions = self.mask.sum(dim=1, keepdim=True)  # a row's next position: its real entries so far
+        if tokens.shape[1] > 1:
+            positions = positions + valid.cumsum(dim=1) - valid  # real entries get consecutive positions
         self.mask = torch.cat([self.mask, valid], dim=1)
         H, eps = self.head.cfg.hidden, self.head.cfg.eps
         x = F.embedding(tokens, self.entry_table) + F.rms_norm(features, (H,), None, eps) @ self.feature_proj_t
