@@ -132,27 +132,34 @@ def test_sampled_strict_matches_ar_sampling(builtin_pair):
         assert ((a - b).abs() <= tol).all(), position
 
 
+def strict_vs_ar_by_position(verifier, drafter, prompts, n, positions, **sampling):
+    """Each prompt n times (one batch) under strict with `drafter` and under AR with other seeds: at
+    each output position, every token's frequency must agree within 5 sigma of a two-sample
+    comparison. Returns the strict run and the largest pooled frequency at each checked position
+    (callers assert some are well below 1, or the comparison would be vacuous)."""
+    sd = generate(verifier, drafter, prompts * n, method="strict", draft_length=3, seed=4, **sampling)
+    ar = generate(verifier, None, prompts * n, method="ar", seed=5, **sampling)
+    V, k_prompts, spread = verifier.vocab_size, len(prompts), []
+    for k in range(k_prompts):
+        for position in positions:
+            a = _freq([r.token_ids[position] for r in sd.results[k::k_prompts]], V)
+            b = _freq([r.token_ids[position] for r in ar.results[k::k_prompts]], V)
+            pooled = (a + b) / 2
+            tol = 5 * torch.sqrt(pooled * (1 - pooled) * 2 / n) + 2e-3
+            assert ((a - b).abs() <= tol).all(), (k, position)
+            spread.append(float(pooled.max()))
+    return sd, spread
+
+
 def test_sampled_strict_matches_ar_on_a_ragged_batch_with_top_p(builtin_pair):
     # The bench's setting (T=0.7, top-p, different prompts in one batch): rows accept different
     # numbers of drafts and leave the batch at different rounds, so padding, rollback and row
     # removal are all on the path. Each prompt's tokens must still follow AR sampling.
     verifier, drafter = builtin_pair
     prompts = [_prompts(1)[0], _prompts(1, "sorting")[0]]
-    n, length = 400, 16
-    sampling = dict(max_new_tokens=length, temperature=0.7, top_p=0.9)
-    sd = generate(verifier, drafter, prompts * n, method="strict", draft_length=3, seed=4, **sampling)
-    ar = generate(verifier, None, prompts * n, method="ar", seed=5, **sampling)
+    sd, spread = strict_vs_ar_by_position(verifier, drafter, prompts, 400, (5, 10, 15), max_new_tokens=16,
+                                          temperature=0.7, top_p=0.9)
     assert len({out.stats.mean_acceptance_length for out in sd.results}) > 1  # rows did diverge
-    V = verifier.vocab_size
-    spread = []
-    for k in range(len(prompts)):
-        for position in (5, 10, 15):
-            a = _freq([r.token_ids[position] for r in sd.results[k::2]], V)
-            b = _freq([r.token_ids[position] for r in ar.results[k::2]], V)
-            pooled = (a + b) / 2
-            tol = 5 * torch.sqrt(pooled * (1 - pooled) * 2 / n) + 2e-3
-            assert ((a - b).abs() <= tol).all(), (k, position)
-            spread.append(float(pooled.max()))
     assert min(spread) < 0.6  # a deterministic position would make the comparison vacuous
 
 

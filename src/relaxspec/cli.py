@@ -108,18 +108,19 @@ def _read_prompts(args) -> list[str]:
 def cmd_generate(args) -> int:
     from relaxspec.engine import generate
     from relaxspec.models import load_model
+    from relaxspec.models.drafters import load_drafter
     from relaxspec.models.options import device_kwargs, prompt_kwargs
 
     params = parse_params(args.param)
     prompts = _read_prompts(args)
     verifier = load_model(args.verifier, **device_kwargs(args))
-    drafter = None if args.method == "ar" else load_model(args.drafter, **device_kwargs(args))
+    drafter = None if args.method == "ar" else load_drafter(args.drafter, verifier)
     pivot_fn = None
     if args.method == "pad":
         from relaxspec.pivot import builtin_classifier_path, load_classifier
 
         path = params.pop("classifier", None) or builtin_classifier_path()
-        pivot_fn = load_classifier(path).pivot_fn(verifier, drafter, force=args.force)
+        pivot_fn = load_classifier(path).pivot_fn(verifier, getattr(drafter, "lm", None), force=args.force)
     out = generate(verifier, drafter, prompts, method=args.method, draft_length=args.draft_length,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, pivot_fn=pivot_fn, **prompt_kwargs(args), **params)
@@ -231,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     from relaxspec.models.family import BUILTIN_DIR, DEFAULT_DRAFTER, DEFAULT_VERIFIER
     from relaxspec.models.options import add_device_args, add_prompt_args
     from relaxspec.pivot import commands as pivot_commands
+    from relaxspec.models import drafter_commands
     from relaxspec.tasks import commands as tasks_commands
 
     defaults = DefaultsHelpFormatter
@@ -245,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="speculative (or autoregressive) generation", formatter_class=defaults)
     g.add_argument("--verifier", default=DEFAULT_VERIFIER,
                    help="built-in model name, HF model directory, FILE.gguf, DIR::FILE.gguf or smollm2")
-    g.add_argument("--drafter", default=DEFAULT_DRAFTER, help="same forms as --verifier")
+    g.add_argument("--drafter", default=DEFAULT_DRAFTER, help="LM (same forms as --verifier), MTP head "
+                   "(drafter-mtp or a `drafter train` directory) or ngram[:n=3][,min=1] (prompt lookup)")
     g.add_argument("--method", default="strict", help="'ar' (no drafter) or an acceptance rule (see `relaxspec methods`)")
     g.add_argument("--param", action="append", metavar="KEY=VALUE", help="rule parameter (repeatable)")
     src = g.add_mutually_exclusive_group(required=True)
@@ -284,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--threads", type=int, default=1, help="torch CPU threads for the latency column (as the bench)")
     md.set_defaults(func=cmd_models)
 
-    for commands in (bench_commands, pivot_commands, tasks_commands):
+    for commands in (bench_commands, pivot_commands, tasks_commands, drafter_commands):
         commands.register(sub)
     return ap
 

@@ -1,10 +1,13 @@
 """Batched speculative generation: draft N tokens, verify them in one verifier pass, roll back.
 
 Each round, for every live row:
-  1. the drafter proposes x_1..x_N from its processed distribution q;
+  1. the drafter (relaxspec.models.drafters: an LM, an MTP head, prompt lookup) proposes x_1..x_N
+     with its processed distribution q (one-hot for prompt lookup);
   2. the verifier scores [last, x_1..x_N] in one forward (logits for N drafts + bonus);
   3. `verify` (any acceptance rule) keeps n drafts and emits one more token;
-  4. both caches "roll back" by masking the rejected slots; `last` becomes the emitted token.
+  4. both roll back to the accepted prefix (the verifier's cache by masking the rejected slots; the
+     drafter by its own rule, reading the verifier's hidden states if it drafts from them); `last`
+     becomes the emitted token.
 
 Rows accept different numbers of drafts, so each row's positions come from its own attention-mask
 row while all rows share one cache length (see relaxspec.models.hf).
@@ -28,8 +31,11 @@ from relaxspec.acceptance import SequenceSeeds, derive_seed, get_rule, process_l
 from relaxspec.acceptance.processing import check_sampling_args, is_greedy
 from relaxspec.acceptance.random import DRAFT, TOKEN
 from relaxspec.engine.stats import GenerationStats
-from relaxspec.models.hf import CausalLM, check_same_vocab, crop_cache
+from relaxspec.models.drafters import Drafter, Stream, as_drafter, model_device
+from relaxspec.models.hf import CausalLM
 from relaxspec.models.prompts import check_context, encode_prompts
+
+_Stream = Stream  # the name the engine's tests use
 
 AR = "ar"
 
@@ -58,49 +64,6 @@ class SequenceResult:
 class GenerationOutput:
     results: list[SequenceResult]
     stats: GenerationStats
-
-
-class _Stream:
-    """One model's cache plus the per-row attention mask over its slots (a row's real slots also
-    count its positions, so there is no separate counter to keep in step)."""
-
-    def __init__(self, lm: CausalLM, device: torch.device | None = None):
-        self.lm = lm
-        self.device = model_device(lm) if device is None else device
-        self.cache = lm.new_cache()
-        self.mask = None  # [B, L] 1 where the cache slot belongs to the row's sequence
-
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
-        self.mask = torch.zeros((ids.shape[0], 0), dtype=torch.long, device=self.device)
-        if ids.shape[1]:
-            self.feed(ids, mask)
-
-    def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None):
-        """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good;
-        None: all are). Returns float32 logits [B, T, V] and the hidden state asked for (or None)."""
-        # A row's next position is its number of real slots so far.
-        start = self.mask.sum(dim=1, keepdim=True)
-        if valid is None:
-            positions = start + torch.arange(ids.shape[1], device=self.device)
-            valid = torch.ones_like(ids)
-        else:
-            positions = start + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
-        self.mask = torch.cat([self.mask, valid], dim=1)
-        logits, hidden = self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
-        return logits.float(), hidden  # rules see float32 whatever the model's dtype
-
-    def invalidate_tail(self, keep: torch.Tensor, width: int) -> None:
-        """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
-        tail columns that no row uses any more."""
-        self.mask[:, -width:] *= torch.arange(width, device=self.device) < keep[:, None]
-        length = self.mask.shape[1] - width + int(keep.max())
-        if length < self.mask.shape[1]:
-            crop_cache(self.cache, length)
-            self.mask = self.mask[:, :length]
-
-    def select(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows)
-        self.mask = self.mask[rows]
 
 
 def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int, offset: int = 0):
@@ -141,15 +104,21 @@ def _sequence_seeds(seed, batch_size: int) -> list[int]:
     raise ValueError(f"seed must be an integer or a list of one integer per prompt, got {seed!r}")
 
 
-def model_device(lm: CausalLM) -> torch.device:
-    """The device the model's weights live on (every tensor the engine makes goes there)."""
-    device = getattr(lm, "device", None)
-    return device if isinstance(device, torch.device) else next(lm.model.parameters()).device
+def _hidden_layer(verifier: CausalLM, drafter: Drafter | None, pivot_fn) -> int | None:
+    """The verifier layer whose hidden states a round needs: the last one (after the final norm) for
+    a hidden-state drafter, the pivot classifier's for PAD, or None."""
+    pivot_layer = None if pivot_fn is None else getattr(pivot_fn, "hidden_layer", -1)
+    if drafter is None or not drafter.needs_hidden:
+        return pivot_layer
+    if pivot_layer is not None and pivot_layer % verifier.num_layers != verifier.num_layers - 1:
+        raise ValueError(f"a {drafter.kind} drafter reads the verifier's last hidden state; a pivot classifier "
+                         f"on layer {pivot_layer} cannot run with it")
+    return -1
 
 
 def generate(
     verifier: CausalLM,
-    drafter: CausalLM | None,
+    drafter: Drafter | CausalLM | str | None,
     prompts: list[str] | str,
     method: str = "strict",
     draft_length: int = 5,
@@ -166,13 +135,15 @@ def generate(
     """Generate from `verifier` with `drafter` proposing `draft_length` tokens per round under
     acceptance rule `method` (any name in relaxspec.acceptance.RULES), or plain autoregressive
     decoding with method="ar". temperature 0 is greedy. Stops at EOS or `max_new_tokens`.
+    `drafter`: any Drafter (relaxspec.models.drafters: LM, MTP head, prompt lookup), a CausalLM (an
+    LM drafter) or a drafter name for `load_drafter`.
 
     seed: an int (sequence i gets `derive_seed(seed, i)`) or one int per prompt (a per-request seed,
     as vLLM's `SamplingParams.seed`); a sequence's output depends on its own seed only, not on the
     other prompts of the call. Prompts go through the verifier tokenizer's chat template when it
     has one (chat_template "auto"; "on" requires one, "off" never uses it; `system`: a system turn).
-    A prompt that does not fit the models' context with `max_new_tokens` is an error. `pivot_fn` computes a rule's `pivot_prob` input from the verifier's
-    hidden states (see relaxspec.pivot)."""
+    A prompt that does not fit the models' context with `max_new_tokens` is an error. `pivot_fn`
+    computes a rule's `pivot_prob` input from the verifier's hidden states (see relaxspec.pivot)."""
     check_sampling_args(temperature, top_k, top_p)
     if isinstance(prompts, str):
         prompts = [prompts]
@@ -187,7 +158,8 @@ def generate(
             raise ValueError(f"method {method!r} needs a drafter (only 'ar' runs without one)")
         if isinstance(draft_length, bool) or not isinstance(draft_length, numbers.Integral) or draft_length < 1:
             raise ValueError(f"draft_length must be an integer >= 1, got {draft_length!r}")
-        check_same_vocab(verifier, drafter)
+        drafter = as_drafter(drafter, verifier)
+        drafter.check(verifier, rule)
         wants_pivot = "pivot_prob" in rule.inputs and "pivot_prob" not in rule_params
         if wants_pivot and pivot_fn is None:
             raise ValueError(f"method {method!r} needs a pivot classifier: pass pivot_fn= (see relaxspec.pivot)")
@@ -198,12 +170,13 @@ def generate(
     elif pivot_fn is not None:
         raise ValueError("method 'ar' takes no pivot_fn")
 
+    hidden_layer = _hidden_layer(verifier, drafter, pivot_fn) if rule is not None else None
     device = model_device(verifier)
     seeds = _sequence_seeds(seed, len(prompts))
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     greedy = is_greedy(temperature)
     encoded = encode_prompts(verifier.tokenizer, prompts, chat_template=chat_template, system=system)
-    encoded = check_context(encoded, max_new_tokens, *[m for m in (verifier, drafter) if m is not None])
+    encoded = check_context(encoded, max_new_tokens, verifier, getattr(drafter, "lm", None))
     ids, mask = _left_pad(encoded, verifier.tokenizer, device)
     B = ids.shape[0]
     N = draft_length if rule is not None else 0
@@ -216,15 +189,11 @@ def generate(
 
     t_start = time.perf_counter()
     # Prefill all but the last prompt token; `last` (not yet in any cache) is fed by round one.
-    target = _Stream(verifier)
-    target.prefill(ids[:, :-1], mask[:, :-1])
-    streams = [target]
+    target = Stream(verifier)
+    drafter_hidden = rule is not None and drafter.needs_hidden
+    hidden = target.prefill(ids[:, :-1], mask[:, :-1], hidden_layer=hidden_layer if drafter_hidden else None)
     if rule is not None:
-        draft = _Stream(drafter)
-        draft.prefill(ids[:, :-1].to(draft.device), mask[:, :-1].to(draft.device))
-        streams.append(draft)
-        catch_up = torch.zeros(B, dtype=torch.long, device=device)  # x_N when the drafter has not seen it
-        needs_catch_up = torch.zeros(B, dtype=torch.long, device=device)
+        drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
     last = ids[:, -1].clone()
     live = list(range(B))  # which sequence each batch row belongs to
     produced = torch.zeros(B, dtype=torch.long, device=device)  # tokens emitted so far, per live row
@@ -247,33 +216,13 @@ def generate(
             room = max_new_tokens - min(len(outputs[b]) for b in live)
             n_round = max(1, min(N, room - 1))
             t0 = time.perf_counter()
-            draft_tokens, draft_logits, draft_probs = [], [], []
-            # x_N goes in front of `last` for rows whose drafter has not seen it; the column is only
-            # fed when some row needs it (a masked slot for the others).
-            with_catch_up = bool(needs_catch_up.any())
-            if with_catch_up:
-                feed_ids = torch.stack([catch_up, last], dim=1)
-                feed_valid = torch.stack([needs_catch_up, torch.ones_like(last)], dim=1)
-            else:
-                feed_ids, feed_valid = last[:, None], None
-            for i in range(n_round + extra):
-                logits, _ = draft.feed(feed_ids.to(draft.device),
-                                       None if feed_valid is None else feed_valid.to(draft.device))
-                logits = logits[:, -1].to(device)
-                stats.drafter_forwards += 1
-                draft_logits.append(logits)
-                if i < n_round:
-                    token, probs = _sample(logits, **sampling, draws=draws, purpose=DRAFT, offset=i)
-                    draft_tokens.append(token)
-                    draft_probs.append(probs)
-                    feed_ids, feed_valid = token[:, None], None
-            draft_tokens = torch.stack(draft_tokens, dim=1)
-            draft_logits = torch.stack(draft_logits, dim=1)
-            draft_probs = None if greedy else torch.stack(draft_probs, dim=1)  # verify reuses q
+            proposal = drafter.propose(last, n_round, extra, lambda logits, i: _sample(
+                logits, **sampling, draws=draws, purpose=DRAFT, offset=i))
+            draft_tokens, draft_logits = proposal.tokens, proposal.logits
+            stats.drafter_forwards += proposal.forwards
             t1 = time.perf_counter()
             stats.time_draft_s += t1 - t0
 
-            hidden_layer = getattr(pivot_fn, "hidden_layer", -1) if pivot_fn is not None else None
             target_logits, hidden = target.feed(torch.cat([last[:, None], draft_tokens], dim=1),
                                                 hidden_layer=hidden_layer)
             stats.verifier_forwards += 1
@@ -282,19 +231,14 @@ def generate(
                 params["pivot_prob"] = pivot_fn(hidden[:, 1:], target_logits[:, :n_round],
                                                 draft_logits[:, :n_round], draft_tokens)
             results = verify(method, target_logits, draft_logits, draft_tokens, **sampling, random=draws,
-                             draft_probs=draft_probs, **params)
+                             draft_probs=proposal.probs, **params)
             accepted = results.num_accepted
             stats.time_verify_s += time.perf_counter() - t1
 
-            # Roll back: the verifier keeps last + accepted drafts; the drafter the same, except that
-            # it never saw x_N (unless it made the extra bonus pass), so that one is caught up next round.
+            # Roll back both to `last` + the accepted drafts (the drafter gets the verifier's hidden
+            # states of that block when it drafts from them).
             target.invalidate_tail(accepted + 1, n_round + 1)
-            # Drafting appended [catch_up?, last, x_1..x_{N-1}] (+ x_N with the extra pass).
-            fed_before = 1 + int(with_catch_up)
-            keep_draft = fed_before + accepted.clamp(max=n_round - 1 + extra)
-            draft.invalidate_tail(keep_draft.to(draft.device), fed_before + n_round - 1 + extra)
-            needs_catch_up = (accepted == n_round).long() * (1 - extra)
-            catch_up = draft_tokens[:, -1]
+            drafter.rollback(accepted, hidden if drafter_hidden else None)
             emitted = results.tokens
 
         # Bookkeeping per sequence (plain lists: one copy out of the tensors per round).
@@ -322,10 +266,9 @@ def generate(
             live = [live[b] for b in keep_list]
             last, produced = last[keep], produced[keep]
             sequence_seeds.select(keep)
-            for s in streams:
-                s.select(keep.to(s.device))
+            target.select(keep)
             if rule is not None:
-                catch_up, needs_catch_up = catch_up[keep], needs_catch_up[keep]
+                drafter.select(keep)
 
     stats.time_total_s = time.perf_counter() - t_start
     tokenizer = verifier.tokenizer

@@ -54,8 +54,10 @@ def encode_prompts(tokenizer, prompts, *, chat_template: str = "auto", system: s
 
 
 def context_limit(*models) -> int | None:
-    """The smallest `max_position_embeddings` of the models (None when no model states one)."""
-    limits = [lm.max_position_embeddings for lm in models if lm is not None and lm.max_position_embeddings]
+    """The smallest `max_position_embeddings` of the models (None when no model states one; a drafter
+    without a context of its own, e.g. prompt lookup or a head on the verifier's features, states none)."""
+    limits = [getattr(lm, "max_position_embeddings", None) for lm in models]
+    limits = [limit for limit in limits if limit]
     return min(limits) if limits else None
 
 

@@ -1,0 +1,48 @@
+"""Strict greedy tau and c_rel of each drafter kind against the built-in verifier.
+
+    PYTHONPATH=src python benchmarks/drafter_kinds.py [--n 50] [--draft-length 5] [--drafters ...]
+
+tau: mean acceptance length (bonus included) of strict greedy decoding on n held-out problems of
+each task; c_rel: the drafter's cost of one drafted token over one verifier step, both measured
+here: `measure_draft_latency` (seconds per drafted token through the drafter protocol) over the
+verifier's `measure_step_latency` (a one-token step after 128 tokens of context), one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from relaxspec.engine import generate
+from relaxspec.models import load_model, measure_step_latency
+from relaxspec.models.drafters import load_drafter, measure_draft_latency
+from relaxspec.tasks import synthetic
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--draft-length", type=int, default=5)
+    ap.add_argument("--drafters", nargs="*", default=["drafter-mtp", "drafter-strong", "drafter-weak", "ngram"])
+    ap.add_argument("--tasks", nargs="*", default=["arithmetic", "sorting"])
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    verifier = load_model("verifier")
+    step = measure_step_latency(verifier)
+    print(f"verifier step {step * 1e3:.3f} ms; strict greedy, N={a.draft_length}, {a.n} held-out problems per task")
+    print(f"{'drafter':16s} {'kind':6s} {'c_rel':>6s} " + " ".join(f"{'tau ' + t:>16s}" for t in a.tasks))
+    for name in a.drafters:
+        drafter = load_drafter(name, verifier)
+        c_rel = measure_draft_latency(drafter, verifier) / step
+        taus = []
+        for task in a.tasks:
+            prompts = [e.prompt for e in synthetic.examples(task, "test", a.n)]
+            out = generate(verifier, drafter, prompts, method="strict", draft_length=a.draft_length,
+                           max_new_tokens=160)
+            taus.append(out.stats.mean_acceptance_length)
+        print(f"{name:16s} {drafter.kind:6s} {c_rel:6.3f} " + " ".join(f"{t:16.2f}" for t in taus))
+
+
+if __name__ == "__main__":
+    main()

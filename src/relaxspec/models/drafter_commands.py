@@ -1,0 +1,65 @@
+"""`relaxspec drafter train`: train a drafter for a verifier (today: an MTP head, by self-distillation).
+
+    relaxspec drafter train --verifier verifier --kind mtp --task arithmetic --task sorting --out DIR
+
+The result is a directory (config.json with the kind, sizes and the verifier's fingerprint, plus
+model.safetensors) that `--drafter DIR` accepts for that verifier only. Interrupted runs resume
+from DIR/checkpoint.pt when started again with the same arguments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cmd_drafter(args) -> int:
+    import torch
+
+    from relaxspec.models import load_model
+    from relaxspec.models.mtp import HeadConfig, TrainConfig, train_head, training_prompts
+
+    if args.kind != "mtp":
+        raise ValueError(f"drafter kind {args.kind!r} cannot be trained; trainable kinds: mtp")
+    if args.prompts is None and not args.task:
+        raise ValueError("give the training prompts: --prompts FILE or --task NAME (repeatable)")
+    torch.set_num_threads(args.threads)
+    verifier = load_model(args.verifier)
+    prompts = training_prompts(args.task or [], args.n, args.prompts)
+    head = HeadConfig(hidden=verifier.model.config.hidden_size, heads=args.heads, ffn=args.ffn, layers=args.layers)
+    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
+                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    train_head(verifier, prompts, args.out, head, cfg, stop_after=args.stop_after)
+    return 0
+
+
+def register(subparsers) -> None:
+    from relaxspec.models.family import DEFAULT_VERIFIER
+    from relaxspec.models.mtp import HeadConfig, TrainConfig
+
+    d = subparsers.add_parser("drafter", help="train drafters for a verifier (MTP head)")
+    dsub = d.add_subparsers(dest="drafter_cmd", required=True)
+    t = dsub.add_parser("train", help="self-distil an MTP head on the verifier's own answers (resumable)")
+    t.add_argument("--verifier", default=DEFAULT_VERIFIER, help="built-in model name or HF model directory")
+    t.add_argument("--kind", default="mtp", help="drafter kind to train (mtp)")
+    src = t.add_mutually_exclusive_group()
+    src.add_argument("--prompts", help="JSONL file with a 'prompt' per line")
+    src.add_argument("--task", action="append", help="task whose prompts to use (repeatable; built-in synthetic "
+                                                     "tasks use their train split)")
+    t.add_argument("--n", type=int, default=400, help="prompts per --task")
+    t.add_argument("--out", type=Path, required=True, help="output directory (also holds the checkpoint)")
+    defaults = TrainConfig()
+    t.add_argument("--steps", type=int, default=defaults.steps)
+    t.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    t.add_argument("--unroll", type=int, default=defaults.unroll, help="draft steps trained per position")
+    t.add_argument("--lr", type=float, default=defaults.lr)
+    t.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    t.add_argument("--temperature", type=float, default=defaults.temperature,
+                   help="sampling temperature of the verifier's answers")
+    head = HeadConfig(hidden=0)
+    t.add_argument("--heads", type=int, default=head.heads, help="attention heads of the head's decoder layer")
+    t.add_argument("--ffn", type=int, default=head.ffn, help="MLP width of the head's decoder layer")
+    t.add_argument("--layers", type=int, default=head.layers, help="decoder layers (EAGLE: 1)")
+    t.add_argument("--seed", type=int, default=defaults.seed)
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    d.set_defaults(func=cmd_drafter)

@@ -1,0 +1,300 @@
+"""Drafters: what proposes the tokens a verifier checks (DESIGN.md, "Drafters").
+
+The engine talks to every drafter through one small protocol, as transformers' `CandidateGenerator`:
+
+    drafter.prefill(ids, mask, hidden)        the prompt, less its last token (left-padded rows)
+    drafter.propose(last, n, extra, sample)   n tokens per live row (+ `extra` rows of logits)
+    drafter.rollback(accepted, hidden)        keep `last` and the first accepted[b] drafts
+    drafter.select(rows)                      rows leave the batch
+
+`sample(logits, i)` is the engine's: it draws the token at draft offset i from the engine's
+per-sequence random streams (so outputs stay batch invariant and coupled across methods) and
+returns (tokens, processed probabilities, or None when greedy). A drafter without a distribution
+(prompt lookup) returns one-hot logits: 0 at its token and -inf elsewhere, so every rule sees
+q = one-hot. Hidden-state drafters set `needs_hidden`: the engine then hands them the verifier's
+last hidden state (`hidden_layer=-1`) of the prompt and of every verified block.
+
+Kinds: `LMDrafter` (a causal LM sharing the verifier's vocabulary), `NgramDrafter` (prompt
+lookup), and `relaxspec.models.mtp.MTPDrafter` (a head on the verifier's hidden states).
+`load_drafter(name, verifier)` builds any of them from a name.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from relaxspec.models.hf import CausalLM, check_same_vocab, crop_cache, load_model
+
+
+def model_device(lm: CausalLM) -> torch.device:
+    """The device the model's weights live on (every tensor the engine makes goes there)."""
+    device = getattr(lm, "device", None)
+    return device if isinstance(device, torch.device) else next(lm.model.parameters()).device
+
+
+class Stream:
+    """One model's cache plus the per-row attention mask over its slots (a row's real slots also
+    count its positions, so there is no separate counter to keep in step)."""
+
+    def __init__(self, lm: CausalLM, device: torch.device | None = None):
+        self.lm = lm
+        self.device = model_device(lm) if device is None else device
+        self.cache = lm.new_cache()
+        self.mask = None  # [B, L] 1 where the cache slot belongs to the row's sequence
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, hidden_layer=None):
+        """Returns the hidden state asked for ([B, T, H]; None if not asked or T == 0)."""
+        self.mask = torch.zeros((ids.shape[0], 0), dtype=torch.long, device=self.device)
+        if ids.shape[1]:
+            return self.feed(ids, mask, hidden_layer=hidden_layer)[1]
+        return None
+
+    def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None):
+        """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good;
+        None: all are). Returns float32 logits [B, T, V] and the hidden state asked for (or None)."""
+        # A row's next position is its number of real slots so far.
+        start = self.mask.sum(dim=1, keepdim=True)
+        if valid is None:
+            positions = start + torch.arange(ids.shape[1], device=self.device)
+            valid = torch.ones_like(ids)
+        else:
+            positions = start + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
+        self.mask = torch.cat([self.mask, valid], dim=1)
+        logits, hidden = self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
+        return logits.float(), hidden  # rules see float32 whatever the model's dtype
+
+    def invalidate_tail(self, keep: torch.Tensor, width: int) -> None:
+        """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
+        tail columns that no row uses any more."""
+        self.mask[:, -width:] *= torch.arange(width, device=self.device) < keep[:, None]
+        length = self.mask.shape[1] - width + int(keep.max())
+        if length < self.mask.shape[1]:
+            crop_cache(self.cache, length)
+            self.mask = self.mask[:, :length]
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, n] long
+    logits: torch.Tensor  # [B, n + extra, V] float32 (one-hot drafters: 0 at the token, -inf elsewhere)
+    probs: torch.Tensor | None  # [B, n, V] processed q the tokens were drawn from (None: verify derives it)
+    forwards: int  # drafter forward passes this round took (0 for prompt lookup)
+
+
+class Drafter:
+    """The protocol (see the module docstring). Subclasses set these class attributes."""
+
+    kind = ""
+    name = ""
+    needs_hidden = False  # prefill/rollback want the verifier's last hidden states
+    one_hot_q = False  # proposes tokens without a distribution of its own
+    max_extra_passes = 1  # drafter rows it can give beyond the N drafts (spec-cont-dec's bonus row)
+
+    def check(self, verifier: CausalLM, rule) -> None:
+        """ValueError if this drafter cannot serve `verifier` under `rule`."""
+        if rule.extra_draft_passes > self.max_extra_passes:
+            raise ValueError(f"method {rule.name!r} needs the drafter's distribution at the bonus position, "
+                             f"which a {self.kind} drafter ({self.name!r}) cannot give")
+        if self.one_hot_q and not rule.valid_with_one_hot_q:  # the rule declares it (see `relaxspec methods`)
+            raise ValueError(f"method {rule.name!r} is meaningless with a {self.kind} drafter ({self.name!r}): "
+                             f"its q is one-hot, and then {rule.one_hot_q}")
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        raise NotImplementedError
+
+    def propose(self, last: torch.Tensor, n: int, extra: int, sample) -> Proposal:
+        raise NotImplementedError
+
+    def rollback(self, accepted: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        raise NotImplementedError
+
+    def select(self, rows: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+class LMDrafter(Drafter):
+    """A standalone causal LM with its own KV cache. It never feeds its last draft x_N (nothing
+    needs its logits) unless it makes the extra bonus pass, so a row that accepted all N feeds x_N
+    in front of `last` next round (catch-up)."""
+
+    kind = "lm"
+
+    def __init__(self, lm: CausalLM):
+        self.lm = lm
+        self.name = lm.name
+        self.stream = None
+
+    def check(self, verifier, rule) -> None:
+        check_same_vocab(verifier, self.lm)
+        super().check(verifier, rule)
+
+    def prefill(self, ids, mask, hidden=None) -> None:
+        self.stream = Stream(self.lm)
+        self.stream.prefill(ids.to(self.stream.device), mask.to(self.stream.device))
+        self.catch_up = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)  # x_N, when not yet fed
+        self.needs_catch_up = torch.zeros_like(self.catch_up)
+
+    def propose(self, last, n, extra, sample) -> Proposal:
+        device, own = last.device, self.stream.device
+        # The catch-up column is only fed when some row needs it (a masked slot for the others).
+        with_catch_up = bool(self.needs_catch_up.any())
+        if with_catch_up:
+            feed_ids = torch.stack([self.catch_up, last], dim=1)
+            feed_valid = torch.stack([self.needs_catch_up, torch.ones_like(last)], dim=1).to(own)
+        else:
+            feed_ids, feed_valid = last[:, None], None
+        tokens, logits_rows, probs = [], [], []
+        for i in range(n + extra):
+            logits, _ = self.stream.feed(feed_ids.to(own), feed_valid)
+            logits = logits[:, -1].to(device)
+            logits_rows.append(logits)
+            if i < n:
+                token, p = sample(logits, i)
+                tokens.append(token)
+                probs.append(p)
+                feed_ids, feed_valid = token[:, None], None
+        self._fed = (1 + int(with_catch_up), n, extra)
+        tokens = torch.stack(tokens, dim=1)
+        self.catch_up = tokens[:, -1]
+        return Proposal(tokens, torch.stack(logits_rows, dim=1),
+                        None if probs[0] is None else torch.stack(probs, dim=1), forwards=n + extra)
+
+    def rollback(self, accepted, hidden=None) -> None:
+        # This round appended [catch_up?, last, x_1..x_{n-1}] (+ x_n with the extra pass).
+        fed_before, n, extra = self._fed
+        keep = fed_before + accepted.clamp(max=n - 1 + extra)
+        self.stream.invalidate_tail(keep.to(self.stream.device), fed_before + n - 1 + extra)
+        self.needs_catch_up = (accepted == n).long() * (1 - extra)
+
+    def select(self, rows) -> None:
+        self.stream.select(rows.to(self.stream.device))
+        self.catch_up, self.needs_catch_up = self.catch_up[rows], self.needs_catch_up[rows]
+
+
+def one_hot_logits(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[..., V] logits 0 at `tokens` and -inf elsewhere: every processing of them gives one-hot q."""
+    logits = torch.full((*tokens.shape, vocab_size), float("-inf"), device=tokens.device)
+    return logits.scatter_(-1, tokens.unsqueeze(-1), 0.0)
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup (HF `prompt_lookup_num_tokens`, vLLM `ngram`): find the most recent earlier
+    occurrence of the row's last k tokens (k = max_n down to min_n) in the prompt and the text so
+    far, and propose the tokens that followed it; when they run out, look up again on the text
+    extended by the proposal. Nothing found: repeat the last token (free, valid, and right on
+    repetitive text). q is one-hot; no forward passes."""
+
+    kind = "ngram"
+    one_hot_q = True
+    max_extra_passes = 0
+
+    def __init__(self, vocab_size: int, max_n: int = 3, min_n: int = 1, name: str = "ngram"):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"ngram drafter: need 1 <= min <= n, got min={min_n}, n={max_n}")
+        self.vocab_size, self.max_n, self.min_n, self.name = vocab_size, max_n, min_n, name
+
+    def prefill(self, ids, mask, hidden=None) -> None:
+        self.texts = [row[m.bool()].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
+
+    def _continuation(self, text: list[int], want: int) -> list[int]:
+        """Up to `want` tokens that followed the most recent earlier match of text's longest suffix."""
+        arr = np.asarray(text)
+        for k in range(min(self.max_n, len(text) - 1), self.min_n - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], k)  # starts 0..L-1-k: not the suffix itself
+            hits = np.flatnonzero((windows == arr[-k:]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + k
+                return text[start:start + want]
+        return []
+
+    def propose(self, last, n, extra, sample) -> Proposal:
+        self._last = last.tolist()
+        rows = []
+        for text, token in zip(self.texts, self._last):
+            context = text + [token]
+            proposal: list[int] = []
+            while len(proposal) < n:
+                more = self._continuation(context + proposal, n - len(proposal)) or [(context + proposal)[-1]]
+                proposal.extend(more)
+            rows.append(proposal)
+        self._proposed = rows
+        tokens = torch.tensor(rows, dtype=torch.long, device=last.device)
+        return Proposal(tokens, one_hot_logits(tokens, self.vocab_size), None, forwards=0)
+
+    def rollback(self, accepted, hidden=None) -> None:
+        for text, token, proposal, n in zip(self.texts, self._last, self._proposed, accepted.tolist()):
+            text.append(token)
+            text.extend(proposal[:n])
+
+    def select(self, rows) -> None:
+        self.texts = [self.texts[r] for r in rows.tolist()]
+
+
+def parse_ngram(spec: str) -> dict:
+    """'ngram', 'ngram:n=3' or 'ngram:n=4,min=2' -> NgramDrafter keyword arguments."""
+    _, _, options = spec.partition(":")
+    kwargs = {}
+    for item in filter(None, options.split(",")):
+        key, sep, value = item.partition("=")
+        names = {"n": "max_n", "max": "max_n", "min": "min_n"}
+        if not sep or key.strip() not in names or not value.strip().isdigit():
+            raise ValueError(f"drafter {spec!r}: expected ngram[:n=N][,min=M] with integer N, M >= 1")
+        kwargs[names[key.strip()]] = int(value)
+    return kwargs
+
+
+def load_drafter(name: str | Path, verifier: CausalLM) -> Drafter:
+    """A drafter for `verifier` from a name: 'ngram[:n=3][,min=1]' (prompt lookup), a trained MTP head
+    (the built-in 'drafter-mtp' or a `relaxspec drafter train` directory: it must have been trained
+    for this verifier), or a causal LM (built-in name or Hugging Face directory)."""
+    from relaxspec.models import mtp
+
+    text = str(name)
+    if text == "ngram" or text.startswith("ngram:"):
+        return NgramDrafter(verifier.vocab_size, name=text, **parse_ngram(text))
+    if mtp.is_mtp(text):
+        return mtp.load_mtp_drafter(text, verifier)
+    return LMDrafter(load_model(name, device=verifier.device, dtype=verifier.dtype))
+
+
+def measure_draft_latency(drafter: Drafter, verifier: CausalLM, context: int = 128, n: int = 5,
+                          rounds: int = 30) -> float:
+    """Median seconds per drafted token, batch 1, through the protocol: prefill `context` tokens, then
+    propose n greedily and roll back to 2 accepted, repeatedly (the context grows as in a real run).
+    Over `measure_step_latency(verifier)` this is the drafter's c_rel, for any kind."""
+    ids = torch.randint(2, verifier.vocab_size, (1, context + 1))
+    mask = torch.ones_like(ids)
+    hidden = None
+    if drafter.needs_hidden:
+        _, hidden = verifier.forward(ids[:, :-1], verifier.new_cache(), mask[:, :-1], torch.arange(context)[None],
+                                     hidden_layer=-1)
+    drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
+    block_hidden = None if hidden is None else hidden[:, -1:].expand(1, n + 1, -1)
+    times = []
+    for _ in range(rounds + 3):
+        t = time.perf_counter()
+        drafter.propose(ids[:, -1], n, 0, lambda logits, i: (logits.argmax(dim=-1), None))
+        times.append((time.perf_counter() - t) / n)
+        drafter.rollback(torch.tensor([2]), block_hidden)
+    return statistics.median(times[3:])
+
+
+def as_drafter(drafter, verifier: CausalLM) -> Drafter:
+    """What `generate` accepts as a drafter: a Drafter, a CausalLM (wrapped) or a name."""
+    if isinstance(drafter, Drafter):
+        return drafter
+    if isinstance(drafter, CausalLM):
+        return LMDrafter(drafter)
+    if isinstance(drafter, (str, Path)):
+        return load_drafter(drafter, verifier)
+    raise ValueError(f"drafter must be a Drafter, a CausalLM or a drafter name, got {type(drafter).__name__}")

@@ -1,0 +1,484 @@
+"""An MTP / EAGLE-style drafter head: drafts from the verifier's own hidden states.
+
+EAGLE-1 shape. Entry k of a sequence is (f_{k-1}, E[t_k]): the verifier's last hidden state (after
+its final norm, where its LM head W applies) of the token before t_k, and t_k's embedding in the
+verifier's own embedding E. A linear projection of the pair, ONE decoder layer (causal attention
+over the entries so far, RoPE, SwiGLU MLP) and an RMS norm give g_k, a feature in the verifier's
+space: q = softmax(g_k W^T) drafts t_{k+1}, and within a round g_k stands in for the verifier's
+f_k in the next entry (drafting autoregressively on its own outputs). E and W are the verifier's,
+read at load time, so only the head's own weights are stored (295k for the built-in verifier).
+
+Rollback: the head's cache keeps only entries made from the verifier's features; after a verify
+step the accepted drafts' entries are re-fed with the verifier's features of that block (its
+guesses are dropped), so the state equals that of a fresh run on the accepted prefix (tested).
+
+Full LM head, not a truncated vocabulary: measured on the built-in verifier (vocab 714, hidden 128)
+the LM head matmul takes ~12 us of a ~0.5 ms draft step (~2%), which is per-op overhead bound on a
+CPU; truncation (FR-Spec) pays off for large vocabularies (SmolLM2's 49152 x 576 head, ~20% of a step).
+
+Training (`relaxspec drafter train --kind mtp`): self-distillation. The verifier answers the
+training prompts with relaxspec's own engine (sampled, T=0.7), one forward over each prompt +
+answer gives its features, and the head learns the verifier's next-token distributions (KL from
+softmax(f W^T) to the head's q) on whole sequences, in `unroll` passes: pass 1 feeds the verifier's
+features (as right after a verify step), each later pass the head's own outputs of the previous
+pass (as deeper into a round; a cheap form of EAGLE-3's training-time test). Checkpointed every 50
+steps, resumable, batches a function of (seed, step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from relaxspec.models.drafters import Drafter, Proposal
+from relaxspec.models.family import BUILTIN_DIR
+from relaxspec.models.hf import CausalLM
+
+KIND = "mtp"
+BUILTIN_HEADS = ("drafter-mtp",)
+CHECKPOINT, DATA = "checkpoint.pt", "train_data.pt"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden: int  # the verifier's hidden size
+    heads: int = 4
+    ffn: int = 512
+    layers: int = 1  # decoder layers (EAGLE: one)
+    eps: float = 1e-6
+    rope_theta: float = 10000.0
+
+
+_MASKED = -1e30  # additive mask: finite, so a query with no visible key stays NaN-free
+
+
+class _DecoderLayer(torch.nn.Module):
+    """Pre-norm causal self-attention (RoPE) + SwiGLU MLP, with an explicit KV cache."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.attn_norm = torch.nn.Parameter(torch.ones(cfg.hidden))
+        self.qkv = torch.nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=False)
+        self.o = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.mlp_norm = torch.nn.Parameter(torch.ones(cfg.hidden))
+        self.gate_up = torch.nn.Linear(cfg.hidden, 2 * cfg.ffn, bias=False)
+        self.down = torch.nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+
+    def forward(self, x, rotation, bias, kv):
+        # Functional calls on the weights: a draft step is per-op overhead bound, module calls add up.
+        B, T, H = x.shape
+        heads, eps = self.cfg.heads, self.cfg.eps
+        qkv = F.linear(F.rms_norm(x, (H,), self.attn_norm, eps), self.qkv.weight).view(B, T, 3 * heads, H // heads)
+        qk = _rotate(qkv[:, :, :2 * heads], rotation).transpose(1, 2)  # q and k in one rotation
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, 2 * heads:].transpose(1, 2)
+        if kv is not None:
+            k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        x = x + F.linear(o.transpose(1, 2).reshape(B, T, H), self.o.weight)
+        gate, up = F.linear(F.rms_norm(x, (H,), self.mlp_norm, eps), self.gate_up.weight).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down.weight), (k, v)
+
+
+def _rotate(x, rotation):
+    """RoPE on x [B, T, heads, D] with rotation (cos, sin) [B, T, 1, D/2] (half-split pairs)."""
+    cos, sin = rotation
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+class MTPHead(torch.nn.Module):
+    """Entry k of a sequence is (f_{k-1}, E[t_k]): the feature of the token before t_k and t_k's
+    embedding. Its output g_k is a feature in the verifier's final space: g_k W^T predicts t_{k+1},
+    and g_k stands in for f_k in the next entry while drafting."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.norm_feature = torch.nn.Parameter(torch.ones(cfg.hidden))
+        self.norm_embed = torch.nn.Parameter(torch.ones(cfg.hidden))
+        self.fc = torch.nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
+        self.layers = torch.nn.ModuleList(_DecoderLayer(cfg) for _ in range(cfg.layers))
+        self.norm_out = torch.nn.Parameter(torch.ones(cfg.hidden))
+        head_dim = cfg.hidden // cfg.heads
+        self.register_buffer("inv_freq", 1.0 / cfg.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim),
+                             persistent=False)
+
+    def _rotation(self, positions, dtype):
+        """(cos, sin) [B, T, 1, D/2] of the positions, from a table grown on demand (the same values
+        as computing them: a table row is cos / sin of position * inv_freq)."""
+        needed = int(positions.max()) + 1 if positions.numel() else 0
+        table = getattr(self, "_table", None)
+        if table is None or table[0].shape[0] < needed or table[0].dtype != dtype:
+            angles = torch.arange(max(2 * needed, 256), device=positions.device, dtype=dtype)[:, None] * self.inv_freq
+            table = self._table = (angles.cos()[:, None], angles.sin()[:, None])
+        return table[0][positions], table[1][positions]
+
+    def entries(self, features, embeddings):
+        """The input of the decoder layer for entries (features, embeddings) [B, T, H]."""
+        H, eps = self.cfg.hidden, self.cfg.eps
+        return F.linear(torch.cat([F.rms_norm(features, (H,), self.norm_feature, eps),
+                                   F.rms_norm(embeddings, (H,), self.norm_embed, eps)], dim=-1), self.fc.weight)
+
+    def forward(self, x, mask, positions, cache=None):
+        """x [B, T, H]: `entries` of T new entries at `positions` [B, T]; mask [B, L] says which of
+        the L = past + T entries are real; cache: the past's keys and values per layer (None: no past).
+        Returns the output features [B, T, H] and the cache extended by the new entries."""
+        H, eps = self.cfg.hidden, self.cfg.eps
+        rotation = self._rotation(positions, x.dtype)
+        T, L = x.shape[1], mask.shape[1]
+        visible = mask[:, None, None, :].bool()
+        if T > 1:  # (one new entry sees every real one: no causal part)
+            visible = visible & (torch.arange(L, device=x.device) <= L - T + torch.arange(T, device=x.device)[:, None])
+        bias = torch.where(visible, 0.0, _MASKED).to(x.dtype)
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer.forward(x, rotation, bias, None if cache is None else cache[i])
+            new_cache.append(kv)
+        return F.rms_norm(x, (H,), self.norm_out, eps), new_cache
+
+
+# ---------------------------------------------------------------- the verifier it belongs to
+
+
+def verifier_weights(verifier: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input embedding [V, H], LM head [V, H]) of the verifier: what the head borrows."""
+    return verifier.model.get_input_embeddings().weight, verifier.model.get_output_embeddings().weight
+
+
+def verifier_fingerprint(verifier: CausalLM) -> str:
+    """sha256 of the verifier's architecture (type, vocab, hidden size, layers) and of its embedding
+    and LM head rounded to bfloat16 (the same whether it is loaded in float32, float16 or bfloat16)."""
+    cfg = verifier.model.config
+    digest = hashlib.sha256(json.dumps([type(verifier.model).__name__, verifier.vocab_size, cfg.hidden_size,
+                                        verifier.num_layers]).encode())
+    for weight in verifier_weights(verifier):
+        digest.update(weight.detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()[:24]
+
+
+# ---------------------------------------------------------------- drafting
+
+
+class MTPDrafter(Drafter):
+    """Drafting state per row: the head's cache over the entries of the accepted prefix (all made with
+    the verifier's own features), and the entries still to feed: those of the tokens accepted last
+    round (with their true features, replacing the head's guesses) and the one of `last`."""
+
+    kind = KIND
+    needs_hidden = True
+
+    def __init__(self, head: MTPHead, verifier: CausalLM, name: str = "mtp"):
+        self.head, self.name = head.eval(), name
+        embed, lm_head = verifier_weights(verifier)
+        self.embed = embed.detach()
+        self.lm_head_t = lm_head.detach().t().contiguous()  # x @ W^T with a row-major right operand
+        self.head.to(device=self.embed.device, dtype=self.embed.dtype)
+        # `head.entries` split in two (same math): the embedding half becomes a per-token table, the
+        # feature half one matmul with the norm weight folded in. A draft step is op-count bound.
+        H, eps = head.cfg.hidden, head.cfg.eps
+        with torch.no_grad():
+            fc = head.fc.weight.detach()
+            self.entry_table = F.rms_norm(self.embed, (H,), head.norm_embed, eps) @ fc[:, H:].t()  # [V, H]
+            self.feature_proj_t = (fc[:, :H] * head.norm_feature).t().contiguous()  # [H, H]
+
+    def _feed(self, features, tokens, valid):
+        """Append entries (features [B, T, H], tokens [B, T]) where valid [B, T]; their output features."""
+        positions = self.mask.sum(dim=1, keepdim=True)  # a row's next position: its real entries so far
+        if tokens.shape[1] > 1:
+            positions = positions + valid.cumsum(dim=1) - valid  # real entries get consecutive positions
+        self.mask = torch.cat([self.mask, valid], dim=1)
+        H, eps = self.head.cfg.hidden, self.head.cfg.eps
+        x = F.embedding(tokens, self.entry_table) + F.rms_norm(features, (H,), None, eps) @ self.feature_proj_t
+        out, self.cache = self.head(x, self.mask, positions, self.cache)
+        return out
+
+    @torch.inference_mode()
+    def prefill(self, ids, mask, hidden=None) -> None:
+        B, H = ids.shape[0], self.embed.shape[1]
+        self.mask = torch.zeros((B, 0), dtype=torch.long, device=ids.device)
+        self.cache = None
+        if hidden is not None and ids.shape[1] >= 2:  # entries (f_{k-1}, t_k) of the prompt
+            self._feed(hidden[:, :-1].to(self.embed.dtype), ids[:, 1:], mask[:, 1:] * mask[:, :-1])
+        if hidden is None or ids.shape[1] == 0:  # a one-token prompt: no feature before `last`
+            self.pending = torch.zeros((B, 1, H), dtype=self.embed.dtype, device=ids.device)
+        else:
+            self.pending = hidden[:, -1:].to(self.embed.dtype) * mask[:, -1:, None]
+        self.pending_tokens = torch.zeros((B, 1), dtype=torch.long, device=ids.device)
+        self.pending_valid = torch.ones((B, 1), dtype=torch.long, device=ids.device)
+
+    @torch.inference_mode()
+    def propose(self, last, n, extra, sample) -> Proposal:
+        tokens_in = torch.cat([self.pending_tokens[:, :-1], last[:, None]], dim=1)
+        feature = self._feed(self.pending, tokens_in, self.pending_valid)[:, -1]
+        ones = torch.ones_like(last)[:, None]
+        tokens, logits_rows, probs = [], [], []
+        for i in range(n + extra):
+            if i:  # the head's own feature stands in for the verifier's
+                feature = self._feed(feature[:, None], token[:, None], ones)[:, 0]
+            logits = torch.mm(feature, self.lm_head_t).float()
+            logits_rows.append(logits)
+            if i < n:
+                token, p = sample(logits, i)
+                tokens.append(token)
+                probs.append(p)
+        self._drafts, self._guessed = torch.stack(tokens, dim=1), n - 1 + extra
+        return Proposal(self._drafts, torch.stack(logits_rows, dim=1),
+                        None if probs[0] is None else torch.stack(probs, dim=1), forwards=n + extra)
+
+    def rollback(self, accepted, hidden=None) -> None:
+        # Drop the entries made from the head's guesses; queue the accepted drafts' entries with the
+        # verifier's features (hidden [B, n+1, H] of [last, x_1..x_n]) plus the next `last`'s entry,
+        # right-aligned so every row's entry for `last` is in the final column.
+        if self._guessed:
+            self.mask = self.mask[:, :-self._guessed]
+            self.cache = [(k[:, :, :-self._guessed], v[:, :, :-self._guessed]) for k, v in self.cache]
+        accepted = accepted.to(self.mask.device)
+        width = int(accepted.max()) + 1
+        entry = torch.arange(width, device=accepted.device)[None, :] - (width - 1 - accepted)[:, None]
+        self.pending_valid = (entry >= 0).long()
+        entry = entry.clamp(min=0)  # entry e: (feature of [last, x_1..][e], x_{e+1}); the last one's token comes later
+        self.pending = hidden.gather(1, entry[..., None].expand(-1, -1, hidden.shape[-1])).to(self.embed.dtype)
+        self.pending_tokens = self._drafts.gather(1, entry.clamp(max=self._drafts.shape[1] - 1))
+
+    def select(self, rows) -> None:
+        rows = rows.to(self.mask.device)
+        self.mask, self.pending, self.pending_tokens, self.pending_valid = (
+            t[rows] for t in (self.mask, self.pending, self.pending_tokens, self.pending_valid))
+        self.cache = None if self.cache is None else [(k[rows], v[rows]) for k, v in self.cache]
+
+
+# ---------------------------------------------------------------- files
+
+
+def _directory(name: str | Path) -> Path:
+    return BUILTIN_DIR / str(name) if str(name) in BUILTIN_HEADS else Path(name)
+
+
+def is_mtp(name: str | Path) -> bool:
+    """A built-in head name or a directory saved by `relaxspec drafter train --kind mtp`."""
+    config = _directory(name) / "config.json"
+    try:
+        return json.loads(config.read_text()).get("relaxspec_kind") == KIND
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def save_head(head: MTPHead, verifier: CausalLM, out: Path, training: dict) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"relaxspec_kind": KIND, **asdict(head.cfg),
+              "params": sum(p.numel() for p in head.parameters()),
+              "verifier": {"name": verifier.name, "fingerprint": verifier_fingerprint(verifier),
+                           "vocab_size": verifier.vocab_size},
+              "lm_head": "the verifier's (full vocabulary)", "training": training}
+    save_file({k: v.detach().float().contiguous() for k, v in head.state_dict().items()}, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
+    """The head saved under `name`, for `verifier`: ValueError if it was trained for another one."""
+    from safetensors.torch import load_file
+
+    path = _directory(name)
+    config = json.loads((path / "config.json").read_text())
+    expected = config["verifier"]
+    if verifier_fingerprint(verifier) != expected["fingerprint"]:
+        raise ValueError(f"MTP drafter {str(name)!r} was trained for verifier {expected['name']!r} (fingerprint "
+                         f"{expected['fingerprint']}); verifier {verifier.name!r} is a different model "
+                         f"(fingerprint {verifier_fingerprint(verifier)}): train a head for it with "
+                         f"`relaxspec drafter train --verifier {verifier.name} --kind mtp`")
+    head = MTPHead(HeadConfig(**{k: config[k] for k in HeadConfig.__dataclass_fields__}))
+    head.load_state_dict(load_file(path / "model.safetensors"))
+    return MTPDrafter(head, verifier, name=str(name))
+
+
+# ---------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 400
+    batch_size: int = 16  # sequences per step
+    unroll: int = 3  # passes per step, each fed the head's own output features of the previous one
+    lr: float = 2e-3
+    max_new_tokens: int = 160  # length of the verifier's generations
+    temperature: float = 0.7  # sampling temperature of the verifier's generations
+    seed: int = 0
+
+
+def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig, batch: int = 64) -> dict:
+    """The verifier's own answers to `prompts` (relaxspec's engine, sampled at cfg.temperature), and one
+    forward over each prompt + answer (+ EOS when it stopped): per sequence its token ids [S], its
+    last hidden states [S, H] (float16) and where its answer starts."""
+    from tqdm import tqdm
+
+    from relaxspec.engine import generate
+
+    data = {"tokens": [], "features": [], "answer_start": []}
+    eos = verifier.eos_token_id
+    for i in tqdm(range(0, len(prompts), batch), desc="verifier answers", unit="batch", dynamic_ncols=True):
+        chunk = prompts[i:i + batch]
+        out = generate(verifier, None, chunk, method="ar", max_new_tokens=cfg.max_new_tokens,
+                       temperature=cfg.temperature, seed=[cfg.seed * 1_000_003 + i + j for j in range(len(chunk))])
+        for r in out.results:
+            prompt_ids = verifier.tokenizer(r.prompt)["input_ids"]
+            answer = r.token_ids + ([eos] if eos is not None and len(r.token_ids) < cfg.max_new_tokens else [])
+            ids = torch.tensor([prompt_ids + answer])
+            _, hidden = verifier.forward(ids, verifier.new_cache(), torch.ones_like(ids),
+                                         torch.arange(ids.shape[1])[None], hidden_layer=-1)
+            data["tokens"].append(ids[0])
+            data["features"].append(hidden[0].to(torch.float16))
+            data["answer_start"].append(len(prompt_ids))
+    return data
+
+
+def _lr(step: int, cfg: TrainConfig) -> float:
+    warmup = max(1, cfg.steps // 20)
+    return cfg.lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / cfg.steps)))
+
+
+def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll: int) -> torch.Tensor:
+    """Mean KL(verifier || head) over the answer entries of sequences `rows`, averaged over `unroll`
+    passes: pass 1 feeds entry k the verifier's feature f_{k-1} (as after a verify step), pass m the
+    head's own output g_{k-1} of pass m - 1 (as m - 1 draft steps into a round)."""
+    S = max(len(data["tokens"][r]) for r in rows)
+    B, H = len(rows), embed.shape[1]
+    tokens = torch.zeros((B, S), dtype=torch.long)
+    features = torch.zeros((B, S, H))
+    valid = torch.zeros((B, S), dtype=torch.long)
+    scored = torch.zeros((B, S - 1), dtype=torch.bool)  # entries k = 1..S-1 whose target t_{k+1} exists
+    for b, r in enumerate(rows):
+        n = len(data["tokens"][r])
+        tokens[b, :n], features[b, :n], valid[b, :n] = data["tokens"][r], data["features"][r].float(), 1
+        # Entry k drafts t_{k+1}; drafting starts at the entry of the last prompt token.
+        scored[b, max(0, data["answer_start"][r] - 2): n - 2] = True
+    with torch.no_grad():
+        log_p = torch.log_softmax(features[:, 1:] @ lm_head.t(), dim=-1)  # [B, S-1, V]: targets of entries 1..S-1
+    embeddings = F.embedding(tokens[:, 1:], embed)
+    positions = torch.arange(S - 1)[None].expand(B, -1)
+    inputs = features[:, :-1]
+    total = 0.0
+    for _ in range(unroll):
+        out, _ = head(head.entries(inputs, embeddings), valid[:, 1:], positions)
+        log_q = torch.log_softmax(out @ lm_head.t(), dim=-1)
+        kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)
+        total = total + kl[scored].mean()
+        inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)  # entry k now gets g_{k-1}
+    return total / unroll
+
+
+def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: HeadConfig | None = None,
+               cfg: TrainConfig = TrainConfig(), stop_after: int | None = None, log=print) -> Path:
+    """Train an MTP head for `verifier` on its own answers to `prompts` and save it under `out`.
+    Resumes from `out/checkpoint.pt` (and reuses `out/train_data.pt`) when present and made with
+    the same settings; `stop_after` ends the run early after that many steps (checkpoint kept)."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    embed, lm_head = (w.detach().float() for w in verifier_weights(verifier))
+    head_cfg = head_cfg or HeadConfig(hidden=embed.shape[1])
+    if head_cfg.hidden != embed.shape[1]:
+        raise ValueError(f"head hidden size {head_cfg.hidden} != the verifier's {embed.shape[1]}")
+    identity = {"verifier": verifier_fingerprint(verifier), "prompts": hashlib.sha256("\n".join(prompts).encode())
+                .hexdigest()[:16], "head": asdict(head_cfg), "train": asdict(cfg)}
+    data_identity = {k: identity[k] for k in ("verifier", "prompts")} | {
+        k: identity["train"][k] for k in ("max_new_tokens", "temperature", "seed")}
+    t0 = time.perf_counter()
+    data_file = out / DATA
+    data = torch.load(data_file) if data_file.exists() else None
+    if data is None or data.get("identity") != data_identity:
+        with torch.inference_mode():
+            data = self_distillation_data(verifier, prompts, cfg) | {"identity": data_identity}
+        torch.save(data, data_file)
+    rows = [r for r in range(len(data["tokens"])) if len(data["tokens"][r]) - data["answer_start"][r] >= 1]
+    log(f"self-distillation data: {len(prompts)} answers, {sum(map(len, data['tokens']))} tokens")
+
+    torch.manual_seed(cfg.seed)
+    head = MTPHead(head_cfg)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    step, seconds = 0, 0.0
+    checkpoint = out / CHECKPOINT
+    if checkpoint.exists():
+        saved = torch.load(checkpoint)
+        if saved["identity"] == identity:
+            head.load_state_dict(saved["head"])
+            opt.load_state_dict(saved["optimizer"])
+            step, seconds = saved["step"], saved["seconds"]
+            log(f"resuming from step {step} of {cfg.steps}")
+        else:
+            log(f"ignoring {checkpoint}: it was made with other settings")
+
+    def save_checkpoint():
+        torch.save({"identity": identity, "head": head.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                    "seconds": seconds + time.perf_counter() - t_start}, checkpoint)
+
+    t_start = time.perf_counter()
+    end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
+    bar = tqdm(total=cfg.steps, initial=step, desc="train mtp head", unit="step", dynamic_ncols=True)
+    loss_ema = None
+    head.train()
+    while step < end:
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # batch = f(seed, step): resumable
+        batch = [rows[i] for i in torch.randint(len(rows), (cfg.batch_size,), generator=gen).tolist()]
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, cfg)
+        loss = head_loss(head, data, batch, embed, lm_head, cfg.unroll)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        step += 1
+        loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+        bar.update()
+        bar.set_postfix(kl=f"{loss_ema:.3f}")
+        if step % 50 == 0 or step == end:
+            save_checkpoint()
+    bar.close()
+    if step < cfg.steps:
+        log(f"stopped at step {step} of {cfg.steps}: run again to resume")
+        return out
+    seconds += time.perf_counter() - t_start
+    training = {"prompts": len(prompts), "tokens": sum(map(len, data["tokens"])), **asdict(cfg),
+                "train_seconds": round(seconds, 1), "data_seconds": round(t_start - t0, 1),
+                "final_kl": None if loss_ema is None else round(loss_ema, 4)}
+    save_head(head.eval(), verifier, out, training)
+    checkpoint.unlink()
+    data_file.unlink()
+    log(f"mtp head: {sum(p.numel() for p in head.parameters()):,} params, {cfg.steps} steps in {seconds:.0f}s "
+        f"(+{t_start - t0:.0f}s of data), KL {loss_ema}; saved to {out}")
+    return out
+
+
+def training_prompts(tasks: list[str], n: int, prompts_file: str | None = None) -> list[str]:
+    """Prompts to distil on: a JSONL file's 'prompt's, or n per task (built-in synthetic tasks: their
+    train split, disjoint from the held-out test problems)."""
+    if prompts_file is not None:
+        lines = Path(prompts_file).read_text(encoding="utf-8").splitlines()
+        try:
+            prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{prompts_file}: expected one JSON object with a 'prompt' per line") from None
+        if not prompts:
+            raise ValueError(f"{prompts_file}: no prompts")
+        return prompts
+    from relaxspec.tasks import get_task, synthetic
+
+    prompts = []
+    for task in tasks:
+        if task in synthetic.GENERATORS:
+            prompts += [e.prompt for e in synthetic.examples(task, "train", n)]
+        else:
+            prompts += get_task(task, limit=n).prompts
+    random.Random(0).shuffle(prompts)
+    return prompts

@@ -1,0 +1,228 @@
+"""The drafter protocol and its three kinds: LM, MTP head, prompt lookup (DESIGN.md, "Drafters")."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from relaxspec.cli import main
+from relaxspec.engine import generate
+from relaxspec.models import load_model
+from relaxspec.models.drafters import LMDrafter, NgramDrafter, load_drafter, measure_draft_latency, parse_ngram
+from relaxspec.models.mtp import TrainConfig, load_mtp_drafter, train_head, training_prompts
+from relaxspec.tasks import synthetic
+from test_engine import strict_vs_ar_by_position
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def GREEDY(logits, i):  # the engine's sampler at temperature 0
+    return logits.argmax(-1), None
+
+
+def _prompts(n, task="arithmetic"):
+    return [e.prompt for e in synthetic.examples(task, "test", n)]
+
+
+@pytest.fixture(scope="session")
+def mtp_dir(tmp_path_factory, builtin_pair):
+    """A small MTP head for the built-in verifier, trained here (seconds): its quality does not
+    matter to these tests, only that it is a real trained head."""
+    verifier, _ = builtin_pair
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("mtp")
+    train_head(verifier, training_prompts(["arithmetic", "sorting"], 8), out,
+               cfg=TrainConfig(steps=15, batch_size=8, max_new_tokens=40), log=lambda *a: None)
+    return out
+
+
+def _drafter(kind, verifier, drafter_lm, mtp_dir):
+    if kind == "lm":
+        return LMDrafter(drafter_lm)
+    if kind == "mtp":
+        return load_mtp_drafter(mtp_dir, verifier)
+    return load_drafter("ngram:n=3", verifier)
+
+
+@pytest.mark.parametrize("kind", ["lm", "mtp", "ngram"])
+def test_greedy_strict_equals_ar_with_each_kind_on_a_ragged_batch(builtin_pair, mtp_dir, kind):
+    verifier, drafter_lm = builtin_pair
+    prompts = _prompts(3) + _prompts(2, "sorting")
+    drafter = _drafter(kind, verifier, drafter_lm, mtp_dir)
+    ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
+    for n in (1, 4):
+        sd = generate(verifier, drafter, prompts, method="strict", draft_length=n, max_new_tokens=40)
+        assert [r.token_ids for r in sd.results] == [r.token_ids for r in ar.results], n
+        assert sd.stats.drafts_accepted > 0  # the drafter really proposed something the verifier took
+        assert (sd.stats.drafter_forwards == 0) == (kind == "ngram")
+
+
+def test_sampled_strict_with_the_mtp_head_matches_ar_sampling(builtin_pair, mtp_dir):
+    verifier, _ = builtin_pair
+    drafter = load_mtp_drafter(mtp_dir, verifier)
+    prompts = [_prompts(1)[0], _prompts(1, "sorting")[0]]  # ragged, and rows diverge
+    sd, spread = strict_vs_ar_by_position(verifier, drafter, prompts, 250, (0, 3, 7), max_new_tokens=8,
+                                          temperature=1.0)
+    assert 0.1 < sd.stats.acceptance_rate < 0.95  # both accept and reject paths are exercised
+    assert min(spread) < 0.7  # not a deterministic position: the comparison has teeth
+
+
+def _verifier_prefix_hidden(verifier, rows):
+    """Left-padded ids / mask of `rows` and the verifier's last hidden states over them."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    _, hidden = verifier.forward(ids, verifier.new_cache(), mask, positions, hidden_layer=-1)
+    return ids, mask, hidden
+
+
+@pytest.mark.parametrize("kind", ["mtp", "lm"])
+def test_rollback_gives_the_draft_of_a_fresh_run_on_the_accepted_prefix(builtin_pair, mtp_dir, kind):
+    """One round by hand on a ragged batch: row 0 accepts nothing, row 1 all four drafts (the LM
+    drafter's catch-up path). The next proposal equals that of a fresh drafter prefilled on the
+    accepted prefix."""
+    verifier, drafter_lm = builtin_pair
+    prompts = [verifier.tokenizer(p)["input_ids"] for p in (_prompts(1)[0], _prompts(1, "sorting")[0])]
+    drafter = _drafter(kind, verifier, drafter_lm, mtp_dir)
+    ids, mask, hidden = _verifier_prefix_hidden(verifier, [p[:-1] for p in prompts])
+    drafter.prefill(ids, mask, hidden)
+    last = torch.tensor([p[-1] for p in prompts])
+    drafts = drafter.propose(last, 4, 0, GREEDY).tokens
+    accepted = torch.tensor([0, 4])
+    _, _, block_hidden = _verifier_prefix_hidden(verifier, [p + d for p, d in zip(prompts, drafts.tolist())])
+    drafter.rollback(accepted, block_hidden[:, -5:])  # the verifier's features of [last, x_1..x_4]
+    nxt = torch.tensor([11, 12])
+    rolled = drafter.propose(nxt, 3, 0, GREEDY)
+    for b in range(2):
+        prefix = prompts[b] + drafts[b, :accepted[b]].tolist()
+        fresh = _drafter(kind, verifier, drafter_lm, mtp_dir)
+        fresh.prefill(*_verifier_prefix_hidden(verifier, [prefix]))
+        again = fresh.propose(nxt[b:b + 1], 3, 0, GREEDY)
+        assert torch.allclose(rolled.logits[b], again.logits[0], atol=1e-4), b
+        assert rolled.tokens[b].tolist() == again.tokens[0].tolist()
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_match(builtin_pair):
+    verifier, _ = builtin_pair
+    drafter = NgramDrafter(vocab_size=20, max_n=3)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6], [0, 0, 1, 2, 3, 4, 5]])
+    drafter.prefill(ids, torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]]))
+    proposal = drafter.propose(torch.tensor([7, 6]), 4, 0, GREEDY)
+    # Row 0: [..5, 6, 7] matched at the start, followed by 8, 9, 5, 6. Row 1: no match, repeat the last token.
+    assert proposal.tokens.tolist() == [[8, 9, 5, 6], [6, 6, 6, 6]]
+    assert proposal.forwards == 0 and proposal.probs is None
+    q = torch.softmax(proposal.logits / 0.7, dim=-1)  # one-hot q at any temperature
+    assert torch.equal(q, torch.nn.functional.one_hot(proposal.tokens, 20).float())
+    drafter.rollback(torch.tensor([2, 0]))
+    assert drafter.texts == [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6]]
+    # Continuations that run out are looked up again on the extended text: a period-2 pattern.
+    drafter.select(torch.tensor([1]))
+    drafter.texts = [[3, 4, 3, 4]]
+    assert drafter.propose(torch.tensor([3]), 5, 0, GREEDY).tokens.tolist() == [[4, 3, 4, 3, 4]]
+    with pytest.raises(ValueError, match="min <= n"):
+        NgramDrafter(20, max_n=1, min_n=2)
+    assert parse_ngram("ngram:n=4,min=2") == {"max_n": 4, "min_n": 2}
+    with pytest.raises(ValueError, match="ngram"):
+        load_drafter("ngram:n=x", verifier)
+
+
+def test_prompt_lookup_refuses_rules_that_need_a_real_q(builtin_pair):
+    verifier, _ = builtin_pair
+    with pytest.raises(ValueError, match="bonus position.*ngram"):
+        generate(verifier, "ngram", ["x"], method="spec-cont-dec", beta=0.5)
+    for method in ("ensemble", "spec-casc-opt"):  # declared invalid with one-hot q (relaxspec methods)
+        with pytest.raises(ValueError, match="meaningless.*one-hot"):
+            generate(verifier, "ngram", ["x"], method=method)
+    # Rules that stay meaningful run with prompt lookup; the LM drafter has a real q and runs ensemble.
+    generate(verifier, "ngram", ["x"], method="fuzzy", max_new_tokens=2)
+    generate(verifier, "drafter-weak", ["x"], method="ensemble", max_new_tokens=2)
+
+
+def test_mtp_head_refuses_another_verifier_and_is_no_causal_lm(builtin_pair, mtp_dir, capsys):
+    verifier, _ = builtin_pair
+    other = load_model("drafter-strong")  # same vocabulary and hidden size, different weights
+    with pytest.raises(ValueError, match="trained for verifier 'verifier'"):
+        load_drafter(str(mtp_dir), other)
+    with pytest.raises(ValueError, match="MTP drafter head, not a causal LM"):
+        load_model(mtp_dir)
+    config = json.loads((mtp_dir / "config.json").read_text())
+    assert config["relaxspec_kind"] == "mtp" and config["verifier"]["name"] == "verifier"
+    # Only the head's own weights are stored (the embedding and LM head are the verifier's).
+    assert (mtp_dir / "model.safetensors").stat().st_size < 4 * config["params"] + 10_000
+    assert main(["generate", "--verifier", "drafter-strong", "--drafter", str(mtp_dir), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("relaxspec: error: MTP drafter") and err.count("\n") == 1
+
+
+def test_mtp_training_resumes_to_the_same_head(builtin_pair, tmp_path):
+    verifier, _ = builtin_pair
+    prompts = training_prompts(["sorting"], 6)
+    cfg = TrainConfig(steps=6, batch_size=4, max_new_tokens=20)
+    quiet = dict(log=lambda *a: None)
+    train_head(verifier, prompts, tmp_path / "once", cfg=cfg, **quiet)
+    train_head(verifier, prompts, tmp_path / "twice", cfg=cfg, stop_after=4, **quiet)
+    assert (tmp_path / "twice" / "checkpoint.pt").exists() and not (tmp_path / "twice" / "config.json").exists()
+    train_head(verifier, prompts, tmp_path / "twice", cfg=cfg, **quiet)
+    assert not (tmp_path / "twice" / "checkpoint.pt").exists()
+    from safetensors.torch import load_file
+
+    once, twice = load_file(tmp_path / "once" / "model.safetensors"), load_file(tmp_path / "twice" / "model.safetensors")
+    assert once.keys() == twice.keys() and all(torch.equal(once[k], twice[k]) for k in once)
+    untrained = train_head(verifier, prompts, tmp_path / "short", cfg=TrainConfig(steps=1, batch_size=4,
+                                                                                   max_new_tokens=20), **quiet)
+    assert not torch.equal(load_file(untrained / "model.safetensors")["fc.weight"], once["fc.weight"])
+
+
+def test_drafter_cli_trains_a_head_that_generate_uses(tmp_path, capsys):
+    out = tmp_path / "head"
+    assert main(["drafter", "train", "--task", "sorting", "--n", "4", "--steps", "3", "--batch-size", "2",
+                 "--max-new-tokens", "10", "--out", str(out)]) == 0
+    assert "train mtp head" in capsys.readouterr().err  # the progress bar
+    assert main(["generate", "--drafter", str(out), "--json", "--prompt", _prompts(1)[0],
+                 "--max-new-tokens", "20"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["drafter_forwards"] > 0
+    assert main(["drafter", "train", "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err == "relaxspec: error: give the training prompts: --prompts FILE or --task NAME " \
+        "(repeatable)\n"
+    # One real process: prompt lookup from the command line.
+    run = subprocess.run([sys.executable, "-m", "relaxspec", "generate", "--drafter", "ngram:n=2", "--json",
+                          "--prompt", _prompts(1)[0], "--max-new-tokens", "30"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert run.returncode == 0, run.stderr
+    stats = json.loads(run.stdout)["stats"]
+    assert stats["generated_tokens"] > 0 and stats["drafter_forwards"] == 0
+
+
+def test_builtin_mtp_head_drafts_for_the_builtin_verifier(builtin_pair):
+    verifier, _ = builtin_pair
+    drafter = load_drafter("drafter-mtp", verifier)
+    out = generate(verifier, drafter, _prompts(6), method="strict", draft_length=5, max_new_tokens=60)
+    assert out.stats.mean_acceptance_length > 2.5  # measured 3.56 on 50 prompts x 160 tokens
+    assert 0 < measure_draft_latency(drafter, verifier, rounds=3) < 0.1
+    with pytest.raises(ValueError, match="trained for verifier 'verifier'"):
+        load_drafter("drafter-mtp", load_model("drafter-strong"))
+
+
+@pytest.mark.parametrize("name", ["drafter-mtp", "ngram:n=3"])
+def test_sampled_output_is_batch_invariant_with_each_kind(builtin_pair, name):
+    """A prompt's sampled output with its seed is the same in a mixed batch, in another order and alone
+    (the drafter's samples come from the engine's per-sequence streams; padding and rollback are per row)."""
+    from relaxspec.acceptance import derive_seed
+
+    verifier, _ = builtin_pair
+    drafter = load_drafter(name, verifier)
+    prompts = _prompts(3) + _prompts(2, "sorting")
+    seeds = [derive_seed(7, i) for i in range(len(prompts))]
+    kw = dict(method="strict", draft_length=4, temperature=0.7, top_p=0.9, max_new_tokens=30)
+    batch = generate(verifier, drafter, prompts, seed=seeds, **kw)
+    order = [3, 0, 4, 1, 2]
+    shuffled = generate(verifier, drafter, [prompts[i] for i in order], seed=[seeds[i] for i in order], **kw)
+    assert [r.token_ids for r in shuffled.results] == [batch.results[i].token_ids for i in order]
+    alone = generate(verifier, drafter, [prompts[4]], seed=[seeds[4]], **kw)
+    assert alone.results[0].token_ids == batch.results[4].token_ids
+    assert len({tuple(r.token_ids) for r in batch.results}) == len(prompts)
