@@ -52,7 +52,7 @@ def time_row(verifier, drafter, prompts, n, temperature, max_new_tokens, with_hf
         seconds["ar"] += timed_generate(verifier, None, prompt, "ar", 0, temperature, max_new_tokens, i)[0]
         elapsed, stats = timed_generate(verifier, drafter, prompt, "strict", n, temperature, max_new_tokens, i)
         seconds["strict"] += elapsed
-        accepted, rounds = accepted + stats["drafts_accepted"], rounds + stats["sequence_rounds"]
+        accepted, rounds = accepted + stats.drafts_accepted, rounds + stats.sequence_rounds
         if with_hf:
             seconds["hf"] += timed_hf(verifier, drafter, prompt, n, max_new_tokens)
     return seconds, (rounds + accepted) / rounds

@@ -19,11 +19,13 @@ def test_generate_json_is_one_object_with_the_documented_fields():
                     "--temperature", "0.7", "--max-new-tokens", "24", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    keys = {"drafts_proposed", "drafts_accepted", "acceptance_rate", "acceptance_rate_per_position",
-            "mean_acceptance_length", "verifier_calls", "drafter_calls", "time_draft_s", "time_verify_s", "time_total_s"}
+    keys = {"draft_length", "sequences", "sequence_rounds", "drafts_proposed", "drafts_accepted", "accepted_per_position",
+            "proposed_per_position",
+            "acceptance_rate", "acceptance_rate_per_position", "mean_acceptance_length", "generated_tokens",
+            "verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s"}
     assert set(data["stats"]) == keys
     (result,) = data["results"]
-    assert result["prompt"] == PROMPT and set(result["stats"]) == keys
+    assert result["prompt"] == PROMPT and set(result["stats"]) == keys and isinstance(result["seed"], int)
     assert 0 < len(result["token_ids"]) <= 24
     assert len(result["stats"]["acceptance_rate_per_position"]) == 5
 

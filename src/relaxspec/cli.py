@@ -98,7 +98,7 @@ def cmd_generate(args) -> int:
                    top_p=args.top_p, seed=args.seed, pivot_fn=pivot_fn, **params)
     if args.json:
         print(json.dumps({"results": [{"prompt": r.prompt, "text": r.text, "token_ids": r.token_ids,
-                                       "stats": _public_stats(r.stats)} for r in out.results],
+                                       "seed": r.seed, "stats": _public_stats(r.stats)} for r in out.results],
                           "stats": _public_stats(out.stats)}))
         return 0
     for r in out.results:
@@ -106,21 +106,16 @@ def cmd_generate(args) -> int:
             print(f"--- {r.prompt}")
         print(render_trace(r, verifier.tokenizer, color=sys.stdout.isatty()) if args.show else r.text)
     s = out.stats
-    print(f"[{args.method}] {s['generated_tokens']} tokens in {s['time_total_s']:.2f}s; "
-          f"acceptance rate {s['acceptance_rate']:.2f}; mean acceptance length (with bonus) "
-          f"{s['mean_acceptance_length']:.2f}; verifier calls {s['verifier_calls']}", file=sys.stderr)
+    print(f"[{args.method}] {s.generated_tokens} tokens in {s.time_total_s:.2f}s; "
+          f"acceptance rate {s.acceptance_rate:.2f}; mean acceptance length (with bonus) "
+          f"{s.mean_acceptance_length:.2f}; verifier forwards {s.verifier_forwards}", file=sys.stderr)
     if args.show:
         print(SHOW_LEGEND_COLOR if sys.stdout.isatty() else SHOW_LEGEND_PLAIN, file=sys.stderr)
     return 0
 
 
-STATS_KEYS = ["drafts_proposed", "drafts_accepted", "acceptance_rate", "acceptance_rate_per_position",
-              "mean_acceptance_length", "verifier_calls", "drafter_calls", "time_draft_s", "time_verify_s",
-              "time_total_s"]
-
-
-def _public_stats(stats: dict) -> dict:
-    return {k: stats.get(k, 0.0) for k in STATS_KEYS}
+def _public_stats(stats) -> dict:
+    return stats.as_dict()
 
 
 SHOW_LEGEND_PLAIN = "legend: token = accepted draft; {token} = accepted only because the rule is relaxed " \

@@ -33,6 +33,7 @@ from relaxspec.acceptance import (  # noqa: E402,F401
     pad,
 )
 from relaxspec.acceptance.processing import entropy, jsd, process_logits, total_variation
+from relaxspec.acceptance.random import Draws, SequenceSeeds, derive_seed
 from relaxspec.acceptance.verify import VerifyResult, build_context, relaxed_targets, verify
 
 __all__ = [
@@ -52,4 +53,7 @@ __all__ = [
     "Targets",
     "Positions",
     "VerifyContext",
+    "Draws",
+    "SequenceSeeds",
+    "derive_seed",
 ]

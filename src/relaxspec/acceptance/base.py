@@ -219,6 +219,9 @@ class Rule:
     params: dict[str, ParamSpec] = {}
     inputs: dict[str, TensorInput] = {}
     uses_draft_probs: bool = True
+    # Drafter forward passes a round needs beyond the N drafting ones (spec-cont-dec: 1, for the
+    # drafter's row at the bonus position); the engine makes them and speed models count them.
+    extra_draft_passes: int = 0
 
     # --- the math (pure; no sampling) ---
 

@@ -117,18 +117,25 @@ def normalize_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return torch.where(has_mass, normalised, fallback)
 
 
-def sample_rows(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One index per row of non-negative `weights` [R, V] (unnormalised is fine).
+def _cdf_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float32 if t.device.type == "mps" else torch.float64  # mps has no float64
 
-    Inverse CDF with one uniform per row: same law as torch.multinomial and as
-    reproducible under a seeded generator, but ~4x faster on CPU for large V.
-    """
-    cdf = weights.cumsum(dim=-1, dtype=torch.float64)
+
+def sample_rows(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One index per row of non-negative `weights` [R, V] (unnormalised is fine), by inverse CDF
+    with one uniform per row from `generator`: same law as torch.multinomial, ~4x faster on CPU."""
+    u = torch.rand((weights.shape[0],), generator=generator, device=weights.device, dtype=_cdf_dtype(weights))
+    return sample_with_uniform(weights, u)
+
+
+def sample_with_uniform(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF: index i with cdf[i-1] <= u * total < cdf[i] in each row of weights [R, V]
+    (unnormalised is fine; a zero-weight index is never returned). u [R] in [0, 1)."""
+    dtype = _cdf_dtype(weights)
+    cdf = weights.cumsum(dim=-1, dtype=dtype)
     total = cdf[:, -1:]
-    u = torch.rand(total.shape, generator=generator, device=weights.device, dtype=cdf.dtype)
-    # Keep the target strictly below the total so a trailing zero-weight token
-    # can never be picked through rounding of u * total.
-    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    # Strictly below the total, so rounding of u * total never selects a trailing zero weight.
+    target = torch.minimum(u.to(dtype).unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).squeeze(-1)
 
 

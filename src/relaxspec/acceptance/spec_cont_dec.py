@@ -41,6 +41,7 @@ class SpecContDecRule(Rule):
             doc="contrast strength; 0 is strict",
         )
     }
+    extra_draft_passes = 1  # the bonus distribution needs the drafter's row at the bonus position
 
     def _target(self, pos: Positions, beta: float) -> torch.Tensor:
         return contrastive_target(pos.z_p, pos.z_q, pos.p, beta, pos.temperature)

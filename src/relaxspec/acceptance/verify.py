@@ -1,7 +1,8 @@
 """The one shared verify step, batched (after vLLM's v1/sample/rejection_sampler.py).
 
 Rules only give math (accept_prob, residual, bonus); this loop alone draws
-randomness:
+randomness, from `random` (a `Draws`: per-sequence counter-based streams keyed by output
+position, as the engine passes) or else from `generator`:
 
 1. u ~ U[0, 1) per draft position; accept x_i iff u_i < accept_prob_i;
 2. n = first rejected position (N if none); the drafts before it are kept;
@@ -21,12 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from relaxspec.acceptance.base import Targets, VerifyContext, get_rule
+from relaxspec.acceptance.random import ACCEPT, TOKEN, Draws, GeneratorDraws
 from relaxspec.acceptance.processing import (
     capped_ratio,
     check_logits,
     check_sampling_args,
     process_logits,
-    sample_rows,
 )
 
 
@@ -128,6 +129,7 @@ def verify(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    random: Draws | None = None,
     draft_probs: torch.Tensor | None = None,
     **params,
 ) -> VerifyResult:
@@ -138,6 +140,9 @@ def verify(
     spec-cont-dec), draft_tokens long [B, N]; params are the rule's own. draft_probs [B, N, V]:
     the drafter's processed distributions, when the caller has them already (they are then not
     recomputed from draft_logits; they must be what `process_logits` gives on them).
+    random: where the acceptance uniforms and the residual/bonus sample come from (a `Draws`,
+    e.g. `SequenceSeeds(...).at(start)` for per-sequence streams keyed by the output position of
+    x_1); default: `generator` (or torch's global generator) in call order.
     """
     rule = get_rule(method)
     if temperature == 0 and method == "strict":
@@ -155,7 +160,9 @@ def verify(
 
     accept_prob = rule.accept_prob(drafts, **params)
     strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x)
-    u = torch.rand((B, N), generator=generator, device=accept_prob.device, dtype=accept_prob.dtype)
+    if random is None:
+        random = GeneratorDraws(generator, B, accept_prob.device)
+    u = random.uniform(ACCEPT, N, dtype=accept_prob.dtype)
     accepted = u < accept_prob
 
     # The drafts before the first rejection are kept; n counts them (N if every draft passed).
@@ -172,7 +179,7 @@ def verify(
     use_residual = stopped & (residual.sum(dim=-1, keepdim=True) > 0)
     final = torch.where(stopped, at_row.p, rule.bonus(ctx, **params))
     final = torch.where(use_residual, residual, final)
-    last = sample_rows(final, generator)  # [B]
+    last = random.sample(final, TOKEN, offset=n)  # [B], drawn for output position start + n
 
     tokens = _emitted_tokens(ctx.draft_tokens, kept, n, last)
 

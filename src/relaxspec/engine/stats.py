@@ -1,39 +1,90 @@
-"""Speculative-decoding statistics in vLLM's vocabulary (mean acceptance length includes the bonus)."""
+"""Speculative-decoding statistics in vLLM's vocabulary, as one typed object.
+
+Two kinds of count are kept apart:
+* per-sequence verify steps, `sequence_rounds` (a sequence's round is one verify of its block;
+  AR: one per token), from which the mean acceptance length tau comes;
+* batched forward calls, `verifier_forwards` / `drafter_forwards` (one call serves every live
+  row), which is what wall time pays for.
+Mean acceptance length includes the bonus token (1.0 for autoregressive decoding).
+"""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field, fields
 
-class SequenceStats:
-    def __init__(self, draft_length: int):
-        self.draft_length = draft_length  # 0 for autoregressive decoding
-        self.rounds = 0
-        self.accepted = 0
-        self.accepted_per_position = [0] * draft_length
 
-    def add_round(self, num_accepted: int) -> None:
-        self.rounds += 1
-        self.accepted += num_accepted
+@dataclass
+class GenerationStats:
+    draft_length: int = 0  # N (0 for autoregressive decoding)
+    sequences: int = 0
+    sequence_rounds: int = 0  # verify steps summed over sequences
+    drafts_proposed: int = 0  # N per round, fewer in a last round with less room left
+    drafts_accepted: int = 0
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    generated_tokens: int = 0
+    verifier_forwards: int = 0  # batched verifier forward calls
+    drafter_forwards: int = 0  # batched drafter forward calls (extra bonus-position passes included)
+    time_draft_s: float = 0.0
+    time_verify_s: float = 0.0
+    time_total_s: float = 0.0
+
+    def __post_init__(self):
+        if not self.accepted_per_position:
+            self.accepted_per_position = [0] * self.draft_length
+        if not self.proposed_per_position:
+            self.proposed_per_position = [0] * self.draft_length
+
+    def add_round(self, num_accepted: int, num_proposed: int) -> None:
+        self.sequence_rounds += 1
+        self.drafts_proposed += num_proposed
+        self.drafts_accepted += num_accepted
+        for i in range(num_proposed):
+            self.proposed_per_position[i] += 1
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / proposed drafts."""
+        return self.drafts_accepted / self.drafts_proposed if self.drafts_proposed else 0.0
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        """Share of the drafts proposed at position i (0-based) that were accepted."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """tau: tokens emitted per sequence round, bonus included (1.0 for AR)."""
+        if not self.sequence_rounds:
+            return 0.0
+        return (self.sequence_rounds + self.drafts_accepted) / self.sequence_rounds
+
+    @classmethod
+    def merge(cls, parts: list["GenerationStats"]) -> "GenerationStats":
+        """Sum of the counts and times of several calls (same draft length)."""
+        lengths = {p.draft_length for p in parts}
+        if len(lengths) > 1:
+            raise ValueError(f"cannot merge stats of different draft lengths {sorted(lengths)}")
+        out = cls(draft_length=lengths.pop() if lengths else 0)
+        for p in parts:
+            for f in fields(cls):
+                if f.name == "draft_length":
+                    continue
+                if f.name.endswith("_per_position"):
+                    setattr(out, f.name, [a + b for a, b in zip(getattr(out, f.name), getattr(p, f.name))])
+                else:
+                    setattr(out, f.name, getattr(out, f.name) + getattr(p, f.name))
+        return out
+
     def as_dict(self) -> dict:
-        return _summary(self.rounds, self.accepted, self.accepted_per_position, self.draft_length)
+        """Every field plus the derived rates (JSON-ready)."""
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate,
+                "acceptance_rate_per_position": self.acceptance_rate_per_position,
+                "mean_acceptance_length": self.mean_acceptance_length}
 
-
-def _summary(rounds: int, accepted: int, per_position: list[int], draft_length: int) -> dict:
-    proposed = rounds * draft_length
-    return {
-        "drafts_proposed": proposed,
-        "drafts_accepted": accepted,
-        "acceptance_rate": accepted / proposed if proposed else 0.0,
-        "acceptance_rate_per_position": [a / rounds if rounds else 0.0 for a in per_position],
-        # tokens per verifier call: accepted drafts + the one residual/bonus token (1.0 for AR)
-        "mean_acceptance_length": (rounds + accepted) / rounds if rounds else 0.0,
-        "verifier_calls": rounds,
-        "drafter_calls": rounds * draft_length,
-    }
-
-
-def aggregate(stats: list[SequenceStats], draft_length: int) -> dict:
-    per_position = [sum(s.accepted_per_position[i] for s in stats) for i in range(draft_length)]
-    return _summary(sum(s.rounds for s in stats), sum(s.accepted for s in stats), per_position, draft_length)
+    @classmethod
+    def from_dict(cls, data: dict) -> "GenerationStats":
+        """Inverse of as_dict (derived keys ignored)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})

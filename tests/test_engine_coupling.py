@@ -1,0 +1,144 @@
+"""Per-sequence random streams (DESIGN.md, "Coupled randomness"): batch invariance, coupling of
+methods, per-request seeds, and tensors that follow the models' device."""
+
+import pytest
+import torch
+
+from relaxspec.acceptance import SequenceSeeds, derive_seed
+from relaxspec.acceptance.random import ACCEPT, DRAFT, TOKEN
+from relaxspec.engine import generate
+from relaxspec.models import load_model
+from relaxspec.tasks import synthetic
+
+SAMPLING = dict(temperature=0.7, top_p=0.9, max_new_tokens=40)
+
+
+def _prompts(n, task="arithmetic"):
+    return [e.prompt for e in synthetic.examples(task, "test", n)]
+
+
+def _mixed_batch():
+    # 8 prompts of different lengths (two tasks), so the batch is left-padded and ragged.
+    return _prompts(5) + _prompts(3, "sorting")
+
+
+@pytest.mark.parametrize("method", ["ar", "strict"])
+def test_output_is_batch_invariant(builtin_pair, method):
+    """A prompt's sampled output with a given per-request seed is the same alone, in a batch of 8
+    mixed-length prompts, and at another position of that batch. We rely on the batched logits
+    equalling the lone ones to ~1e-4 (test_left_padded_batch_gives_each_row_its_own_logits): a token
+    could only change if a uniform fell within that distance of a CDF boundary."""
+    verifier, drafter = builtin_pair
+    drafter = None if method == "ar" else drafter
+    prompts = _mixed_batch()
+    seeds = [derive_seed(7, i) for i in range(len(prompts))]
+    batch = generate(verifier, drafter, prompts, method=method, draft_length=4, seed=seeds, **SAMPLING)
+    order = [3, 7, 0, 5, 1, 6, 2, 4]  # every prompt at another position
+    shuffled = generate(verifier, drafter, [prompts[i] for i in order], method=method, draft_length=4,
+                        seed=[seeds[i] for i in order], **SAMPLING)
+    for j, i in enumerate(order):
+        assert shuffled.results[j].token_ids == batch.results[i].token_ids, i
+    for i in (0, 6):
+        alone = generate(verifier, drafter, [prompts[i]], method=method, draft_length=4, seed=[seeds[i]], **SAMPLING)
+        assert alone.results[0].token_ids == batch.results[i].token_ids, i
+    # Sampling really happened: another seed gives other outputs.
+    other = generate(verifier, drafter, prompts, method=method, draft_length=4, seed=123, **SAMPLING)
+    assert sum(a.token_ids != b.token_ids for a, b in zip(other.results, batch.results)) >= 4
+
+
+def test_int_seed_is_one_derived_seed_per_prompt(builtin_pair):
+    verifier, _ = builtin_pair
+    prompts = _prompts(3)
+    a = generate(verifier, None, prompts, method="ar", seed=11, **SAMPLING)
+    b = generate(verifier, None, prompts, method="ar", seed=[derive_seed(11, i) for i in range(3)], **SAMPLING)
+    assert [r.token_ids for r in a.results] == [r.token_ids for r in b.results]
+    assert [r.seed for r in a.results] == [derive_seed(11, i) for i in range(3)]
+    with pytest.raises(ValueError, match="2 per-prompt seeds for 3 prompts"):
+        generate(verifier, None, prompts, method="ar", seed=[1, 2], **SAMPLING)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        generate(verifier, None, prompts, method="ar", seed="x", **SAMPLING)
+    with pytest.raises(ValueError, match=r"\[0, 2\^63\)"):
+        generate(verifier, None, prompts, method="ar", seed=[-1, 2, 3], **SAMPLING)
+
+
+@pytest.mark.parametrize("method, params", [("cactus", {"delta": 0.0}), ("mentored", {"alpha": 0.0}),
+                                            ("pad", {"threshold": 0.0})])
+def test_rules_at_their_strict_setting_equal_strict_token_for_token(builtin_pair, method, params):
+    verifier, drafter = builtin_pair
+    prompts = _mixed_batch()
+    strict = generate(verifier, drafter, prompts, method="strict", draft_length=3, seed=5, **SAMPLING)
+    pivot_fn = None
+    if method == "pad":
+        def pivot_fn(hidden, target_logits, draft_logits, draft_tokens):  # a classifier that calls nothing pivotal
+            return torch.zeros(draft_tokens.shape, device=draft_tokens.device)
+    other = generate(verifier, drafter, prompts, method=method, draft_length=3, seed=5, pivot_fn=pivot_fn,
+                     **SAMPLING, **params)
+    assert [r.token_ids for r in other.results] == [r.token_ids for r in strict.results]
+
+
+def test_a_mild_relaxation_is_coupled_to_strict(builtin_pair):
+    """Same seeds: cactus(delta=0.1) emits strict's tokens until its first relaxed acceptance, so
+    many whole outputs are identical (measured 50% on these 40 prompts, 160 tokens, N=5); with
+    independent seeds none are (measured 0%)."""
+    verifier, drafter = builtin_pair
+    prompts = _prompts(40)
+    kw = dict(draft_length=5, max_new_tokens=160, temperature=0.7, top_p=0.95)
+    strict = generate(verifier, drafter, prompts, method="strict", seed=0, **kw)
+    mild = generate(verifier, drafter, prompts, method="cactus", delta=0.1, seed=0, **kw)
+    independent = generate(verifier, drafter, prompts, method="strict", seed=1, **kw)
+
+    def identical(a, b):
+        return sum(x.token_ids == y.token_ids for x, y in zip(a.results, b.results)) / len(prompts)
+
+    assert identical(mild, strict) >= 0.3
+    assert identical(independent, strict) <= 0.05
+
+    # Where outputs differ, the coupled pair still agrees up to its first differing decision, so its
+    # common prefix is far longer than an independent pair's.
+    def mean_common_prefix(a, b):
+        lengths = [next(i for i, (s, t) in enumerate(zip(x.token_ids + [-1], y.token_ids + [-2])) if s != t)
+                   for x, y in zip(a.results, b.results) if x.token_ids != y.token_ids]
+        return sum(lengths) / len(lengths)
+
+    assert mean_common_prefix(mild, strict) > 3 * mean_common_prefix(independent, strict)
+
+
+def test_counter_draws_are_keyed_by_seed_position_and_purpose():
+    seeds = SequenceSeeds([derive_seed(1), derive_seed(2), derive_seed(1)], torch.device("cpu"))
+    u = seeds.at(torch.tensor([0, 0, 3])).uniform(ACCEPT, 5)
+    assert torch.equal(u[0, 3:], u[2, :2])  # same seed, same absolute positions
+    assert not torch.equal(u[0], u[1])
+    at_zero = seeds.at(torch.tensor([0, 0, 0]))
+    assert not torch.equal(at_zero.uniform(ACCEPT, 4), at_zero.uniform(DRAFT, 4))
+    assert ((u >= 0) & (u < 1)).all()
+    # Uniform on [0, 1): Kolmogorov-Smirnov distance of 20000 draws (5/sqrt(n) bound, far beyond the 1.36 at 95%).
+    many = SequenceSeeds(list(range(2000)), torch.device("cpu")).at(torch.zeros(2000, dtype=torch.long))
+    sample = many.uniform(TOKEN, 10).flatten().double().sort().values
+    n = sample.numel()
+    ks = (sample - torch.arange(1, n + 1, dtype=torch.float64) / n).abs().max()
+    assert ks < 5 / n ** 0.5
+    # Inverse-CDF sampling follows the weights (Monte Carlo, 5 sigma).
+    weights = torch.tensor([0.1, 0.0, 0.6, 0.3]).expand(2000, 4)
+    picks = torch.cat([many.sample(weights, TOKEN, offset=k) for k in range(5)])
+    freq = torch.bincount(picks, minlength=4).double() / picks.numel()
+    expected = torch.tensor([0.1, 0.0, 0.6, 0.3], dtype=torch.float64)
+    assert ((freq - expected).abs() <= 5 * (expected * (1 - expected) / picks.numel()).sqrt() + 1e-12).all()
+
+
+def test_every_engine_tensor_follows_the_models_device():
+    """With torch's default device set to `meta`, any tensor the engine or a rule creates without
+    naming the models' device would be a meta tensor, and mixing it with the CPU tensors fails (or
+    `.tolist()` does): same outputs as without the default, for AR, strict and a relaxed rule with
+    sampling (greedy and sampled paths, rollback, row removal)."""
+    # The transformers backend, so that this checks engine/ and acceptance/ (FastLlama has its own test).
+    verifier, drafter = load_model("verifier", backend="transformers"), load_model("drafter-weak", backend="transformers")
+    prompts = _mixed_batch()[:4]
+    runs = [dict(method="ar"), dict(method="strict", temperature=0.0), dict(method="strict"),
+            dict(method="cactus", delta=0.3), dict(method="spec-cont-dec", beta=0.5)]
+    for kw in runs:
+        kw = {**SAMPLING, "max_new_tokens": 20, "draft_length": 3, **kw}
+        d = None if kw["method"] == "ar" else drafter
+        expected = generate(verifier, d, prompts, seed=2, **kw)
+        with torch.device("meta"):
+            got = generate(verifier, d, prompts, seed=2, **kw)
+        assert [r.token_ids for r in got.results] == [r.token_ids for r in expected.results], kw
