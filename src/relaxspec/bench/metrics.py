@@ -9,7 +9,6 @@ Comparisons (computed by the report and by the runner's adaptive allocation, nev
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 
@@ -25,13 +24,9 @@ def decision_confidence(looks: int) -> float:
 
 
 def merge_engine_stats(parts: list[dict]):
-    """The engine's GenerationStats of several generate() calls (stored as field dicts) as one."""
-    from relaxspec.engine.stats import GenerationStats
-    return GenerationStats.merge([GenerationStats(**p) for p in parts])
-
-
-def stats_fields(stats) -> dict:
-    return dataclasses.asdict(stats)
+    """The engine's GenerationStats of several generate() calls (stored with as_dict) as one."""
+    from relaxspec.engine import GenerationStats
+    return GenerationStats.merge([GenerationStats.from_dict(p) for p in parts])
 
 
 def cell_metrics(method: str, draft_length: int, extra_passes: int, rows: list, stats, speed: dict) -> dict:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classifier
 from relaxspec.bench.metrics import (cell_metrics, compare, decision, decision_confidence, is_decided,
-                                     merge_engine_stats, stats_fields)
+                                     merge_engine_stats)
 from relaxspec.bench.names import AR, STRICT, method_label
 from relaxspec.bench.store import Row, Store, cell_key, token_hash
 from relaxspec.bench.versions import code_version, file_version, model_version
@@ -85,12 +85,11 @@ def _generate(spec: CellSpec, prompts: list[str], seeds: list[int], verifier, dr
     return generate(verifier, drafter if spec.method != AR else None, prompts, method=spec.method,
                     draft_length=spec.draft_length if spec.method != AR else 1,
                     max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
-                    top_p=config.top_p, seed=seeds, chat_template=config.chat_template, system=config.system,
-                    **extra, **spec.params)
+                    top_p=config.top_p, seed=seeds, **generation_options(config), **extra, **spec.params)
 
 
 def run_samples(spec: CellSpec, task, repeats: range, verifier, drafter, config: BenchConfig, pivot_fn=None):
-    """Generate every prompt for each repeat in `repeats`; (rows, list of the engine stats' field dicts)."""
+    """Generate every prompt for each repeat in `repeats`; (rows, the engine stats of each call, as dicts)."""
     from relaxspec.engine import derive_seed
     jobs = [(i, r) for r in repeats for i in range(len(task.examples))]
     rows, parts = [], []
@@ -98,7 +97,7 @@ def run_samples(spec: CellSpec, task, repeats: range, verifier, drafter, config:
         chunk = jobs[start:start + config.batch_size]
         out = _generate(spec, [task.examples[i].prompt for i, _ in chunk],
                         [derive_seed(spec.seed, i, r) for i, r in chunk], verifier, drafter, config, pivot_fn)
-        parts.append(stats_fields(out.stats))
+        parts.append(out.stats.as_dict())
         for (i, r), res in zip(chunk, out.results):
             ex = task.examples[i]
             rows.append(Row(prompt_index=i, repeat=r, prompt=ex.prompt, reference=ex.reference, response=res.text,
@@ -131,14 +130,6 @@ def time_batch1(spec: CellSpec, task, verifier, drafter, config: BenchConfig, pi
 
 
 @dataclass
-class Undecided:
-    label: str
-    reason: str
-    half_width: float
-    samples: int
-
-
-@dataclass
 class RunSummary:
     ran: list[str] = field(default_factory=list)  # keys of cells that got samples in this run
     skipped: list[str] = field(default_factory=list)  # keys whose first look was already stored
@@ -165,6 +156,12 @@ def _pad_applies(cell: CellSpec, spec: dict, explicit: bool) -> bool:
     if explicit:
         return True
     return all(spec.get(k) in (None, getattr(cell, k)) for k in ("verifier", "drafter"))
+
+
+def generation_options(config: BenchConfig) -> dict:
+    """generate keyword arguments the user set (--chat-template, --system); the engine's defaults otherwise."""
+    return {k: v for k, v in (("chat_template", config.chat_template), ("system", config.system))
+            if v != getattr(BenchConfig, k)}
 
 
 def model_options(config: BenchConfig) -> dict:
