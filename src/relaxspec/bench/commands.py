@@ -8,7 +8,8 @@ from pathlib import Path
 
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
-                                    DEFAULT_TIME_BUDGET_S, SAMPLING_PRESETS, BenchConfig, load_toml, sampling_preset)
+                                    DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, SAMPLING_PRESETS, BenchConfig, load_toml,
+                                    sampling_preset)
 
 BENCH_EPILOG = f"""\
 Default grid (no --methods / config): ar; strict; every training-free rule at each value of its paper
@@ -67,6 +68,8 @@ def register(subparsers) -> None:
                    help=f"seconds after which no later look starts (default {DEFAULT_TIME_BUDGET_S:g})")
     b.add_argument("--speed-prompts", type=int,
                    help=f"prompts timed at batch 1 per speculative cell (default {DEFAULT_SPEED_PROMPTS}; 0: none)")
+    b.add_argument("--workers", type=int,
+                   help=f"processes running cells (default {DEFAULT_WORKERS}; the store is written by the driver)")
     b.add_argument("--sampling", choices=sorted(SAMPLING_PRESETS),
                    help="sampling preset (paper: temperature 0.6, top_k 20, top_p 0.95); explicit flags override it")
     b.add_argument("--temperature", type=float, help="default 0.7")
@@ -100,7 +103,7 @@ def register(subparsers) -> None:
 
 _FLAG_TO_FIELD = {"verifier": "verifiers", "drafter": "drafters", "tasks": "tasks", "methods": "methods",
                   "draft_lengths": "draft_lengths", "seed": "seeds", "limit": "limit", "repeats": "repeats",
-                  "looks": "looks", "time_budget_s": "time_budget_s", "speed_prompts": "speed_prompts",
+                  "looks": "looks", "time_budget_s": "time_budget_s", "speed_prompts": "speed_prompts", "workers": "workers",
                   "max_drop": "max_drop", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                   "max_new_tokens": "max_new_tokens", "batch_size": "batch_size", "device": "device", "dtype": "dtype",
                   "chat_template": "chat_template", "system": "system", "pad_thresholds": "pad_thresholds",

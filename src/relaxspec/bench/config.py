@@ -30,6 +30,7 @@ DEFAULT_BATCH_SIZE = 200
 DEFAULT_MAX_DROP = 0.03
 DEFAULT_TIME_BUDGET_S = 900.0
 DEFAULT_SPEED_PROMPTS = 20
+DEFAULT_WORKERS = 1
 SAMPLING_PRESETS = {"paper": {"temperature": 0.6, "top_k": 20, "top_p": 0.95}}  # the seed investigation's
 # The paper's always-accept baseline (ensemble at weight 0 accepts every draft), added to the default grid.
 BASELINE_POINTS = (("ensemble", {"weight": 0.0}),)
@@ -50,6 +51,7 @@ class BenchConfig:
     max_drop: float = DEFAULT_MAX_DROP  # utility drop vs strict allowed ('best rule' and the decisions)
     time_budget_s: float = DEFAULT_TIME_BUDGET_S  # later looks start only while they fit in this wall time
     speed_prompts: int = DEFAULT_SPEED_PROMPTS  # prompts timed one at a time (batch 1) per speculative cell
+    workers: int = DEFAULT_WORKERS  # processes running cells (the driver alone writes the store)
     temperature: float = 0.7
     top_k: int | None = None
     top_p: float | None = 0.95
@@ -72,7 +74,7 @@ class BenchConfig:
                 raise ValueError(f"bench: draft lengths must be integers >= 1, got {n!r}")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
             raise ValueError(f"bench: limit must be a positive integer, got {self.limit!r}")
-        for name in ("repeats", "looks", "batch_size"):
+        for name in ("repeats", "looks", "batch_size", "workers"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"bench: {name.replace('_', ' ')} must be a positive integer, got {value!r}")
