@@ -45,7 +45,7 @@ def test_later_looks_extend_only_undecided_cells(tmp_path):
         # the time budget: strict's next look (400 samples at 0.01 s) does not fit in 3 s; its relaxed cell
         # is not run without it
         import time
-        tight = BenchConfig(repeats=1, looks=3, max_drop=0.03, time_budget_s=3.0)
+        tight = BenchConfig(repeats=1, looks=3, max_drop=0.03, time_budget_s=3.0, workers=1)
         out = RunSummary()
         assert _look_jobs(2, keyed, strict_key, store, tight, time.perf_counter(), out, print) == []
         assert [label.split()[1] for label in out.out_of_time] == ["strict", "open"]
@@ -54,7 +54,7 @@ def test_later_looks_extend_only_undecided_cells(tmp_path):
 def small(out, **kw):
     base = dict(verifiers=["verifier"], drafters=["drafter-weak"], tasks=["arithmetic"],
                 methods=["ar", "strict", "cactus:delta=0/10"], draft_lengths=[2], limit=3, repeats=1, looks=3,
-                max_new_tokens=8, speed_prompts=1, out=str(out))
+                max_new_tokens=8, speed_prompts=1, workers=1, out=str(out))
     base.update(kw)
     return BenchConfig(**base)
 

@@ -27,7 +27,7 @@ def stored(tmp_path_factory):
     config = BenchConfig(verifiers=["verifier"], drafters=["drafter-strong"], tasks=["arithmetic"],
                          methods=["ar", "strict", "mentored:alpha=0/0.95", "spec-cont-dec:beta=0.5"],
                          draft_lengths=[2, 3], limit=3, repeats=2, looks=1, speed_prompts=2, max_new_tokens=12,
-                         out=str(out))
+                         workers=1, out=str(out))
     run_grid(config, progress=False, log=lambda *a: None)
     with Store(out) as store:
         rows = build_rows(store)

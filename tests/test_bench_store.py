@@ -13,7 +13,7 @@ torch.set_num_threads(1)
 def small_config(out, **kw):
     base = dict(verifiers=["verifier"], drafters=["drafter-weak"], tasks=["arithmetic"],
                 methods=["ar", "strict", "cactus:delta=1/10", "typical"], draft_lengths=[2], limit=3, repeats=2,
-                max_new_tokens=10, looks=1, speed_prompts=1, out=str(out))
+                max_new_tokens=10, looks=1, speed_prompts=1, workers=1, out=str(out))
     base.update(kw)
     return BenchConfig(**base)
 
