@@ -18,7 +18,7 @@ def test_default_grid_is_the_paper_grid():
     assert [p["alpha"] for p in by_rule["spec-casc-tok"]] == [0.0, 0.35, 0.8]
     assert [p["delta"] for p in by_rule["cactus"]] == [0.1, 0.25, 1.0, 10.0]
     assert [p["threshold"] for p in by_rule["pad"]] == [0.3, 0.5, 0.7]
-    assert [p["weight"] for p in by_rule["ensemble"]] == [0.8, 0.9, 0.95, 0.0]  # + the always-accept baseline
+    assert [p["weight"] for p in by_rule["ensemble"]] == [0.0, 0.8, 0.9, 0.95]  # 0: the always-accept baseline
     assert set(by_rule) == {"ar", *RULES}
     config = BenchConfig()
     assert config.draft_lengths == [3, 5] and config.temperature == 0.7 and config.top_p == 0.95

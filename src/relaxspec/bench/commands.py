@@ -14,10 +14,9 @@ from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_L
 BENCH_EPILOG = f"""\
 Default grid (no --methods / config): ar; strict; every training-free rule at each value of its paper
 grid (cactus delta 0.1/0.25/1/10; mentored alpha 0.3/0.7/0.95; fuzzy and r-fuzzy threshold 0.05/0.2/0.3;
-spec-casc-opt alpha -0.1/0/0.05; spec-casc-tok alpha 0/0.35/0.8; ensemble weight 0.8/0.9/0.95;
-spec-cont-dec beta 0.1/0.5/1; typical epsilon=0.09, delta=0.3), the always-accept baseline ensemble
-weight 0; pad at thresholds 0.3/0.5/0.7 when a PAD classifier ships; N in {{3, 5}}; task arithmetic;
-{DEFAULT_LIMIT} prompts; temperature 0.7, top_p 0.95, max {DEFAULT_MAX_NEW_TOKENS} new tokens (--sampling paper:
+spec-casc-opt alpha -0.1/0/0.05; spec-casc-tok alpha 0/0.35/0.8; ensemble weight 0/0.8/0.9/0.95
+(0: the always-accept baseline); spec-cont-dec beta 0.1/0.5/1; typical epsilon=0.09, delta=0.3); pad at
+thresholds 0.3/0.5/0.7 when a PAD classifier ships; N in {{3, 5}}; task arithmetic; {DEFAULT_LIMIT} prompts; temperature 0.7, top_p 0.95, max {DEFAULT_MAX_NEW_TOKENS} new tokens (--sampling paper:
 temperature 0.6, top_k 20, top_p 0.95). About 15 minutes on 2 CPU cores.
 
 Samples are coupled: sample (prompt i, repeat r) uses the same per-sequence seed in every cell, so each
@@ -51,6 +50,8 @@ def _csv_list(cast):
 
 
 def register(subparsers) -> None:
+    from relaxspec.models.options import add_device_args, add_prompt_args
+
     b = subparsers.add_parser("bench", help="run a grid of methods x parameters x draft lengths and store results",
                               description="Run the bench grid; every finished cell is stored at once.",
                               epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,10 +78,8 @@ def register(subparsers) -> None:
     b.add_argument("--top-k", type=int)
     b.add_argument("--max-new-tokens", type=int, help=f"default {DEFAULT_MAX_NEW_TOKENS}")
     b.add_argument("--batch-size", type=int, help=f"sequences per generate call (default {DEFAULT_BATCH_SIZE})")
-    b.add_argument("--device", help="model device, e.g. cpu, cuda, cuda:1 (default: the loader's)")
-    b.add_argument("--dtype", help="model dtype, e.g. float32, bfloat16 (default: the loader's)")
-    b.add_argument("--chat-template", help="auto (apply the tokenizer's chat template if it has one) or none")
-    b.add_argument("--system", help="system prompt for chat templates")
+    add_device_args(b)
+    add_prompt_args(b)
     b.add_argument("--pad-thresholds", type=_csv_list(float), help="default 0.3,0.5,0.7")
     b.add_argument("--pad-classifier", help="PAD classifier path (default: the built-in one)")
     b.add_argument("--out", type=Path, help=f"output directory (default ./{DEFAULT_OUT})")

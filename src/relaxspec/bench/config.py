@@ -32,8 +32,6 @@ DEFAULT_TIME_BUDGET_S = 840.0  # 15 minutes less a minute for the report and plo
 DEFAULT_SPEED_PROMPTS = 8  # 20 cost ~6 s per cell on this 2-core machine; 8 keep the default bench in 15 min
 DEFAULT_WORKERS = 2  # the bench uses both cores of a 2-core machine
 SAMPLING_PRESETS = {"paper": {"temperature": 0.6, "top_k": 20, "top_p": 0.95}}  # the seed investigation's
-# The paper's always-accept baseline (ensemble at weight 0 accepts every draft), added to the default grid.
-BASELINE_POINTS = (("ensemble", {"weight": 0.0}),)
 CLASSIFIER_INPUT = "pivot_prob"  # a rule with this tensor input needs a pivot classifier (pivot_fn)
 
 
@@ -176,12 +174,11 @@ def _paper_points(name: str, pad_thresholds) -> list[dict]:
 
 def default_methods(pad_thresholds=DEFAULT_PAD_THRESHOLDS) -> list[tuple[str, dict]]:
     """AR; every rule at each point of its paper grid (in the registry's order, strict first; classifier
-    rules last, at `pad_thresholds`), plus the always-accept baseline (BASELINE_POINTS) after its rule's grid."""
+    rules last, at `pad_thresholds`)."""
     rules = sorted(_rules(), key=needs_classifier)
     out = [(AR, {})]
     for name in rules:
         out.extend((name, p) for p in _paper_points(name, pad_thresholds))
-        out.extend((m, dict(p)) for m, p in BASELINE_POINTS if m == name)
     return _unique(out)
 
 
