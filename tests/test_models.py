@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from relaxspec.models import FAMILY, builtin_path, load_model
-from relaxspec.models.report import task_accuracy
+from relaxspec.bench.family import task_accuracy
 
 
 @pytest.mark.parametrize("name", list(FAMILY))

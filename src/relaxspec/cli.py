@@ -195,8 +195,8 @@ def cmd_models(args) -> int:
     if args.models_cmd == "path":
         print(family.builtin_path(args.name))
         return 0
+    from relaxspec.bench.family import family_table
     from relaxspec.models.options import device_kwargs
-    from relaxspec.models.report import family_table
 
     if args.models_cmd == "train":
         from relaxspec.models.train import train_family

@@ -2,10 +2,12 @@
 
 Tables
   cells(key TEXT PRIMARY KEY, config TEXT (JSON), metrics TEXT (JSON), created TEXT)
-  rows(cell_key, prompt_index, repeat, prompt, reference, response, utility, tokens, stats JSON)
+  rows(cell_key, prompt_index, repeat, prompt, reference, response, utility, tokens, stats JSON, token_hash)
 
-A cell and all its rows are written in one transaction, so an interrupted run
-leaves either the whole cell or nothing. `has(key)` lets a re-run skip it.
+A cell grows by looks: each look's rows and the cell's updated metrics are written in one
+transaction, so an interrupted run loses at most the look in flight; `repeats_done(key)` tells a
+re-run where to continue. `token_hash` identifies a sample's output token ids (to count outputs
+identical to strict's).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ CREATE TABLE IF NOT EXISTS rows (
     utility REAL NOT NULL,
     tokens INTEGER NOT NULL,
     stats TEXT NOT NULL,
+    token_hash TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (cell_key, prompt_index, repeat)
 );
 """
@@ -65,6 +68,11 @@ class Row:
     utility: float
     tokens: int
     stats: dict
+    token_hash: str = ""
+
+
+def token_hash(token_ids) -> str:
+    return hashlib.sha256(",".join(str(int(t)) for t in token_ids).encode()).hexdigest()[:16]
 
 
 class Store:
@@ -72,10 +80,23 @@ class Store:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / DB_NAME
+        existed = self.path.is_file()
         self.conn = sqlite3.connect(self.path)
-        self.conn.execute("PRAGMA foreign_keys = ON")
-        with self.conn:
-            self.conn.executescript(_SCHEMA)
+        try:
+            if existed:
+                found = self.conn.execute("PRAGMA integrity_check").fetchone()[0]
+                if found != "ok":
+                    raise sqlite3.DatabaseError(found)
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            with self.conn:
+                self.conn.executescript(_SCHEMA)
+                columns = {c[1] for c in self.conn.execute("PRAGMA table_info(rows)")}
+                if "token_hash" not in columns:  # a store written before token hashes were kept
+                    self.conn.execute("ALTER TABLE rows ADD COLUMN token_hash TEXT NOT NULL DEFAULT ''")
+        except sqlite3.DatabaseError as e:
+            self.conn.close()
+            raise ValueError(f"results store {self.path} is corrupted ({e}); move it away and re-run the bench")\
+                from None
 
     @classmethod
     def open_existing(cls, out_dir: str | Path) -> "Store":
@@ -96,18 +117,28 @@ class Store:
         return self.conn.execute("SELECT 1 FROM cells WHERE key = ?", (key,)).fetchone() is not None
 
     def put(self, key: str, config: dict, metrics: dict, rows: list[Row]) -> None:
-        """Write a finished cell and its rows in ONE transaction (replacing an older copy)."""
+        """Add rows to a cell (a new one, or one look more) and set its config and metrics, in ONE
+        transaction. A (prompt_index, repeat) already stored for the cell is an error."""
         created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         with self.conn:  # BEGIN ... COMMIT, or ROLLBACK on any exception
-            self.conn.execute("DELETE FROM rows WHERE cell_key = ?", (key,))
-            self.conn.execute("DELETE FROM cells WHERE key = ?", (key,))
-            self.conn.execute("INSERT INTO cells (key, config, metrics, created) VALUES (?, ?, ?, ?)",
-                              (key, json.dumps(config, sort_keys=True), json.dumps(metrics, sort_keys=True), created))
+            if self.has(key):
+                self.conn.execute("UPDATE cells SET config = ?, metrics = ?, created = ? WHERE key = ?",
+                                  (json.dumps(config, sort_keys=True), json.dumps(metrics, sort_keys=True), created,
+                                   key))
+            else:
+                self.conn.execute("INSERT INTO cells (key, config, metrics, created) VALUES (?, ?, ?, ?)",
+                                  (key, json.dumps(config, sort_keys=True), json.dumps(metrics, sort_keys=True),
+                                   created))
             self.conn.executemany(
-                "INSERT INTO rows (cell_key, prompt_index, repeat, prompt, reference, response, utility, tokens, stats)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO rows (cell_key, prompt_index, repeat, prompt, reference, response, utility, tokens, stats,"
+                " token_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(key, r.prompt_index, r.repeat, r.prompt, r.reference, r.response, float(r.utility), int(r.tokens),
-                  json.dumps(r.stats)) for r in rows])
+                  json.dumps(r.stats), r.token_hash) for r in rows])
+
+    def repeats_done(self, key: str) -> int:
+        """Repeats stored for the cell (looks store whole repeats of every prompt): max repeat + 1, or 0."""
+        found = self.conn.execute("SELECT MAX(repeat) FROM rows WHERE cell_key = ?", (key,)).fetchone()[0]
+        return 0 if found is None else found + 1
 
     def get(self, key: str) -> Cell | None:
         found = self.conn.execute("SELECT key, config, metrics, created FROM cells WHERE key = ?", (key,)).fetchone()
@@ -125,13 +156,17 @@ class Store:
 
     def rows(self, key: str) -> list[Row]:
         cur = self.conn.execute(
-            "SELECT prompt_index, repeat, prompt, reference, response, utility, tokens, stats FROM rows"
+            "SELECT prompt_index, repeat, prompt, reference, response, utility, tokens, stats, token_hash FROM rows"
             " WHERE cell_key = ? ORDER BY repeat, prompt_index", (key,))
-        return [Row(*r[:7], stats=json.loads(r[7])) for r in cur]
+        return [Row(*r[:7], stats=json.loads(r[7]), token_hash=r[8]) for r in cur]
 
     def utilities(self, key: str) -> dict[tuple[int, int], float]:
         cur = self.conn.execute("SELECT prompt_index, repeat, utility FROM rows WHERE cell_key = ?", (key,))
         return {(i, r): u for i, r, u in cur}
+
+    def token_hashes(self, key: str) -> dict[tuple[int, int], str]:
+        cur = self.conn.execute("SELECT prompt_index, repeat, token_hash FROM rows WHERE cell_key = ?", (key,))
+        return {(i, r): h for i, r, h in cur}
 
 
 def _cell(found) -> Cell:

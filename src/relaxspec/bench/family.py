@@ -1,4 +1,5 @@
-"""`relaxspec models list`: the built-in family with sizes, latency, c_rel and task accuracy."""
+"""`relaxspec models list`: the built-in family with sizes, latency, c_rel and task accuracy (runs the engine
+on the tasks, so it lives in the bench layer)."""
 
 from __future__ import annotations
 

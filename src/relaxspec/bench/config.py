@@ -1,0 +1,225 @@
+"""Bench configuration and the method grammar.
+
+A bench is a grid verifier x drafter x task x (method, params) x draft length N x seed. Every cell draws
+its samples (prompt i, repeat r) with the per-sequence seed derive_seed(seed, i, r), the same for every
+method, so cells are coupled sample by sample (see DESIGN.md, "Coupled randomness").
+
+Sampling is adaptive with a fixed maximum number of looks: look 1 runs `repeats` repeats of every prompt
+in every cell; each later look doubles the repeats of the relaxed cells (and of strict at their N) whose
+interval of the utility difference vs strict is still undecided (see metrics.decision), as long as the
+time budget allows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import warnings
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from relaxspec.bench.names import AR
+
+DEFAULT_OUT = "relaxspec-results"
+DEFAULT_PAD_THRESHOLDS = (0.3, 0.5, 0.7)
+DEFAULT_LIMIT = 80
+DEFAULT_REPEATS = 2
+DEFAULT_LOOKS = 3
+DEFAULT_MAX_NEW_TOKENS = 160
+DEFAULT_BATCH_SIZE = 200
+DEFAULT_MAX_DROP = 0.03
+DEFAULT_TIME_BUDGET_S = 840.0  # 15 minutes less a minute for the report and plots
+DEFAULT_SPEED_PROMPTS = 8  # 20 cost ~6 s per cell on this 2-core machine; 8 keep the default bench in 15 min
+DEFAULT_WORKERS = 2  # the bench uses both cores of a 2-core machine
+SAMPLING_PRESETS = {"paper": {"temperature": 0.6, "top_k": 20, "top_p": 0.95}}  # the seed investigation's
+CLASSIFIER_INPUT = "pivot_prob"  # a rule with this tensor input needs a pivot classifier (pivot_fn)
+
+
+@dataclass
+class BenchConfig:
+    verifiers: list[str] = field(default_factory=lambda: [_default_model("DEFAULT_VERIFIER")])
+    drafters: list[str] = field(default_factory=lambda: [_default_model("DEFAULT_DRAFTER")])
+    tasks: list[str] = field(default_factory=lambda: ["arithmetic"])
+    methods: list[str] | None = None  # None: the default grid (see default_methods)
+    draft_lengths: list[int] = field(default_factory=lambda: [3, 5])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    limit: int | None = DEFAULT_LIMIT  # prompts per task
+    repeats: int = DEFAULT_REPEATS  # samples per prompt in the first look
+    looks: int = DEFAULT_LOOKS  # maximum number of looks (each later one doubles the repeats of undecided cells)
+    max_drop: float = DEFAULT_MAX_DROP  # utility drop vs strict allowed ('best rule' and the decisions)
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S  # later looks start only while they fit in this wall time
+    speed_prompts: int = DEFAULT_SPEED_PROMPTS  # prompts timed one at a time (batch 1) per speculative cell
+    workers: int = DEFAULT_WORKERS  # processes running cells (the driver alone writes the store)
+    temperature: float = 0.7
+    top_k: int | None = None
+    top_p: float | None = 0.95
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    batch_size: int = DEFAULT_BATCH_SIZE  # sequences per generate() call
+    device: str | None = None  # passed to load_model when set
+    dtype: str | None = None  # passed to load_model when set
+    chat_template: str = "auto"  # passed to generate
+    system: str | None = None  # system prompt, passed to generate
+    pad_thresholds: list[float] = field(default_factory=lambda: list(DEFAULT_PAD_THRESHOLDS))
+    pad_classifier: str | None = None  # None: the built-in classifier, if one ships
+    out: str = DEFAULT_OUT
+
+    def validate(self) -> None:
+        for name in ("verifiers", "drafters", "tasks", "draft_lengths", "seeds"):
+            if not getattr(self, name):
+                raise ValueError(f"bench: {name.replace('_', ' ')} must not be empty")
+        for n in self.draft_lengths:
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"bench: draft lengths must be integers >= 1, got {n!r}")
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            raise ValueError(f"bench: limit must be a positive integer, got {self.limit!r}")
+        for name in ("repeats", "looks", "batch_size", "workers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"bench: {name.replace('_', ' ')} must be a positive integer, got {value!r}")
+        if not isinstance(self.speed_prompts, int) or self.speed_prompts < 0:
+            raise ValueError(f"bench: speed prompts must be an integer >= 0, got {self.speed_prompts!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"bench: max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.max_drop < 1:
+            raise ValueError(f"bench: max drop must lie in [0, 1), got {self.max_drop}")
+        if self.time_budget_s <= 0:
+            raise ValueError(f"bench: time budget must be > 0 seconds, got {self.time_budget_s}")
+        if self.repeats > 1 and self.temperature == 0:
+            warnings.warn("bench: repeats > 1 at temperature 0 (greedy) repeat the same responses", stacklevel=2)
+        self.method_specs()  # parsing raises on unknown rules / parameters
+
+    def repeats_at(self, look: int) -> int:
+        """Cumulative repeats per prompt after look `look` (1-based): repeats * 2^(look-1)."""
+        return self.repeats * 2 ** (look - 1)
+
+    def method_specs(self) -> list[tuple[str, dict]]:
+        if self.methods is None:
+            return default_methods(self.pad_thresholds)
+        out = []
+        for item in self.methods:
+            out.extend(parse_method(item, self.pad_thresholds))
+        return _unique(out)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BenchConfig":
+        """Settings by name (TOML keys); 'sampling = "paper"' applies a preset that explicit keys override."""
+        aliases = {"verifier": "verifiers", "drafter": "drafters", "task": "tasks", "draft_length": "draft_lengths",
+                   "seed": "seeds", "method": "methods"}
+        known = {f.name for f in fields(cls)}
+        data = dict(data)
+        kwargs = dict(sampling_preset(data.pop("sampling")) if "sampling" in data else {})
+        for key, value in data.items():
+            name = aliases.get(key, key).replace("-", "_")
+            if name not in known:
+                raise ValueError(f"bench config: unknown setting {key!r}; known: {', '.join(sorted(known))}, "
+                                 "sampling")
+            if name in ("verifiers", "drafters", "tasks", "draft_lengths", "seeds", "methods", "pad_thresholds") \
+                    and not isinstance(value, list):
+                value = [value]
+            kwargs[name] = value
+        return cls(**kwargs)
+
+
+def sampling_preset(name: str) -> dict:
+    if name not in SAMPLING_PRESETS:
+        raise ValueError(f"unknown sampling preset {name!r}; known: {', '.join(SAMPLING_PRESETS)}")
+    return dict(SAMPLING_PRESETS[name])
+
+
+def _default_model(attr: str) -> str:
+    import relaxspec.models.family as family
+    return getattr(family, attr)
+
+
+def load_toml(path: str | Path) -> dict:
+    import tomllib
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"bench config {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"bench config {path}: invalid TOML ({e})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Methods
+
+def _rules():
+    from relaxspec.acceptance import RULES
+    return RULES
+
+
+def needs_classifier(method: str) -> bool:
+    """Whether the rule reads a pivot classifier's output (it declares the tensor input)."""
+    return method != AR and CLASSIFIER_INPUT in _rules()[method].inputs
+
+
+def extra_draft_passes(method: str) -> int:
+    """Drafter forward passes a round of this rule costs beyond N, as the rule declares (AR: 0)."""
+    return 0 if method == AR else int(_rules()[method].extra_draft_passes)
+
+
+def _paper_points(name: str, pad_thresholds) -> list[dict]:
+    """The rule's paper grid: the product of each parameter's grid (parameters without one stay default).
+    A rule that needs a classifier is run at `pad_thresholds`."""
+    rule = _rules()[name]
+    if needs_classifier(name):
+        return [{"threshold": float(t)} for t in pad_thresholds]
+    axes = [(p, list(spec.grid)) for p, spec in rule.params.items() if spec.grid]
+    if not axes:
+        return [{}]
+    return [dict(zip([a for a, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
+
+
+def default_methods(pad_thresholds=DEFAULT_PAD_THRESHOLDS) -> list[tuple[str, dict]]:
+    """AR; every rule at each point of its paper grid (in the registry's order, strict first; classifier
+    rules last, at `pad_thresholds`)."""
+    rules = sorted(_rules(), key=needs_classifier)
+    out = [(AR, {})]
+    for name in rules:
+        out.extend((name, p) for p in _paper_points(name, pad_thresholds))
+    return _unique(out)
+
+
+def _unique(specs: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    seen, unique = set(), []
+    for name, params in specs:
+        sig = (name, json.dumps(params, sort_keys=True))
+        if sig not in seen:
+            seen.add(sig)
+            unique.append((name, params))
+    return unique
+
+
+def parse_method(item: str, pad_thresholds=DEFAULT_PAD_THRESHOLDS) -> list[tuple[str, dict]]:
+    """'NAME' (its paper grid), or 'NAME:PARAM=V1/V2[;PARAM=V...]' (the product of the values given;
+    parameters not given stay at the rule's default)."""
+    item = item.strip()
+    name, _, rest = item.partition(":")
+    name = name.strip()
+    rules = _rules()
+    if name == AR:
+        if rest:
+            raise ValueError(f"method 'ar' takes no parameters, got {rest!r}")
+        return [(AR, {})]
+    if name not in rules:
+        raise ValueError(f"unknown method {name!r}; known: ar, {', '.join(rules)}")
+    if not rest:
+        return [(name, p) for p in _paper_points(name, pad_thresholds)]
+    rule = rules[name]
+    axes = []
+    for part in rest.split(";"):
+        pname, eq, values = part.partition("=")
+        pname = pname.strip()
+        if not eq or not values.strip():
+            raise ValueError(f"method {item!r}: expected PARAM=VALUE[/VALUE...], got {part!r}")
+        if pname not in rule.params:
+            raise ValueError(f"method {item!r}: rule {name!r} has no parameter {pname!r}; "
+                             f"it has: {', '.join(rule.params) or 'none'}")
+        try:
+            vals = [float(v) for v in values.split("/")]
+        except ValueError:
+            raise ValueError(f"method {item!r}: values of {pname!r} must be numbers, got {values!r}") from None
+        axes.append((pname, vals))
+    return [(name, dict(zip([a for a, _ in axes], combo))) for combo in itertools.product(*[v for _, v in axes])]

@@ -1,0 +1,99 @@
+"""A cell's metrics from its samples and engine stats, and the comparisons between cells.
+
+Comparisons (computed by the report and by the runner's adaptive allocation, never stored):
+* every relaxed cell vs strict at the same N (coupled: paired by (prompt, repeat)), at the decision
+  confidence 1 - ALPHA / looks (Bonferroni over the maximum number of looks: the interval at whichever
+  look sampling stopped covers with probability >= 1 - ALPHA);
+* every speculative cell vs AR (paired), at 1 - ALPHA; strict vs AR is the run's sanity check.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from relaxspec.bench.names import AR
+from relaxspec.bench.speedup import C_REL_GRID, block_aware_speedup, modelled_speedup
+from relaxspec.bench.stats import Interval, paired_diff_interval, utility_interval
+
+ALPHA = 0.05
+
+
+def decision_confidence(looks: int) -> float:
+    return 1.0 - ALPHA / looks
+
+
+def merge_engine_stats(parts: list[dict]):
+    """The engine's GenerationStats of several generate() calls (stored with as_dict) as one."""
+    from relaxspec.engine import GenerationStats
+    return GenerationStats.merge([GenerationStats.from_dict(p) for p in parts])
+
+
+def cell_metrics(method: str, draft_length: int, extra_passes: int, rows: list, stats, speed: dict) -> dict:
+    """Metrics of a cell from all its rows and its merged engine stats (tau read from the engine).
+    `speed`: c_rel_measured, c_block_measured, latencies, batch-1 timing (see runner)."""
+    ci = utility_interval([r.utility for r in rows])
+    lengths = [r.tokens for r in rows]
+    tau = stats.mean_acceptance_length
+    n = draft_length
+    c_rel, c_block = speed.get("c_rel_measured"), speed.get("c_block_measured")
+    metrics = {
+        "n_prompts": len({r.prompt_index for r in rows}), "n_samples": len(rows),
+        "utility": ci.mean, "utility_ci_low": ci.low, "utility_ci_high": ci.high,
+        "mean_response_length": statistics.fmean(lengths) if lengths else math.nan,
+        "truncated_fraction": sum(r.stats.get("truncated", False) for r in rows) / len(rows) if rows else 0.0,
+        "acceptance_rate": stats.acceptance_rate if method != AR else math.nan,
+        "acceptance_rate_per_position": list(stats.acceptance_rate_per_position) if method != AR else [],
+        "mean_acceptance_length": tau,
+        "extra_draft_passes": extra_passes,
+        "tokens_per_s": stats.generated_tokens / stats.time_total_s if stats.time_total_s else math.nan,
+        **speed,
+        "modelled_speedup_measured_c_rel": 1.0 if method == AR else
+        (modelled_speedup(tau, n, c_rel, extra_passes) if c_rel is not None else math.nan),
+        "block_aware_speedup_measured": 1.0 if method == AR else
+        (block_aware_speedup(tau, n, c_rel, c_block, extra_passes) if c_rel is not None and c_block else math.nan),
+        **{f"modelled_speedup_c{c:g}": modelled_speedup(tau, n, c, extra_passes) for c in C_REL_GRID},
+    }
+    return metrics
+
+
+def compare(method_utils: dict, base_utils: dict, confidence: float) -> Interval:
+    return paired_diff_interval(method_utils, base_utils, confidence)
+
+
+def identical_fraction(method_hashes: dict, base_hashes: dict) -> float:
+    """Fraction of paired samples whose output token ids are the same (compared by hash)."""
+    keys = set(method_hashes) & set(base_hashes)
+    usable = [k for k in keys if method_hashes[k] and base_hashes[k]]
+    if not usable:
+        return math.nan
+    return sum(method_hashes[k] == base_hashes[k] for k in usable) / len(usable)
+
+
+WITHIN, BEYOND, PRECISE, STRADDLES, NO_STRICT = ("within budget", "beyond budget", "half-width <= budget",
+                                                  "straddles the budget", "no strict cell to compare with")
+
+
+def decision(diff: Interval, max_drop: float) -> str:
+    """The state of a relaxed cell's interval of (utility - strict's) against the budget -max_drop:
+    wholly within, wholly beyond, narrow enough (half-width <= max_drop), or still straddling it."""
+    if diff.n == 0 or math.isnan(diff.low):
+        return NO_STRICT
+    if diff.low >= -max_drop:
+        return WITHIN
+    if diff.high < -max_drop:
+        return BEYOND
+    if diff.half_width <= max_drop:
+        return PRECISE
+    return STRADDLES
+
+
+def is_decided(state: str) -> bool:
+    return state in (WITHIN, BEYOND, PRECISE)
+
+
+def samples_needed(diff: Interval, max_drop: float) -> int:
+    """Samples for the interval's half-width to shrink to max_drop (width ~ 1/sqrt(n))."""
+    if diff.n == 0 or max_drop <= 0 or diff.half_width <= max_drop:
+        return diff.n
+    return math.ceil(diff.n * (diff.half_width / max_drop) ** 2)
