@@ -267,10 +267,40 @@ class RayExecutor:
         self.close()
 
 
+def add_executor_arguments(parser) -> None:
+    """--executor, --ray-address, --cells-per-worker, --gpus-per-cell (bench and tune)."""
+    g = parser.add_argument_group("where cells run")
+    g.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local: in this process; ray: on Ray workers (pip install 'relaxspec[ray]')")
+    g.add_argument("--ray-address", help="join this Ray cluster (auto or HOST:PORT; default: start a local instance "
+                                         "with this machine's CPUs)")
+    g.add_argument("--cells-per-worker", type=int, default=1,
+                   help="cells each Ray worker holds at a time, running + queued (default 1)")
+    g.add_argument("--gpus-per-cell", type=float, default=0.0, help="GPUs each Ray worker reserves (default 0)")
+
+
+def executor_options(args) -> ExecutorOptions:
+    """ExecutorOptions from the flags of add_executor_arguments; each Ray worker reserves --threads CPUs."""
+    options = ExecutorOptions(kind=args.executor, ray_address=args.ray_address,
+                              cells_per_worker=args.cells_per_worker, gpus_per_cell=args.gpus_per_cell,
+                              cpus_per_cell=float(getattr(args, "threads", None) or 1))
+    options.validate()
+    return options
+
+
+def print_failed(failed: list[str]) -> None:
+    """The cells (jobs) that raised, one line each, on stderr."""
+    import sys
+    if failed:
+        print(f"{len(failed)} cells failed (not stored; re-run to retry them):", file=sys.stderr)
+        for line in failed:
+            print(f"  {line}", file=sys.stderr)
+
+
 def status_line(status: dict[str, str], width: int = 40) -> str:
     """Per-worker status for a progress bar: 'w0: <label> | w1: idle'."""
     return " | ".join(f"{w}: {label[:width] if label else 'idle'}" for w, label in status.items())
 
 
 __all__ = ["EXECUTORS", "ExecutorOptions", "Finished", "LocalExecutor", "RayExecutor", "make_executor",
-           "status_line", "import_ray"]
+           "status_line", "import_ray", "add_executor_arguments", "executor_options", "print_failed"]

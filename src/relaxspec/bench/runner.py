@@ -136,6 +136,7 @@ class RunSummary:
     unavailable: list[str] = field(default_factory=list)  # labels of cells that could not run (e.g. no classifier)
     looks_run: int = 0
     out_of_time: list[str] = field(default_factory=list)  # labels of cells a later look could not extend in time
+    failed: list[str] = field(default_factory=list)  # "label: error" of cells that raised (not stored)
     wall_s: float = 0.0
     out: str = ""
 
@@ -170,58 +171,31 @@ def model_options(config: BenchConfig) -> dict:
 
 
 class _Grid:
-    """Models, tasks, latencies and the store of one bench run."""
+    """The store and the versions of one bench run; records what the executor's cell jobs return."""
 
-    def __init__(self, config: BenchConfig, store: Store, versions: dict, models: dict, pivot_fn):
-        self.config, self.store, self.versions, self.models, self.pivot_fn = config, store, versions, models, pivot_fn
-        self.tasks, self.latency = {}, {}
+    def __init__(self, config: BenchConfig, store: Store, versions: dict):
+        self.config, self.store, self.versions = config, store, versions
         self.run_id = uuid.uuid4().hex[:12]
 
-    def task(self, name: str):
-        from relaxspec.tasks import get_task
-        if name not in self.tasks:
-            self.tasks[name] = get_task(name, limit=self.config.limit)
-        return self.tasks[name]
+    def job(self, spec: CellSpec, key: str, target_repeats: int):
+        """The job running the repeats the cell lacks up to `target_repeats` (batch-1 timing on its first look)."""
+        from relaxspec.bench.cell_job import CellJob
+        return CellJob(spec, key, self.config, self.versions, self.store.repeats_done(key), target_repeats,
+                       batch1=spec.method != AR and not self.store.has(key))
 
-    def _latency(self, name: str, block: int) -> float:
-        from relaxspec.models import measure_step_latency
-        if (name, block) not in self.latency:
-            self.latency[(name, block)] = measure_step_latency(self.models[name], block=block)
-        return self.latency[(name, block)]
-
-    def speed(self, spec: CellSpec) -> dict:
-        """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step)."""
-        if spec.method == AR:
-            return {}
-        lat_v, lat_d = self._latency(spec.verifier, 1), self._latency(spec.drafter, 1)
-        return {"c_rel_measured": lat_d / lat_v, "c_block_measured": self._latency(spec.verifier,
-                                                                                    spec.draft_length + 1) / lat_v,
-                "latency_verifier_s": lat_v, "latency_drafter_s": lat_d}
-
-    def extend(self, spec: CellSpec, key: str, target_repeats: int, look: int) -> dict:
-        """Run the repeats the cell lacks up to `target_repeats`, store them with the cell's updated metrics."""
-        import torch
-        done = self.store.repeats_done(key)
+    def record(self, job, result, look: int) -> dict:
+        """Store a finished job's rows with the cell's updated metrics (one transaction)."""
+        spec, key = job.spec, job.key
         old = self.store.get(key)
-        task = self.task(spec.task)
-        verifier = self.models[spec.verifier]
-        drafter = self.models[spec.drafter] if spec.drafter else None
-        pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
-        wall0 = time.perf_counter()
-        with torch.inference_mode():
-            rows, parts = run_samples(spec, task, range(done, target_repeats), verifier, drafter, self.config,
-                                      pivot_fn)
-            sample_wall = time.perf_counter() - wall0
-            batch1 = old.metrics.get("batch1", {}) if old else \
-                (time_batch1(spec, task, verifier, drafter, self.config, pivot_fn) if spec.method != AR else {})
-        parts = (old.metrics["engine_stats"] if old else []) + parts
-        all_rows = (self.store.rows(key) if old else []) + rows
+        batch1 = old.metrics.get("batch1", {}) if old else result.batch1
+        parts = (old.metrics["engine_stats"] if old else []) + result.parts
+        all_rows = (self.store.rows(key) if old else []) + result.rows
         metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
-                               merge_engine_stats(parts), {**self.speed(spec), **batch1})
+                               merge_engine_stats(parts), {**result.speed, **batch1})
         metrics.update(engine_stats=parts, batch1=batch1, looks=self.config.looks, first_repeats=self.config.repeats,
                        look=look, run_id=self.run_id,
-                       sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0) + sample_wall)
-        self.store.put(key, cell_config(spec, self.config, self.versions), metrics, rows)
+                       sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0) + result.sample_wall_s)
+        self.store.put(key, cell_config(spec, self.config, self.versions), metrics, result.rows)
         return metrics
 
     def diff_vs_strict(self, key: str, strict_key: str | None):
@@ -232,23 +206,30 @@ class _Grid:
                        decision_confidence(self.config.looks))
 
 
-def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print) -> RunSummary:
+def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print, executor=None) -> RunSummary:
     """Run the grid in looks (see the module doc), writing each cell's look to the store as it finishes.
 
-    `on_cell(index, spec, key, metrics)` is called after each stored look of a cell (e.g. to stop early);
-    KeyboardInterrupt anywhere loses only the look in flight."""
+    `executor`: bench.executors.ExecutorOptions (None: local, in this process). Whatever runs the cells, only
+    this driver writes the store. `on_cell(index, spec, key, metrics)` is called after each stored look of a
+    cell (e.g. to stop early); a cell that raises is listed in `summary.failed` and the others go on;
+    KeyboardInterrupt anywhere loses only the looks in flight."""
     from tqdm import tqdm
 
+    from relaxspec.bench.cell_job import seeded_cache
+    from relaxspec.bench.executors import ExecutorOptions, make_executor, status_line
     from relaxspec.models import load_model
 
     config.validate()
+    options = executor or ExecutorOptions()
+    options.validate()
     t_start = time.perf_counter()
     summary = RunSummary(out=str(config.out))
     cells = plan(config)
     versions = {"code": code_version()}
     models = {}
     for name in dict.fromkeys([*config.verifiers, *config.drafters]):
-        models[name] = load_model(name, **model_options(config))  # loaded next to hashing its weights
+        if options.kind == "local":  # Ray workers load their own
+            models[name] = load_model(name, **model_options(config))  # loaded next to hashing its weights
         versions[name] = model_version(name)
     pivot_fn = None
     if any(needs_classifier(c.method) for c in cells):
@@ -267,12 +248,15 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
             summary.unavailable = [c.label for c in skipped]
             cells = [c for c in cells if all(c is not s for s in skipped)]
     store = Store(config.out)
-    grid = _Grid(config, store, versions, models, pivot_fn)
+    grid = _Grid(config, store, versions)
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
     key_of = {c.label: k for c, k in keyed}
     strict_key = {k: key_of.get(c.strict.label) for c, k in keyed if c.method not in (AR, STRICT)}
+    failed = set()
     index = 0
+    pool = None
     try:
+        pool = make_executor(options, seeded_cache(models, pivot_fn, versions.get("pad_classifier")))
         for look in range(1, config.looks + 1):
             target = config.repeats_at(look)
             if look == 1:
@@ -285,28 +269,43 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
                 undecided = {k for c, k in keyed if k in strict_key and strict_key[k] is not None
                              and not is_decided(decision(grid.diff_vs_strict(k, strict_key[k]), config.max_drop))}
                 refs = {strict_key[k] for k in undecided}
-                todo = [(c, k) for c, k in keyed if (k in undecided or k in refs) and store.repeats_done(k) < target]
+                todo = [(c, k) for c, k in keyed if (k in undecided or k in refs) and store.repeats_done(k) < target
+                        and k not in failed]
             if not todo:
                 continue
             summary.looks_run = look
-            bar = tqdm(todo, desc=f"bench look {look}/{config.looks}", unit="cell", disable=not progress,
+            bar = tqdm(total=len(todo), desc=f"bench look {look}/{config.looks}", unit="cell", disable=not progress,
                        dynamic_ncols=True)
-            try:
-                for spec, key in bar:
+
+            def jobs():
+                for spec, key in todo:
                     if look > 1 and not _fits(grid, store, key, target, t_start, config.time_budget_s):
                         summary.out_of_time.append(spec.label)
+                        bar.update(1)
                         continue
-                    bar.set_postfix_str(spec.label, refresh=True)
-                    metrics = grid.extend(spec, key, target, look)
-                    if key not in summary.ran:
-                        summary.ran.append(key)
+                    yield grid.job(spec, key, target)
+                    bar.set_postfix_str(status_line(pool.status), refresh=True)
+
+            try:
+                for done in pool.run(jobs()):
+                    bar.update(1)
+                    bar.set_postfix_str(status_line(pool.status), refresh=True)
+                    if done.error is not None:
+                        failed.add(done.job.key)
+                        summary.failed.append(f"{done.job.label}: {done.error}")
+                        continue
+                    metrics = grid.record(done.job, done.result, look)
+                    if done.job.key not in summary.ran:
+                        summary.ran.append(done.job.key)
                     if on_cell is not None:
-                        on_cell(index, spec, key, metrics)
+                        on_cell(index, done.job.spec, done.job.key, metrics)
                     index += 1
             finally:
                 bar.close()
     finally:
         summary.wall_s = time.perf_counter() - t_start
+        if pool is not None:
+            pool.close()
         store.close()
     return summary
 
