@@ -64,7 +64,9 @@ class Finished:
 
 
 def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    """'ExceptionType: first line of its message'."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def make_executor(options: ExecutorOptions | None = None, cache: dict | None = None):
@@ -148,8 +150,9 @@ class RayExecutor:
             self._init()
 
     def _init(self) -> None:
-        common = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                      configure_logging=True)
+        common = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=True)
+        if os.environ.get("RELAXSPEC_CODE_VERSION"):  # the user's code-version override holds on the workers too
+            common["runtime_env"] = {"env_vars": {"RELAXSPEC_CODE_VERSION": os.environ["RELAXSPEC_CODE_VERSION"]}}
         try:
             if self.options.ray_address:
                 self.ray.init(address=self.options.ray_address, **common)
@@ -238,8 +241,7 @@ class RayExecutor:
                 result, error = ray.get(ref), None
             except RayTaskError as e:  # the job raised: its own error, not retried
                 cause = getattr(e, "cause", None)
-                result, error = None, describe(cause) if isinstance(cause, BaseException) else \
-                    str(e).strip().splitlines()[-1]
+                result, error = None, describe(cause if isinstance(cause, BaseException) else e)
             except RayActorError as e:  # the worker died more than max_retries times
                 result = None
                 error = f"worker {slot.name} died (restarted {self.options.max_retries} times): " \
