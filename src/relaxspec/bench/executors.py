@@ -120,8 +120,7 @@ class _Worker:
     """A Ray actor: runs jobs with a cache that lives as long as the actor."""
 
     def __init__(self, threads: int):
-        import torch
-        torch.set_num_threads(max(1, threads))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, threads))  # torch, imported later by a job, reads it
         self.cache = {}
 
     def run(self, job):
