@@ -34,8 +34,7 @@ def cluster():
     """The address of a local Ray instance with 2 CPUs, shared by the module's tests, shut down after them."""
     env = os.environ.get("RELAXSPEC_CODE_VERSION")
     os.environ["RELAXSPEC_CODE_VERSION"] = CODE_VERSION  # the workers inherit it
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             _node_ip_address="127.0.0.1")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

@@ -9,13 +9,14 @@ A job is any picklable object with
 `executor.run(jobs)` pulls jobs lazily from any iterable and yields one `Finished` per job as it completes
 (completion order). A job that raises is reported with its error (`Finished.error`) and never retried; the
 other jobs go on. Only the caller (the driver) sees results, so only the driver writes the store.
-`executor.status` maps each worker to the label of the job it is running ("" when idle).
+`executor.status` maps each worker to the label of the job it is running ("" when idle); `executor.on_change`,
+when set, is called after each change of it (e.g. to refresh a progress bar).
 
 The Ray executor runs one actor per worker (it keeps loaded models in memory across cells of the same pair:
 loading and hashing a pair costs more than a small cell). An actor that dies (node lost, process killed,
 out of memory) is restarted and its in-flight jobs re-sent, at most `max_retries` times; after that the jobs
 are reported as failed. Without `ray_address` a local Ray instance with this machine's CPUs is started (and
-shut down by `close`), bound to loopback, without dashboard.
+shut down by `close`), without dashboard, its logs kept off the terminal.
 """
 
 from __future__ import annotations
@@ -85,10 +86,12 @@ class LocalExecutor:
     def __init__(self, cache: dict | None = None):
         self.cache = {} if cache is None else cache
         self.status = {"local": ""}
+        self.on_change = None
 
     def run(self, jobs: Iterable) -> Iterator[Finished]:
         for job in jobs:
             self.status["local"] = job.label
+            _notify(self)
             t0 = time.perf_counter()
             try:
                 result, error = job.run(self.cache), None
@@ -106,6 +109,11 @@ class LocalExecutor:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _notify(executor) -> None:
+    if executor.on_change is not None:
+        executor.on_change()
 
 
 def import_ray():
@@ -144,6 +152,7 @@ class RayExecutor:
         self.started = False
         self.slots: list[_Slot] = []
         self.status: dict[str, str] = {}
+        self.on_change = None
         self._created = 0
         if not self.ray.is_initialized():
             self._init()
@@ -156,7 +165,7 @@ class RayExecutor:
             if self.options.ray_address:
                 self.ray.init(address=self.options.ray_address, **common)
             else:
-                self.ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **common)
+                self.ray.init(num_cpus=os.cpu_count(), **common)
         except (ConnectionError, RuntimeError, ValueError) as e:
             where = self.options.ray_address or "a local instance"
             raise ValueError(f"cannot start Ray ({where}): {str(e).splitlines()[0] if str(e) else type(e).__name__}")\
@@ -227,6 +236,7 @@ class RayExecutor:
                 inflight[ref] = (slot, job, time.perf_counter())
                 running.setdefault(slot.name, []).append(job.label)
                 self.status[slot.name] = running[slot.name][0]
+                _notify(self)
             if not inflight:
                 if exhausted and not buffer:
                     return

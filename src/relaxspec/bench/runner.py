@@ -284,8 +284,8 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
                         bar.update(1)
                         continue
                     yield grid.job(spec, key, target)
-                    bar.set_postfix_str(status_line(pool.status), refresh=True)
 
+            pool.on_change = lambda: bar.set_postfix_str(status_line(pool.status), refresh=True)
             try:
                 for done in pool.run(jobs()):
                     bar.update(1)
