@@ -1,6 +1,6 @@
 """Engine speed: strict speculative decoding vs autoregressive, measured and modelled, plus HF's peer.
 
-    python benchmarks/engine_speed.py [--prompts 50] [--max-new-tokens 128] [--repeats 3]
+    python benchmarks/engine_speed.py [--prompts 50] [--max-new-tokens 128] [--repeats 3] [--device cuda --dtype bfloat16]
 
 Every figure is a ratio measured in this run on the same prompts (batch 1, one prompt at a time, as
 speculative decoding is used for latency). Modelled speed-up = tau / (1 + N * c_rel), with c_rel the
@@ -21,6 +21,7 @@ import torch
 
 from relaxspec.engine import generate
 from relaxspec.models import load_model, measure_step_latency
+from relaxspec.models.options import add_device_args, device_kwargs
 from relaxspec.tasks.synthetic import synthetic_task
 
 
@@ -33,7 +34,7 @@ def timed_generate(verifier, drafter, prompt, method, n, temperature, max_new_to
 
 def timed_hf(verifier, drafter, prompt, n, max_new_tokens):
     tok = verifier.tokenizer
-    enc = tok(prompt, return_tensors="pt")
+    enc = tok(prompt, return_tensors="pt").to(verifier.device)
     start = time.perf_counter()
     with torch.inference_mode():
         verifier.model.generate(**enc, assistant_model=drafter.model, do_sample=False,
@@ -68,10 +69,11 @@ def main():
     ap.add_argument("--draft-lengths", type=int, nargs="*", default=[3, 5, 8])
     ap.add_argument("--repeats", type=int, default=3, help="median over this many repeats of each row")
     ap.add_argument("--threads", type=int, default=1, help="tiny models run best on one thread")
+    add_device_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    verifier, drafter = load_model(args.verifier), load_model(args.drafter)
+    verifier, drafter = load_model(args.verifier, **device_kwargs(args)), load_model(args.drafter, **device_kwargs(args))
     prompts = synthetic_task(args.task, "test", args.prompts).prompts
     # Step latencies measured in turns, several times over, medians: the machine's speed drifts.
     calls = {"verifier": (verifier, 1), "drafter": (drafter, 1)}
@@ -84,7 +86,8 @@ def main():
     step = latency["verifier"]
     c_rel = latency["drafter"] / step
     c_block = {n: latency[n] / step for n in args.draft_lengths}
-    print(f"pair {args.verifier} / {args.drafter}; {len(prompts)} {args.task} prompts; {args.threads} thread(s); "
+    print(f"pair {args.verifier} / {args.drafter} on {verifier.device} in {verifier.dtype} ({verifier.backend}); "
+          f"{len(prompts)} {args.task} prompts; {args.threads} thread(s); "
           f"verifier step {step * 1e3:.2f} ms; measured c_rel {c_rel:.3f}; c_block "
           + ", ".join(f"N={n}: {c:.2f}" for n, c in c_block.items()))
     print(f"{'temp':>5} {'N':>3} {'tau':>6} {'measured':>9} {'modelled':>9} {'overhead':>9} {'block-aware':>12} "

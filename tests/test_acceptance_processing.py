@@ -73,7 +73,8 @@ def test_divergences():
 def test_capped_ratio_conventions():
     num = torch.tensor([0.5, 0.2, 0.0, 0.3, 0.0])
     den = torch.tensor([0.25, 0.4, 0.0, 0.0, 0.5])
-    assert torch.equal(capped_ratio(num, den), torch.tensor([1.0, 0.5, 0.0, 1.0, 0.0]))
+    # q(x) = 0 is a draft the drafter could not have made: rejected (as vLLM), whatever p(x).
+    assert torch.equal(capped_ratio(num, den), torch.tensor([1.0, 0.5, 0.0, 0.0, 0.0]))
     assert capped_ratio(torch.tensor([1.0]), torch.tensor([1e-45])).item() == 1.0  # overflow -> 1
 
 

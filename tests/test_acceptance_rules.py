@@ -134,7 +134,7 @@ def test_fuzzy_and_rfuzzy_same_output_law_on_mixed_gates():
     assert not out["fuzzy"].accepted[group >= 2].any()
 
 
-@pytest.mark.parametrize("threshold", [-1.0, 0.0, 0.05, 0.2, 0.3, 0.7])
+@pytest.mark.parametrize("threshold", [0.0, 0.05, 0.2, 0.3, 0.7])
 def test_rfuzzy_accepts_at_least_as_often_as_fuzzy(threshold):
     target, draft = random_block(seed=27, B=256, N=4, V=16, noise=0.8)
     x = sample_drafts(draft, 4, SAMPLINGS["t1"], seed=0)
@@ -197,7 +197,7 @@ def test_spec_casc_opt_gate():
     d = torch.stack([q_close, q_close]).log().view(2, 1, 3)
     x = torch.tensor([[2], [2]])
     strict = min(1.0, 0.1 / 0.2)
-    for alpha, expect in [(0.0, strict), (-0.1, strict), (1.0, 1.0), (2.0, 1.0), (INF, 1.0), (-INF, strict)]:
+    for alpha, expect in [(0.0, strict), (-0.1, strict), (1.0, 1.0), (2.0, 1.0), (1e30, 1.0), (-1e30, strict)]:
         a = relaxed_targets("spec-casc-opt", t, d, x, alpha=alpha).accept_prob
         assert torch.allclose(a, torch.full((2, 1), expect)), alpha  # gate: 0.5 >= 0.6 - 0.1·α
 
@@ -234,7 +234,7 @@ def test_typical_ignores_the_drafter():
         a = verify("typical", target, draft, x, **sampling, generator=torch.Generator().manual_seed(1))
         b = verify("typical", target, other, x, **sampling, generator=torch.Generator().manual_seed(1))
         assert torch.equal(a.accept_prob, b.accept_prob) and torch.equal(a.tokens, b.tokens)
-    assert RULES["typical"].uses_draft_probs is False
+    assert RULES["typical"].reads_q is False
 
 
 def test_typical_formula_and_argmax_residual():
@@ -252,10 +252,9 @@ def test_typical_formula_and_argmax_residual():
 # ---------------------------------------------------------------- spec-cont-dec
 
 
-@pytest.mark.parametrize("bonus_draft", [False, True])
-def test_spec_cont_dec_stays_in_the_verifier_support(bonus_draft):
+def test_spec_cont_dec_stays_in_the_verifier_support():
     B, N, V = 50_000, 3, 16
-    target, draft = random_block(seed=30, B=1, N=N, V=V, noise=2.0, bonus_draft=bonus_draft)
+    target, draft = random_block(seed=30, B=1, N=N, V=V, noise=2.0, bonus_draft=True)
     sampling = dict(temperature=1.0, top_k=3)
     res = run_mc("spec-cont-dec", target[0], draft[0], B, sampling, seed=3, beta=1.0)
     support = process_logits(target[0], **sampling) > 0  # [N+1, V]
@@ -282,8 +281,10 @@ def test_spec_cont_dec_formula_and_relaxed_bonus():
     q0 = process_logits(z_q[0], **sampling)
     assert math.isclose(tg.accept_prob.item(), min(1.0, float(pi[0, 0] / q0[0])), rel_tol=1e-5)
     assert torch.equal(tg.bonus[0], torch.tensor([0.0, 1.0, 0.0, 0.0]))  # +inf contrast wins, in support
-    tg_nb = relaxed_targets("spec-cont-dec", target, z_q[:1].unsqueeze(0), torch.tensor([[0]]), beta=beta, **sampling)
-    assert torch.allclose(tg_nb.bonus[0], process_logits(z_p[1], **sampling))
+    # Without the drafter's bonus-position row: an error, not a silent fall-back to p.
+    for fn in (relaxed_targets, verify):
+        with pytest.raises(ValueError, match=r"rule 'spec-cont-dec' needs the drafter's row at the bonus position"):
+            fn("spec-cont-dec", target, z_q[:1].unsqueeze(0), torch.tensor([[0]]), beta=beta, **sampling)
 
 
 # ---------------------------------------------------------------- pad

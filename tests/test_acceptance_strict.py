@@ -49,13 +49,17 @@ def test_greedy_accepts_exactly_the_verifier_argmax_matches():
     B, N, V = 4000, 4, 5
     g = torch.Generator().manual_seed(7)
     target = torch.randn(B, N + 1, V, generator=g)
-    draft = torch.randn(B, N, V, generator=g)
     argmax_p = target.argmax(-1)
-    # Drafts match the verifier argmax most of the time, so long prefixes occur.
+    # Drafts match the verifier argmax most of the time, so long prefixes occur; each draft is
+    # the drafter's argmax (as greedy drafting makes it).
     x = torch.where(torch.rand(B, N, generator=g) < 0.7, argmax_p[:, :N], torch.randint(0, V, (B, N), generator=g))
+    draft = torch.randn(B, N, V, generator=g) + 10.0 * torch.nn.functional.one_hot(x, V)
     res = verify("strict", target, draft, x, temperature=0.0, generator=g)
     match = x == argmax_p[:, :N]
     assert torch.equal(res.accepted, match)
+    # A draft the greedy drafter could not have made (q(x) = 0) is rejected, even on the verifier's argmax.
+    other = verify("strict", target, draft - 20.0 * torch.nn.functional.one_hot(x, V), x, temperature=0.0)
+    assert not other.accepted.any() and (other.num_accepted == 0).all()
     first_miss = torch.where((~match).any(1), (~match).int().argmax(1), N)
     assert torch.equal(res.num_accepted, first_miss)
     # The token after the kept prefix is the verifier's argmax there (residual or bonus).
@@ -93,7 +97,7 @@ def test_zero_mass_residual_falls_back_to_p():
 
 
 def test_reproducible_with_seeded_generator():
-    target, draft = random_block(seed=9, B=512, N=5, V=50)
+    target, draft = random_block(seed=9, B=512, N=5, V=50, bonus_draft=True)
     x = torch.randint(0, 50, (512, 5), generator=torch.Generator().manual_seed(0))
     for method in ("strict", "cactus", "spec-cont-dec"):
         a = verify(method, target, draft, x, generator=torch.Generator().manual_seed(123))

@@ -44,7 +44,14 @@ def test_unknown_method_lists_known(fn):
     ("spec-cont-dec", dict(beta=-1.0), r"'beta' must be in \[0, inf\)"),
     ("typical", dict(epsilon=2.0), r"'epsilon' must be in \[0, 1\]"),
     ("typical", dict(delta=-1.0), r"'delta' must be in \[0, inf\)"),
-    ("fuzzy", dict(threshold=math.nan), r"'threshold' must be in any float"),
+    ("fuzzy", dict(threshold=math.nan), r"'threshold' must be in \[0, inf\]"),
+    ("fuzzy", dict(threshold=-0.01), r"rule 'fuzzy': parameter 'threshold' must be in \[0, inf\]"),
+    ("r-fuzzy", dict(threshold=-1.0), r"rule 'r-fuzzy': parameter 'threshold' must be in \[0, inf\]"),
+    ("spec-casc-opt", dict(alpha=-math.inf), r"rule 'spec-casc-opt': parameter 'alpha' must be in \(-inf, inf\)"),
+    ("spec-casc-opt", dict(alpha=math.inf), r"'alpha' must be in \(-inf, inf\)"),
+    ("pad", dict(floor="paper", pivot_prob=torch.zeros(B, N)),
+     r"rule 'pad': parameter 'floor' must be one of classifier, authors, got 'paper'"),
+    ("pad", dict(floor=1.0, pivot_prob=torch.zeros(B, N)), r"'floor' must be one of classifier, authors"),
     ("r-fuzzy", dict(threshold="0.2"), r"rule 'r-fuzzy': parameter 'threshold' must be a number"),
     ("spec-casc-opt", dict(alpha=True), r"must be a number"),
     ("pad", dict(threshold=1.5, pivot_prob=torch.zeros(B, N)), r"rule 'pad': parameter 'threshold' must be in \[0, 1\]"),
@@ -79,8 +86,9 @@ def test_shape_checks():
     raises(r"vocabulary mismatch: target_logits has V=5, draft_logits has V=6", "strict", t, torch.randn(B, N, 6), x)
     raises(r"draft_tokens must have shape \[B, N\] = \[3, 2\]", "strict", t, d, x[:, :1])
     raises(r"draft_tokens must have shape", "strict", t, d, x[:2])
-    raises(r"draft_tokens must be a torch.long tensor", "strict", t, d, x.int())
-    raises(r"draft_tokens must be a torch.long tensor", "strict", t, d, x.tolist())
+    raises(r"draft_tokens must be an int64 or int32 tensor \[B, N\], got torch.int16", "strict", t, d, x.short())
+    raises(r"draft_tokens must be an int64 or int32 tensor", "strict", t, d, x.float())
+    raises(r"draft_tokens must be an int64 or int32 tensor", "strict", t, d, x.tolist())
     raises(r"draft_tokens must lie in \[0, V\) = \[0, 5\)", "strict", t, d, torch.full((B, N), V))
     raises(r"draft_tokens must lie in", "strict", t, d, torch.full((B, N), -1))
     raises(r"target_logits must be a floating-point tensor", "strict", t.long(), d, x)
@@ -125,7 +133,7 @@ def test_sampling_args(kwargs, match):
 def test_edge_values_are_accepted():
     t, d, x = block()
     for method, params in [("mentored", dict(alpha=0.0)), ("cactus", dict(delta=1e9)),
-                           ("fuzzy", dict(threshold=math.inf)), ("spec-casc-opt", dict(alpha=-math.inf)),
+                           ("fuzzy", dict(threshold=math.inf)), ("spec-casc-opt", dict(alpha=-1e30)),
                            ("spec-casc-tok", dict(alpha=1.0)), ("ensemble", dict(weight=0)),
                            ("typical", dict(epsilon=0.0, delta=0.0))]:
         res = verify(method, t, d, x, top_k=1, top_p=1.0, **params)

@@ -1,7 +1,10 @@
 import pytest
 
 from relaxspec.acceptance import RULES
-from relaxspec.bench.grid import BenchConfig, default_methods, parse_method, plan
+from relaxspec.acceptance import get_rule
+from relaxspec.bench.config import (BenchConfig, default_methods, extra_draft_passes, needs_classifier,
+                                    parse_method)
+from relaxspec.bench.runner import plan
 from relaxspec.bench.store import cell_key
 
 
@@ -15,6 +18,7 @@ def test_default_grid_is_the_paper_grid():
     assert [p["alpha"] for p in by_rule["spec-casc-tok"]] == [0.0, 0.35, 0.8]
     assert [p["delta"] for p in by_rule["cactus"]] == [0.1, 0.25, 1.0, 10.0]
     assert [p["threshold"] for p in by_rule["pad"]] == [0.3, 0.5, 0.7]
+    assert [p["weight"] for p in by_rule["ensemble"]] == [0.0, 0.8, 0.9, 0.95]  # 0: the always-accept baseline
     assert set(by_rule) == {"ar", *RULES}
     config = BenchConfig()
     assert config.draft_lengths == [3, 5] and config.temperature == 0.7 and config.top_p == 0.95
@@ -49,19 +53,21 @@ def test_config_from_dict_and_key_stability():
     assert cell_key({"a": 1}) != cell_key({"a": 2})
 
 
-def test_merge_stats_recovers_rounds_from_drafts():
-    from relaxspec.bench.grid import _merge_stats
-    # part 1: 10 rounds of N=2, 12 accepted (pos1 8/10, pos2 4/10); part 2: 5 rounds, 2 accepted (2/5, 0/5)
-    parts = [dict(drafts_proposed=20, drafts_accepted=12, acceptance_rate_per_position=[0.8, 0.4], verifier_calls=3,
-                  drafter_calls=6, generated_tokens=22, time_draft_s=1.0, time_verify_s=2.0, time_total_s=3.5),
-             dict(drafts_proposed=10, drafts_accepted=2, acceptance_rate_per_position=[0.4, 0.0], verifier_calls=2,
-                  drafter_calls=4, generated_tokens=7, time_draft_s=0.5, time_verify_s=1.0, time_total_s=1.5)]
-    total = _merge_stats(parts, 2)
-    assert total["verify_rounds"] == 15 and total["time_total_s"] == 5.0
-    assert total["acceptance_rate"] == pytest.approx(14 / 30)
-    assert total["mean_acceptance_length"] == pytest.approx((15 + 14) / 15)
-    assert total["acceptance_rate_per_position"] == pytest.approx([10 / 15, 4 / 15])
-    assert _merge_stats([dict(parts[0], drafts_proposed=0, drafts_accepted=0)], 0)["mean_acceptance_length"] == 1.0
+def test_rule_needs_come_from_the_rules_declarations():
+    for name in RULES:
+        assert extra_draft_passes(name) == get_rule(name).extra_draft_passes
+        assert needs_classifier(name) == ("pivot_prob" in get_rule(name).inputs)
+    assert extra_draft_passes("ar") == 0 and not needs_classifier("ar")
+    assert any(extra_draft_passes(name) for name in RULES) and any(needs_classifier(name) for name in RULES)
+
+
+def test_repeats_double_per_look_and_settings_are_checked():
+    config = BenchConfig(repeats=2, looks=3)
+    assert [config.repeats_at(k) for k in (1, 2, 3)] == [2, 4, 8]
+    for bad, match in [(dict(looks=0), "looks"), (dict(workers=0), "workers"), (dict(max_drop=1.5), "max drop"),
+                       (dict(time_budget_s=0), "time budget"), (dict(speed_prompts=-1), "speed prompts")]:
+        with pytest.raises(ValueError, match=match):
+            BenchConfig(**bad).validate()
 
 
 def test_toml_config_and_flag_override(tmp_path):
@@ -76,6 +82,13 @@ def test_toml_config_and_flag_override(tmp_path):
     config = config_from_args(args)
     assert config.tasks == ["sorting"] and config.limit == 3 and config.draft_lengths == [2, 6]
     assert config.temperature == 0.0 and config.method_specs() == [("ar", {}), ("cactus", {"delta": 0.5})]
+    paper = config_from_args(ap.parse_args(["bench", "--sampling", "paper", "--top-p", "0.9"]))
+    assert (paper.temperature, paper.top_k, paper.top_p) == (0.6, 20, 0.9)  # explicit flags override the preset
+    (tmp_path / "p.toml").write_text('sampling = "paper"\ntemperature = 0.5\n')
+    from_toml = config_from_args(ap.parse_args(["bench", "--config", str(tmp_path / "p.toml")]))
+    assert (from_toml.temperature, from_toml.top_k, from_toml.top_p) == (0.5, 20, 0.95)
+    with pytest.raises(ValueError, match="unknown sampling preset 'vllm'"):
+        BenchConfig.from_dict({"sampling": "vllm"})
     (tmp_path / "bad.toml").write_text("limit = [\n")
     with pytest.raises(ValueError, match="invalid TOML"):
         config_from_args(ap.parse_args(["bench", "--config", str(tmp_path / "bad.toml")]))

@@ -19,9 +19,9 @@ from relaxspec.bench.runner import run_grid  # noqa: E402
 
 CODE_VERSION = "test-ray"  # pinned: sources edited while the tests run must not change the cells' keys
 GRID = dict(methods=["ar", "strict", "cactus:delta=1"], draft_lengths=[2, 3], limit=2, repeats=1, looks=1,
-            max_new_tokens=12, speed_prompts=1)
+            max_new_tokens=12, speed_prompts=1, workers=1)
 GRID_FLAGS = ["--methods", "ar,strict,cactus:delta=1", "--draft-lengths", "2,3", "--limit", "2", "--repeats", "1",
-              "--looks", "1", "--max-new-tokens", "12", "--speed-prompts", "1"]
+              "--looks", "1", "--max-new-tokens", "12", "--speed-prompts", "1", "--workers", "1"]
 N_CELLS = 5  # ar + (strict, cactus) x N in {2, 3}
 # metrics that are timings (they depend on where and when a cell ran); every other value must match
 TIMINGS = {"run_id", "sample_wall_s", "tokens_per_s", "c_rel_measured", "c_block_measured", "latency_verifier_s",
@@ -84,7 +84,7 @@ def test_failing_cell_is_reported_and_the_rest_completes(tmp_path, cluster, caps
     out = tmp_path / "res"
     from relaxspec.cli import main
     code = main(["bench", "--methods", "strict,mentored:alpha=0.5/1.5", "--draft-lengths", "2", "--limit", "1",
-                 "--repeats", "1", "--looks", "1", "--max-new-tokens", "6", "--speed-prompts", "0",
+                 "--repeats", "1", "--looks", "1", "--max-new-tokens", "6", "--speed-prompts", "0", "--workers", "1",
                  "--executor", "ray", "--ray-address", cluster, "--out", str(out), "--no-progress", "--no-plots"])
     assert code == 1
     err = capsys.readouterr().err

@@ -4,15 +4,19 @@ import json
 import pytest
 import torch
 
-from relaxspec.bench.grid import BenchConfig, run_grid
+from relaxspec.bench.config import BenchConfig
 from relaxspec.bench.plots import all_plots
-from relaxspec.bench.report import CSV_COLUMNS, best_rules, build_rows, format_table, write_csv
-from relaxspec.bench.store import Store
+from relaxspec.bench.report import CSV_COLUMNS, best_rules, build_rows, format_report, write_csv
+from relaxspec.bench.runner import run_grid
+from relaxspec.bench.stats import paired_diff_interval
+from relaxspec.bench.store import Row, Store
 
 REQUIRED = ("verifier, drafter, task, method, params, draft_length, seed, n_prompts, utility, utility_ci_low, "
-            "utility_ci_high, utility_diff_vs_ar, utility_diff_ci_low, utility_diff_ci_high, acceptance_rate, "
-            "mean_acceptance_length, mean_response_length, c_rel_measured, measured_speedup, "
-            "modelled_speedup_measured_c_rel, modelled_speedup_c0.05, modelled_speedup_c0.2, modelled_speedup_c0.5, "
+            "utility_ci_high, utility_diff_vs_ar, utility_diff_ci_low, utility_diff_ci_high, utility_diff_vs_strict, "
+            "utility_diff_vs_strict_ci_low, utility_diff_vs_strict_ci_high, outputs_identical_to_strict, "
+            "acceptance_rate, mean_acceptance_length, mean_response_length, c_rel_measured, c_block_measured, "
+            "measured_speedup_batch1, measured_speedup_batched, modelled_speedup_measured_c_rel, "
+            "modelled_speedup_c0.05, modelled_speedup_c0.2, modelled_speedup_c0.5, block_aware_speedup_measured, "
             "length_adjusted_speedup_c0.05, length_adjusted_speedup_c0.2, length_adjusted_speedup_c0.5").split(", ")
 
 
@@ -21,8 +25,9 @@ def stored(tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("bench")
     config = BenchConfig(verifiers=["verifier"], drafters=["drafter-strong"], tasks=["arithmetic"],
-                         methods=["ar", "strict", "mentored:alpha=0.3/0.95", "typical"], draft_lengths=[2, 3],
-                         limit=3, repeats=2, max_new_tokens=12, out=str(out))
+                         methods=["ar", "strict", "mentored:alpha=0/0.95", "spec-cont-dec:beta=0.5"],
+                         draft_lengths=[2, 3], limit=3, repeats=2, looks=1, speed_prompts=2, max_new_tokens=12,
+                         workers=1, out=str(out))
     run_grid(config, progress=False, log=lambda *a: None)
     with Store(out) as store:
         rows = build_rows(store)
@@ -34,41 +39,48 @@ def test_rows_and_csv(stored, tmp_path):
     assert len(rows) == 1 + 2 * 4
     ar = rows[0]
     assert ar["method"] == "ar" and ar["draft_length"] == 0 and ar["utility_diff_vs_ar"] == 0.0
-    assert ar["measured_speedup"] == 1.0 and ar["modelled_speedup_c0.2"] == 1.0
+    assert ar["measured_speedup_batched"] == 1.0 and ar["modelled_speedup_c0.2"] == 1.0
     for r in rows[1:]:
-        assert r["measured_speedup"] > 0 and r["c_rel_measured"] > 0
-        n, tau = r["draft_length"], r["mean_acceptance_length"]
+        assert r["measured_speedup_batched"] > 0 and r["c_rel_measured"] > 0 and r["c_block_measured"] > 0
+        assert r["measured_speedup_batch1"] > 0 and r["batch1_prompts"] == 2
+        n, tau, extra = r["draft_length"], r["mean_acceptance_length"], r["extra_draft_passes"]
+        assert extra == (1 if r["method"] == "spec-cont-dec" else 0)  # declared by the rule
         assert 1.0 <= tau <= n + 1
-        assert r["modelled_speedup_c0.2"] == pytest.approx(tau / (1 + 0.2 * n))
+        assert r["modelled_speedup_c0.2"] == pytest.approx(tau / (1 + 0.2 * (n + extra)))
+        assert r["block_aware_speedup_measured"] == pytest.approx(
+            tau / ((n + extra) * r["c_rel_measured"] + r["c_block_measured"]))
         assert r["length_adjusted_speedup_c0.2"] == pytest.approx(
             r["modelled_speedup_c0.2"] * ar["mean_response_length"] / r["mean_response_length"])
         assert r["utility_diff_ci_low"] <= r["utility_diff_vs_ar"] <= r["utility_diff_ci_high"]
-    with Store(out) as store:  # the comparison stored with each cell agrees with the report's
-        for r in rows[1:]:
-            vs_ar = store.get(r["key"]).metrics["vs_ar"]
-            assert vs_ar["utility_diff_vs_ar"] == pytest.approx(r["utility_diff_vs_ar"])
-            assert vs_ar["length_adjusted_speedup_c0.5"] == pytest.approx(r["length_adjusted_speedup_c0.5"])
+        assert 0.0 <= r["utility_ci_low"] <= r["utility"] <= r["utility_ci_high"] <= 1.0
+        if r["method"] == "mentored" and json.loads(r["params"]) == {"alpha": 0.0}:  # strict, coupled
+            assert r["outputs_identical_to_strict"] == 1.0 and r["utility_diff_vs_strict"] == 0.0
     path = write_csv(rows, tmp_path / "r.csv")
     with path.open() as f:
         reader = csv.DictReader(f)
         data = list(reader)
     assert set(REQUIRED) <= set(reader.fieldnames) and reader.fieldnames == CSV_COLUMNS
-    assert len(data) == len(rows)
-    assert data[0]["method"] == "ar" and data[0]["draft_length"] == "0"
-    mentored = [d for d in data if d["method"] == "mentored"]
-    assert {json.loads(d["params"])["alpha"] for d in mentored} == {0.3, 0.95}
+    assert len(data) == len(rows) and data[0]["method"] == "ar" and data[0]["draft_length"] == "0"
+    relaxed = [d for d in data if d["method"] == "mentored"]
+    assert {json.loads(d["params"])["alpha"] for d in relaxed} == {0.0, 0.95}
+    assert all(d["utility_diff_vs_strict_ci_low"] and d["outputs_identical_to_strict"] for d in relaxed)
 
 
-def test_table_and_best_rule(stored):
+def test_csv_to_a_directory_or_an_unwritable_path_is_one_error(stored, tmp_path):
     _, rows = stored
-    text = format_table(rows, max_drop=0.05)
-    assert "mentored(alpha=0.95)" in text and "Best rule per c_rel" in text
-    assert text.count("\n") > len(rows)
-    best = best_rules(rows, max_drop=1.0)  # any drop allowed: the fastest cell wins
-    fastest = max((r for r in rows if r["method"] != "ar"), key=lambda r: r["length_adjusted_speedup_c0.05"])
-    assert next(b for b in best if b["c_rel"] == "0.05")["best"] is fastest
-    strictest = best_rules(rows, max_drop=-2.0)  # impossible: nothing qualifies
-    assert all(b["best"] is None for b in strictest)
+    with pytest.raises(ValueError, match="is a directory"):
+        write_csv(rows, tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="cannot write the CSV"):
+        write_csv(rows, tmp_path / "file" / "r.csv")
+
+
+def test_report_text(stored):
+    _, rows = stored
+    text = format_report(rows, max_drop=0.03)
+    assert "mentored(alpha=0.95)" in text and "== settings group 1: 3 prompts, first look 2 repeats" in text
+    assert "Sanity check" in text and "strict - AR" in text and "Decisions vs strict (budget 0.03)" in text
+    assert "Best rule" in text and "block-aware, measured" in text and "x b1" in text
 
 
 def test_plots_are_written(stored, tmp_path):
@@ -80,3 +92,87 @@ def test_plots_are_written(stored, tmp_path):
                      "capability_arithmetic_verifier_drafter-strong_N3.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------ hand-made stores
+
+SETTINGS = dict(limit=400, temperature=0.7, top_k=None, top_p=0.95, max_new_tokens=64, batch_size=200, device=None,
+                dtype=None, chat_template="auto", system=None, code_version="test")
+
+
+def put(store, key, method, utilities, params=None, n=3, speed=1.0, drafter="d", **settings):
+    config = dict(SETTINGS, verifier="v", verifier_version="1", drafter=None if method == "ar" else drafter,
+                  drafter_version=None if method == "ar" else "1", task="t", method=method, params=params or {},
+                  draft_length=0 if method == "ar" else n, seed=0, **settings)
+    metrics = {"n_prompts": len(utilities), "n_samples": len(utilities), "utility": sum(utilities) / len(utilities),
+               "utility_ci_low": 0.0, "utility_ci_high": 1.0, "mean_response_length": 10.0, "tokens_per_s": 100 * speed,
+               "mean_acceptance_length": 1.0 + speed, "modelled_speedup_measured_c_rel": speed,
+               "block_aware_speedup_measured": speed, "looks": 3, "first_repeats": 1,
+               **{f"modelled_speedup_c{c:g}": speed for c in (0.05, 0.2, 0.5)}}
+    store.put(key, config, metrics, [Row(i, 0, "p", "1", "r", u, 10, {}, token_hash=str(u))
+                                     for i, u in enumerate(utilities)])
+
+
+STRICT = [0.0] * 30 + [1.0] * 370
+FAST = [1.0] * 5 + [0.0] * 40 + [1.0] * 355  # 5 wins, 15 losses vs strict: -0.025, lower bound below -0.03
+SAFE = [0.0] * 32 + [1.0] * 368  # 2 losses: -0.005, lower bound above -0.03
+
+
+def test_best_rule_uses_the_upper_bound_of_the_drop_not_the_point_estimate(tmp_path):
+    fast, safe = paired_diff_interval(dict(enumerate(FAST)), dict(enumerate(STRICT)), 1 - 0.05 / 3), \
+        paired_diff_interval(dict(enumerate(SAFE)), dict(enumerate(STRICT)), 1 - 0.05 / 3)
+    assert fast.mean >= -0.03 > fast.low and safe.low >= -0.03  # the premise: estimate and bound disagree on fast
+    with Store(tmp_path) as store:
+        put(store, "ar", "ar", STRICT)
+        put(store, "strict", "strict", STRICT, speed=1.5)
+        put(store, "fast", "cactus", FAST, {"delta": 10.0}, speed=3.0)
+        put(store, "safe", "cactus", SAFE, {"delta": 0.1}, speed=2.0)
+        put(store, "open", "cactus", FAST[:40], {"delta": 1.0}, speed=2.5)  # 40 samples: wide, straddling
+        rows = build_rows(store)
+    best = best_rules(rows, max_drop=0.03)
+    assert {b["best"]["key"] for b in best} == {"safe"}
+    assert all(sorted(r["key"] for r in b["undecidable"]) == ["fast", "open"] for b in best)
+    text = format_report(rows, max_drop=0.03)
+    assert "cactus(delta=0.1) N=3  2.00x" in text and "2 cells undecidable" in text
+    fast_line = next(line for line in text.splitlines() if "cactus(delta=10)" in line)
+    assert "narrow ±0.02" in fast_line  # decided for power (half-width <= budget), yet not eligible
+    assert "undecided: t / d cactus(delta=1) N=3" in text and "paired samples would bring it to 0.03" in text
+    assert "Decisions vs strict (budget 0.03): 2 of 3 relaxed cells decided" in text
+    # a generous budget admits the fast one
+    assert {b["best"]["key"] for b in best_rules(rows, max_drop=0.1)} == {"fast"}
+
+
+def test_two_settings_are_two_groups(tmp_path):
+    with Store(tmp_path) as store:
+        put(store, "ar1", "ar", STRICT)
+        put(store, "s1", "strict", STRICT)
+        put(store, "c1", "cactus", SAFE, {"delta": 0.1})
+        put(store, "ar2", "ar", STRICT, temperature=0.6)
+        put(store, "s2", "strict", SAFE, temperature=0.6)
+        put(store, "c2", "cactus", SAFE, {"delta": 0.1}, temperature=0.6)
+        latest, everything = build_rows(store), build_rows(store, "all")
+    assert {r["key"] for r in latest} == {"ar2", "s2", "c2"}
+    assert [r["settings_group"] for r in everything] == [1, 1, 1, 2, 2, 2]
+    # comparisons stay inside a group: c2 is identical to s2 (its strict), not to s1
+    c2 = next(r for r in everything if r["key"] == "c2")
+    assert c2["utility_diff_vs_strict"] == 0.0 and c2["outputs_identical_to_strict"] == 1.0
+    text = format_report(everything, max_drop=0.03, groups_total=2)
+    assert text.count("== settings group") == 2 and "temperature 0.7" in text and "temperature 0.6" in text
+    short = format_report(latest, max_drop=0.03, groups_total=2)
+    assert short.count("== settings group") == 1 and "--all shows every one" in short
+    assert len({p.name for p in all_plots(everything, tmp_path / "plots")}) == 4  # per group, never mixed
+
+
+def test_missing_ar_or_strict_is_said(tmp_path):
+    with Store(tmp_path / "a") as store:
+        put(store, "s", "strict", STRICT)
+        put(store, "c", "cactus", SAFE, {"delta": 0.1})
+        text = format_report(build_rows(store), max_drop=0.03)
+    assert "no AR cell in this group" in text and "none within" not in text
+    with Store(tmp_path / "b") as store:
+        put(store, "ar", "ar", STRICT)
+        put(store, "c", "cactus", SAFE, {"delta": 0.1})
+        put(store, "c4", "cactus", SAFE, {"delta": 0.1}, n=4)
+        text = format_report(build_rows(store), max_drop=0.03)
+    assert "no strict cell in this group" in text and "no strict cell at N = 3, 4" in text
+    assert "no strict cell: cannot choose" in text

@@ -3,7 +3,8 @@ import sqlite3
 import pytest
 import torch
 
-from relaxspec.bench.grid import BenchConfig, run_grid
+from relaxspec.bench.config import BenchConfig
+from relaxspec.bench.runner import run_grid
 from relaxspec.bench.store import Row, Store
 
 torch.set_num_threads(1)
@@ -12,14 +13,14 @@ torch.set_num_threads(1)
 def small_config(out, **kw):
     base = dict(verifiers=["verifier"], drafters=["drafter-weak"], tasks=["arithmetic"],
                 methods=["ar", "strict", "cactus:delta=1/10", "typical"], draft_lengths=[2], limit=3, repeats=2,
-                max_new_tokens=10, out=str(out))
+                max_new_tokens=10, looks=1, speed_prompts=1, workers=1, out=str(out))
     base.update(kw)
     return BenchConfig(**base)
 
 
-def row(i, utility=1.0):
-    return Row(prompt_index=i, repeat=0, prompt=f"p{i}", reference="1", response="r", utility=utility, tokens=3,
-               stats={})
+def row(i, utility=1.0, repeat=0):
+    return Row(prompt_index=i, repeat=repeat, prompt=f"p{i}", reference="1", response="r", utility=utility, tokens=3,
+               stats={}, token_hash=f"h{i}")
 
 
 def test_put_is_atomic_and_has(tmp_path):
@@ -33,6 +34,43 @@ def test_put_is_atomic_and_has(tmp_path):
         assert store.utilities("k1") == {(0, 0): 1.0, (1, 0): 1.0}
     conn = sqlite3.connect(tmp_path / "results.sqlite")
     assert conn.execute("SELECT COUNT(*) FROM rows WHERE cell_key = 'k2'").fetchone()[0] == 0
+
+
+def test_a_cell_grows_by_looks(tmp_path):
+    with Store(tmp_path) as store:
+        assert store.repeats_done("k") == 0
+        store.put("k", {"method": "strict"}, {"n_samples": 2}, [row(0), row(1)])
+        store.put("k", {"method": "strict"}, {"n_samples": 4}, [row(0, 0.0, repeat=1), row(1, repeat=1)])
+        assert store.repeats_done("k") == 2 and store.get("k").metrics == {"n_samples": 4}
+        assert store.utilities("k") == {(0, 0): 1.0, (1, 0): 1.0, (0, 1): 0.0, (1, 1): 1.0}
+        assert store.token_hashes("k")[(1, 1)] == "h1" and store.rows("k")[2].token_hash == "h0"
+        with pytest.raises(sqlite3.IntegrityError):  # a sample stored twice is a bug, and the look is not kept
+            store.put("k", {"method": "strict"}, {"n_samples": 6}, [row(2, repeat=2), row(0, repeat=1)])
+        assert store.repeats_done("k") == 2 and store.get("k").metrics == {"n_samples": 4}
+
+
+def test_corrupted_store_is_one_clear_error(tmp_path):
+    (tmp_path / "results.sqlite").write_bytes(b"SQLite format 3\x00" + b"\x13" * 4000)
+    with pytest.raises(ValueError, match="is corrupted"):
+        Store.open_existing(tmp_path)
+    (tmp_path / "results.sqlite").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(ValueError, match="is corrupted"):
+        Store(tmp_path)
+
+
+def test_store_without_token_hashes_is_upgraded(tmp_path):
+    conn = sqlite3.connect(tmp_path / "results.sqlite")
+    conn.executescript("CREATE TABLE cells (key TEXT PRIMARY KEY, config TEXT NOT NULL, metrics TEXT NOT NULL, "
+                       "created TEXT NOT NULL); CREATE TABLE rows (cell_key TEXT NOT NULL, prompt_index INTEGER "
+                       "NOT NULL, repeat INTEGER NOT NULL, prompt TEXT NOT NULL, reference TEXT NOT NULL, response "
+                       "TEXT NOT NULL, utility REAL NOT NULL, tokens INTEGER NOT NULL, stats TEXT NOT NULL, "
+                       "PRIMARY KEY (cell_key, prompt_index, repeat));"
+                       "INSERT INTO cells VALUES ('old', '{}', '{}', '2026');"
+                       "INSERT INTO rows VALUES ('old', 0, 0, 'p', '1', 'r', 1.0, 3, '{}');")
+    conn.commit()
+    conn.close()
+    with Store(tmp_path) as store:
+        assert store.token_hashes("old") == {(0, 0): ""}
 
 
 def test_interrupted_grid_resumes_with_only_the_rest(tmp_path, monkeypatch):

@@ -15,8 +15,8 @@ def test_synthetic_specs_use_the_held_out_split():
 
 def test_unknown_spec_lists_the_known_ones():
     with pytest.raises(ValueError) as err:
-        get_task("gsm8k")
-    for known in ("arithmetic", "sorting", "humaneval", "jsonl:"):
+        get_task("nosuchtask")
+    for known in ("arithmetic", "sorting", "humaneval", "jsonl:", "gsm8k[:PATH]", "livecodebench[:PATH]"):
         assert known in str(err.value)
     with pytest.raises(ValueError, match="names no file"):
         get_task("jsonl:")

@@ -4,17 +4,21 @@
     res = verify("cactus", target_logits, draft_logits, draft_tokens, delta=0.25)
 
 `RULES` maps each method name to its rule object (parameters with defaults,
-valid ranges, strict setting and paper grid), in a stable order.
+valid ranges, strict setting and paper grid; what it needs from the engine:
+`extra_draft_passes`, `reads_q`, `inputs`, `greedy_closed_form`; whether it is valid
+with a one-hot q: `check_one_hot_q`), in a stable order.
 """
 
 from relaxspec.acceptance.base import (
     RULES,
+    ChoiceSpec,
     ParamSpec,
     Positions,
     Rule,
     Targets,
     TensorInput,
     VerifyContext,
+    check_one_hot_q,
     get_rule,
 )
 
@@ -32,9 +36,16 @@ from relaxspec.acceptance import (  # noqa: E402,F401
     typical,
     pad,
 )
-from relaxspec.acceptance.processing import entropy, jsd, process_logits, total_variation
+from relaxspec.acceptance.processing import (
+    GREEDY_TEMPERATURE,
+    entropy,
+    is_greedy,
+    jsd,
+    process_logits,
+    total_variation,
+)
 from relaxspec.acceptance.random import Draws, SequenceSeeds, derive_seed
-from relaxspec.acceptance.verify import VerifyResult, build_context, relaxed_targets, verify
+from relaxspec.acceptance.verify import GREEDY_MODES, VerifyResult, build_context, relaxed_targets, verify
 
 __all__ = [
     "verify",
@@ -42,12 +53,17 @@ __all__ = [
     "relaxed_targets",
     "RULES",
     "get_rule",
+    "check_one_hot_q",
+    "is_greedy",
+    "GREEDY_TEMPERATURE",
+    "GREEDY_MODES",
     "process_logits",
     "entropy",
     "jsd",
     "total_variation",
     "build_context",
     "ParamSpec",
+    "ChoiceSpec",
     "TensorInput",
     "Rule",
     "Targets",

@@ -9,6 +9,11 @@ A rule is pure math on processed distributions. It gives three things
 
 The defaults below are strict speculative sampling; a rule overrides only what
 it changes. The shared loop in `verify.py` draws the uniforms and samples.
+
+A rule also declares what it needs from the engine (class attributes on `Rule`:
+`extra_draft_passes`, `reads_q`, `inputs`, `greedy_closed_form`) and how it behaves
+with a one-hot q (`valid_with_one_hot_q`, `one_hot_q`) and at temperature 0
+(`at_greedy`), so that no layer above `acceptance` needs to know rule names.
 """
 
 from __future__ import annotations
@@ -70,6 +75,28 @@ class ParamSpec:
 
 def _fmt(x: float) -> str:
     return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class ChoiceSpec:
+    """A parameter that names one of a few behaviours (e.g. PAD's `floor`): default, choices,
+    the choice at which the rule can be strict (or None). Not a grid axis."""
+
+    name: str
+    default: str
+    choices: tuple[str, ...]
+    strict_value: str | None = None
+    grid: tuple[str, ...] = ()
+    doc: str = ""
+
+    def range_str(self) -> str:
+        return "one of " + ", ".join(self.choices)
+
+    def check(self, value, rule: str) -> str:
+        """The value, or ValueError naming the rule, parameter and choices."""
+        if not isinstance(value, str) or value not in self.choices:
+            raise ValueError(f"rule {rule!r}: parameter {self.name!r} must be {self.range_str()}, got {value!r}")
+        return value
 
 
 @dataclass(frozen=True)
@@ -175,11 +202,6 @@ class VerifyContext:
         return self.draft_tokens.shape[1]
 
     @property
-    def has_bonus_draft(self) -> bool:
-        """True when draft_logits carries the drafter's row at the bonus position."""
-        return self.draft_logits.shape[1] == self.num_drafts + 1
-
-    @property
     def p_x(self) -> torch.Tensor:
         return self.drafts().p_x
 
@@ -212,16 +234,36 @@ class VerifyContext:
 
 
 class Rule:
-    """Base class: strict speculative sampling. Subclasses override what differs."""
+    """Base class: strict speculative sampling. Subclasses override what differs.
+
+    What a rule needs, read by the engine and the bench instead of rule names:
+
+    * `extra_draft_passes`: drafter forward passes per round beyond the N drafting ones. 1 means
+      the rule reads the drafter's row at the bonus position, so `verify` requires draft_logits
+      [B, N+1, V] (spec-cont-dec's relaxed bonus). A modelled round costs N + this drafter passes.
+    * `reads_q`: whether the rule reads the drafter's distribution q (or its logits) at all; a
+      rule with False (typical) gives the same result whatever q is.
+    * `inputs`: per-draft-position tensors the caller must pass (e.g. PAD's `pivot_prob`).
+    * `greedy_closed_form`: at temperature 0, `verify` computes the rule as argmax matching
+      (vLLM's greedy path) without uniforms; for any other rule it runs the shared loop on
+      one-hot p and q, unless the caller asks `greedy="strict"`.
+    * `valid_with_one_hot_q` / `one_hot_q`: a drafter that gives no distribution (prompt lookup,
+      fixed drafts) is verified with q one-hot on its draft, the exact law of a deterministic
+      proposal. `one_hot_q` says what the rule becomes then; a rule whose acceptance would no
+      longer be controlled by the verifier is refused by `check_one_hot_q`.
+    * `at_greedy`: what the rule does at temperature 0 (p and q one-hot), for the listing.
+    """
 
     name: str = ""
     description: str = ""
-    params: dict[str, ParamSpec] = {}
+    params: dict[str, ParamSpec | ChoiceSpec] = {}
     inputs: dict[str, TensorInput] = {}
-    uses_draft_probs: bool = True
-    # Drafter forward passes a round needs beyond the N drafting ones (spec-cont-dec: 1, for the
-    # drafter's row at the bonus position); the engine makes them and speed models count them.
     extra_draft_passes: int = 0
+    reads_q: bool = True
+    greedy_closed_form: bool = False
+    valid_with_one_hot_q: bool = True
+    one_hot_q: str = "accept min(1, p(x)): lossless for a deterministic drafter"
+    at_greedy: str = "argmax matching: exactly strict"
 
     # --- the math (pure; no sampling) ---
 
@@ -239,7 +281,8 @@ class Rule:
 
     def targets(self, ctx: VerifyContext, **params) -> Targets:
         """Dense targets on the whole block (for inspection; verify only gathers rows)."""
-        params = self.validate(params, batch_shape=tuple(ctx.draft_tokens.shape))
+        params = self.validate(params, batch_shape=tuple(ctx.draft_tokens.shape),
+                               draft_rows=ctx.draft_logits.shape[1])
         pos = ctx.drafts()
         return Targets(
             accept_prob=self.accept_prob(pos, **params),
@@ -256,9 +299,12 @@ class Rule:
         strict = {n: s.strict_value for n, s in self.params.items() if s.strict_value is not None}
         return strict or None
 
-    def validate(self, params: dict, batch_shape: tuple[int, int] | None = None) -> dict:
+    def validate(self, params: dict, batch_shape: tuple[int, int] | None = None,
+                 draft_rows: int | None = None) -> dict:
         """Defaults filled in; ValueError for unknown names, wrong types, out-of-range
-        values, missing / malformed tensor inputs (shape checked if batch_shape is given)."""
+        values, missing / malformed tensor inputs (shape checked if batch_shape [B, N] is given),
+        and a missing bonus-position drafter row for a rule with `extra_draft_passes` (checked
+        if draft_rows, the number of draft_logits rows, is given with batch_shape)."""
         known = {**self.params, **self.inputs}
         for name in params:
             if name not in known:
@@ -272,6 +318,11 @@ class Rule:
             out[name] = spec.check(params.get(name, spec.default), self.name)
         for name, spec in self.inputs.items():
             out[name] = self._check_input(spec, params.get(name), batch_shape)
+        if self.extra_draft_passes and draft_rows is not None and draft_rows != batch_shape[1] + 1:
+            raise ValueError(
+                f"rule {self.name!r} needs the drafter's row at the bonus position (one extra drafter pass): "
+                f"draft_logits must have N+1 = {batch_shape[1] + 1} rows per sequence, got {draft_rows}"
+            )
         return out
 
     def _check_input(self, spec: TensorInput, value, batch_shape) -> torch.Tensor:
@@ -288,8 +339,18 @@ class Rule:
             raise ValueError(f"{where} must lie in [{spec.low:g}, {spec.high:g}] (NaN not allowed)")
         return value
 
+    def needs_text(self) -> str:
+        """One line: what the engine must give this rule (for `relaxspec methods`)."""
+        needs = [f"{self.extra_draft_passes} extra drafter pass(es) per round (the bonus-position row)"
+                 if self.extra_draft_passes else "no extra drafter pass",
+                 "reads q" if self.reads_q else "does not read q"]
+        needs += [f"input {name}" for name in self.inputs]
+        if self.greedy_closed_form:
+            needs.append("greedy closed form")
+        return "; ".join(needs)
+
     def __repr__(self) -> str:
-        ps = ", ".join(f"{n}={s.default:g}" for n, s in self.params.items())
+        ps = ", ".join(f"{n}={s.default}" for n, s in self.params.items())
         return f"<Rule {self.name}({ps})>"
 
 
@@ -314,6 +375,17 @@ def get_rule(name) -> Rule:
         raise ValueError(
             f"unknown acceptance method {name!r}; known methods: {', '.join(RULES)}"
         ) from None
+
+
+def check_one_hot_q(rule: Rule | str) -> None:
+    """ValueError unless the rule stays meaningful with a one-hot q (a drafter that gives no
+    distribution, e.g. prompt lookup); the engine calls it for such drafters."""
+    rule = get_rule(rule) if isinstance(rule, str) else rule
+    if not rule.valid_with_one_hot_q:
+        raise ValueError(
+            f"rule {rule.name!r} needs a drafter that gives its distribution q; this drafter gives none "
+            f"(q would be one-hot on its draft, and then {rule.one_hot_q})"
+        )
 
 
 def _owner_hint(name: str) -> str:

@@ -29,6 +29,8 @@ class CactusRule(Rule):
             doc="divergence budget; 0 is strict",
         )
     }
+    one_hot_q = "accept min(1, h) with h >= p(x); the output law is H_x, within the budget"
+    at_greedy = "p one-hot, so h = p(x): exactly strict"
 
     def accept_prob(self, pos: Positions, *, delta: float) -> torch.Tensor:
         return capped_ratio(cactus_h(pos.p_x, delta), pos.q_x)

@@ -1,9 +1,11 @@
 """Fuzzy speculative decoding, FSD (Holsman, Huang, Dhingra, Findings ACL 2025).
 
 Accept the draft iff JSD(p, q) < T at that position; otherwise resample from p
-(no residual). T < 0 never accepts: autoregressive decoding from p (lossless,
-but no speed-up). Its reducible variant is `r-fuzzy`.
+(no residual). T >= 0 as in the reference; T = 0 never accepts: autoregressive
+decoding from p (lossless, but no speed-up). Its reducible variant is `r-fuzzy`.
 """
+
+import math
 
 import torch
 
@@ -17,10 +19,13 @@ class FuzzyRule(Rule):
     description = "FSD: accept iff JSD(p,q) < T, else resample from p."
     params = {
         "threshold": ParamSpec(
-            "threshold", 0.2, grid=(0.05, 0.2, 0.3),
-            doc="JSD threshold in nats; T < 0 never accepts (autoregressive from p)",
+            "threshold", 0.2, low=0.0, high=math.inf, grid=(0.05, 0.2, 0.3),
+            doc="JSD threshold in nats; 0 never accepts (autoregressive from p)",
         )
     }
+    one_hot_q = ("accept iff JSD(p, δ_x) < T, i.e. only when p is concentrated on x; "
+                 "JSD(output, p) <= T per token still holds")
+    at_greedy = "JSD is 0 (argmaxes agree) or ln 2: strict for 0 < T <= ln 2; T > ln 2 accepts every draft"
 
     def accept_prob(self, pos: Positions, *, threshold: float) -> torch.Tensor:
         return (jsd(pos.p, pos.q) < threshold).to(pos.p.dtype)

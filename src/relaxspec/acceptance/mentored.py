@@ -20,6 +20,8 @@ class MentoredRule(Rule):
             grid=(0.3, 0.7, 0.95), doc="lenience; 0 is strict",
         )
     }
+    one_hot_q = "accept min(1, p(x)/(1-α)), else sample p without x"
+    at_greedy = "p(x) is 0 or 1: exactly strict"
 
     def accept_prob(self, pos: Positions, *, alpha: float) -> torch.Tensor:
         return capped_ratio(pos.p_x, (1.0 - alpha) * pos.q_x)

@@ -2,8 +2,8 @@
 divergence helpers and the argument checks shared by `verify`.
 
 "Processed" means: logits / temperature, then top-k, then top-p, renormalised
-(the order vLLM and Hugging Face use). Temperature 0 means greedy: a one-hot
-row on the argmax.
+(the order vLLM and Hugging Face use). A temperature below GREEDY_TEMPERATURE
+(1e-5, vLLM's sampling epsilon) means greedy: a one-hot row on the argmax.
 """
 
 from __future__ import annotations
@@ -14,6 +14,13 @@ import numbers
 import torch
 
 NEG_INF = float("-inf")
+# Temperatures below this are greedy (dividing logits by them would overflow to NaN).
+GREEDY_TEMPERATURE = 1e-5
+
+
+def is_greedy(temperature: float) -> bool:
+    """True for temperatures that mean greedy decoding (0, or below GREEDY_TEMPERATURE)."""
+    return temperature < GREEDY_TEMPERATURE
 
 
 # ---------------------------------------------------------------- processing
@@ -29,13 +36,13 @@ def process_logits(
 
     logits / temperature, then keep the top_k largest (ties with the k-th value
     are kept), then keep the smallest most-likely set whose mass reaches top_p
-    (always at least one token), renormalised. temperature == 0 gives a
+    (always at least one token), renormalised. A greedy temperature (< 1e-5) gives a
     one-hot row on the argmax (first index on ties); top-k / top-p cannot
     change the argmax, so they are no-ops there.
     """
     check_sampling_args(temperature, top_k, top_p)
     z = as_float(logits)
-    if temperature == 0:
+    if is_greedy(temperature):
         return one_hot_argmax(z)
     if temperature != 1.0:
         z = z / temperature
@@ -100,13 +107,20 @@ def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def capped_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """min(1, num / den) with num / 0 := 1 if num > 0 else 0.
+    """min(1, num / den), and 0 where den == 0.
 
-    den == 0 happens for drafts the drafter could not have produced (greedy
-    drafts, top-k cuts); the convention keeps every rule NaN-free there.
+    den == 0 is a draft the drafter could not have produced (q(x) = 0, e.g. cut by
+    its top-k): it is rejected, as vLLM's and the reference's rejection samplers do.
+    A finite ratio that overflows (den tiny) is still capped to 1.
     """
-    # x/0 is inf (-> 1 after the cap) for x > 0 and NaN (-> 0) for x = 0: three ops, no branches.
-    return (num / den).nan_to_num_(nan=0.0).clamp_(max=1.0)
+    return (num / den).clamp_(max=1.0).masked_fill_(den <= 0, 0.0)
+
+
+def accept_or_strict(gate: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """Acceptance of a rule whose target is pi = q where `gate` holds and p elsewhere: 1 on the gate
+    (pi(x)/q(x) = 1, unless q(x) = 0: rejected), the strict test min(1, p(x)/q(x)) off it."""
+    strict = capped_ratio(p_x, q_x)
+    return torch.where(gate & (q_x > 0), 1.0, strict)
 
 
 def normalize_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
@@ -143,6 +157,8 @@ def sample_with_uniform(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def check_sampling_args(temperature, top_k, top_p) -> None:
+    """Temperature a finite number >= 0 (below GREEDY_TEMPERATURE: greedy); top_k an int >= 1;
+    top_p in (0, 1]; None means off."""
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
     if not (temperature >= 0 and temperature < float("inf")):

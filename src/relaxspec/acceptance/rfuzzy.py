@@ -1,14 +1,17 @@
 """Reducible fuzzy SD, r-fuzzy: π = q if JSD(p, q) <= T else p.
 
-Gate passes: accept unconditionally (π/q = 1). Gate fails: the strict test
-with residual (p - q)+. Same output marginal as FSD, never less acceptance;
-T < 0 is strict.
+Gate passes: accept unconditionally (π/q = 1; q(x) = 0 is still rejected). Gate
+fails: the strict test with residual (p - q)+. Same output marginal as FSD, never
+less acceptance. T >= 0 as in the reference; T = 0 is strict (the gate then passes
+only where p = q, where the strict test accepts too).
 """
+
+import math
 
 import torch
 
 from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
-from relaxspec.acceptance.processing import capped_ratio, jsd
+from relaxspec.acceptance.processing import accept_or_strict, jsd
 
 
 @register
@@ -17,11 +20,12 @@ class RFuzzyRule(Rule):
     description = "r-fuzzy: accept if JSD(p,q) <= T, else the strict test."
     params = {
         "threshold": ParamSpec(
-            "threshold", 0.2, strict_value=-1.0, grid=(0.05, 0.2, 0.3),
-            doc="JSD threshold in nats; any T < 0 is strict",
+            "threshold", 0.2, low=0.0, high=math.inf, strict_value=0.0, grid=(0.05, 0.2, 0.3),
+            doc="JSD threshold in nats; 0 is strict",
         )
     }
+    one_hot_q = "accept if JSD(p, δ_x) <= T (p concentrated on x), else min(1, p(x))"
+    at_greedy = "JSD is 0 (argmaxes agree) or ln 2: strict for T < ln 2; T >= ln 2 accepts every draft"
 
     def accept_prob(self, pos: Positions, *, threshold: float) -> torch.Tensor:
-        gate = jsd(pos.p, pos.q) <= threshold
-        return torch.where(gate, 1.0, capped_ratio(pos.p_x, pos.q_x))
+        return accept_or_strict(jsd(pos.p, pos.q) <= threshold, pos.p_x, pos.q_x)

@@ -1,8 +1,12 @@
 """Speculative cascades, "opt" deferral (Narasimhan et al., ICLR 2025, colab Eq. 10).
 
 π = q if max q >= max p - α·TV(p, q) else p, on processed probabilities.
-π = q accepts unconditionally; π = p is the strict test with residual (p - q)+.
-α = -inf is strict.
+π = q accepts unconditionally (q(x) = 0 is still rejected); π = p is the strict test
+with residual (p - q)+. α is finite, as in the reference; no α is exactly strict (it
+is approached as α → -inf).
+
+Refused with a one-hot q: max q = 1 then passes the gate for every α >= 0, so
+every draft is accepted, even where p(x) = 0.
 """
 
 import math
@@ -10,7 +14,7 @@ import math
 import torch
 
 from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
-from relaxspec.acceptance.processing import capped_ratio, total_variation
+from relaxspec.acceptance.processing import accept_or_strict, total_variation
 
 
 @register
@@ -19,17 +23,15 @@ class SpecCascOptRule(Rule):
     description = "Speculative cascade (opt): keep the draft if max q >= max p - α·TV(p,q), else strict."
     params = {
         "alpha": ParamSpec(
-            "alpha", 0.0, strict_value=-math.inf, grid=(-0.1, 0.0, 0.05),
-            doc="deferral slack; -inf is strict",
+            "alpha", 0.0, low=-math.inf, high=math.inf, low_inclusive=False, high_inclusive=False,
+            grid=(-0.1, 0.0, 0.05), doc="deferral slack (finite); strict as α → -inf",
         )
     }
+    valid_with_one_hot_q = False
+    one_hot_q = "max q = 1 passes the gate for every α >= 0: every draft is accepted, even where p(x) = 0"
+    at_greedy = "max q = max p = 1, TV 0 or 1: every draft is accepted if α >= 0; strict if α < 0"
 
     def accept_prob(self, pos: Positions, *, alpha: float) -> torch.Tensor:
-        strict = capped_ratio(pos.p_x, pos.q_x)
-        if alpha == -math.inf:
-            return strict
-        tv = total_variation(pos.p, pos.q)
-        # TV = 0 with α = ±inf would be inf·0 = NaN; the slack is 0 there.
-        slack = torch.where(tv > 0, alpha * tv, 0.0)
+        slack = alpha * total_variation(pos.p, pos.q)
         gate = pos.q.amax(dim=-1) >= pos.p.amax(dim=-1) - slack
-        return torch.where(gate, 1.0, strict)
+        return accept_or_strict(gate, pos.p_x, pos.q_x)

@@ -29,6 +29,8 @@ class SpecCascTokRule(Rule):
             doc="top-set width: A = {v: p̃(v) >= (1-α) max p̃}; no strict setting",
         )
     }
+    one_hot_q = "π = δ_x if x is in the verifier's top set A, else p: accept x in A, else min(1, p(x))"
+    at_greedy = "the drafter's argmax is accepted iff it is in A (from the untempered p̃), else strict"
 
     def accept_prob(self, pos: Positions, *, alpha: float) -> torch.Tensor:
         pi = casc_tok_target(pos, alpha)

@@ -2,9 +2,15 @@
 
 π = softmax(((1+β)·z_p - β·z_q) / T) restricted to the support of the processed
 p (renormalised); z are raw logits. Accept min(1, π(x)/q(x)); residual
-(π - q)+; bonus π at the bonus position when draft_logits carries the drafter's
-row there (one extra drafter pass), else p. β = 0 gives π = p: strict.
-With temperature 0 the support of p is the verifier's argmax, so π = p.
+(π - q)+; bonus π at the bonus position, which needs the drafter's row there:
+draft_logits [B, N+1, V], one extra drafter pass per round (`extra_draft_passes`).
+Without it `verify` raises (no silent fall-back to p). β = 0 gives π = p: strict.
+At temperature 0 the support of p is the verifier's argmax, so π = p.
+
+Scores that overflow (β so large that finite logits give ±inf) are an error, as in
+the reference. A drafter logit of -inf inside the support is not an overflow: the
+contrast is +inf there, and the limit puts all mass, uniformly, on those tokens.
+Refused with a one-hot q: the contrast needs the drafter's logits.
 """
 
 import math
@@ -12,23 +18,26 @@ import math
 import torch
 
 from relaxspec.acceptance.base import ParamSpec, Positions, Rule, VerifyContext, register
-from relaxspec.acceptance.processing import NEG_INF, capped_ratio, one_hot_argmax
+from relaxspec.acceptance.processing import NEG_INF, capped_ratio, is_greedy
 
 
 def contrastive_target(
     z_p: torch.Tensor, z_q: torch.Tensor, p: torch.Tensor, beta: float, temperature: float
 ) -> torch.Tensor:
-    if beta == 0:
+    if beta == 0 or is_greedy(temperature):
         return p  # exactly strict (and avoids 0·(-inf) for masked drafter logits)
-    c = (1.0 + beta) * z_p - beta * z_q
-    c = c.masked_fill(p <= 0, NEG_INF)  # also clears NaN from (-inf) - (-inf)
-    # Inside the support a drafter logit of -inf gives +inf: the limit puts all
-    # mass, uniformly, on those tokens.
-    pos_inf = torch.isposinf(c)
-    c = torch.where(pos_inf.any(dim=-1, keepdim=True), torch.where(pos_inf, 0.0, NEG_INF), c)
-    if temperature == 0:
-        return one_hot_argmax(c)
-    return (c / temperature).softmax(dim=-1)
+    support = p > 0
+    amateur_banned = support & torch.isneginf(z_q)
+    scores = ((1.0 + beta) * z_p - beta * z_q) / temperature
+    if bool((support & ~amateur_banned & ~torch.isfinite(scores)).any()):
+        raise ValueError(
+            f"rule 'spec-cont-dec': contrast scores overflow at beta={beta:g}, temperature={temperature:g} "
+            f"(((1+beta)·z_p - beta·z_q)/T is not finite); use a smaller beta"
+        )
+    scores = scores.masked_fill(~support, NEG_INF)  # also clears NaN from (-inf) - (-inf)
+    scores = torch.where(amateur_banned.any(dim=-1, keepdim=True),
+                         torch.where(amateur_banned, 0.0, NEG_INF), scores)
+    return scores.softmax(dim=-1)
 
 
 @register
@@ -41,7 +50,10 @@ class SpecContDecRule(Rule):
             doc="contrast strength; 0 is strict",
         )
     }
-    extra_draft_passes = 1  # the bonus distribution needs the drafter's row at the bonus position
+    extra_draft_passes = 1
+    valid_with_one_hot_q = False
+    one_hot_q = "the contrast (1+β)z_p - βz_q needs the drafter's logits, which a point mass does not have"
+    at_greedy = "the support of p is its argmax, so π = p: exactly strict"
 
     def _target(self, pos: Positions, beta: float) -> torch.Tensor:
         return contrastive_target(pos.z_p, pos.z_q, pos.p, beta, pos.temperature)
@@ -54,8 +66,6 @@ class SpecContDecRule(Rule):
         return (self._target(pos, beta) - pos.q).clamp_min(0.0)
 
     def bonus(self, ctx: VerifyContext, *, beta: float) -> torch.Tensor:
-        if not ctx.has_bonus_draft:
-            return ctx.p[:, -1]
         return contrastive_target(
             ctx.target_logits[:, -1], ctx.draft_logits[:, -1], ctx.p[:, -1], beta, ctx.temperature
         )

@@ -16,7 +16,9 @@ from relaxspec.acceptance.processing import entropy, one_hot_argmax
 class TypicalRule(Rule):
     name = "typical"
     description = "Typical acceptance: accept iff p(x) > min(ε, δ·exp(-H(p))); drafter-free."
-    uses_draft_probs = False
+    reads_q = False
+    one_hot_q = "q is not read: the same rule"
+    at_greedy = "p one-hot, H(p) = 0: accept iff x is the argmax (strict) when min(ε, δ) < 1"
     params = {
         "epsilon": ParamSpec(
             "epsilon", 0.09, low=0.0, high=1.0, grid=(0.09,), doc="hard probability threshold",

@@ -9,6 +9,12 @@ position, as the engine passes) or else from `generator`:
 3. token n is sampled from the normalised residual at position n (falling back
    to p there if the residual has no mass) or, if n == N, from the bonus.
 
+Logits are upcast to float32 first (bf16 logits would move every rule's math). At a
+greedy temperature (< 1e-5) p and q are one-hot; rules declaring `greedy_closed_form`
+(strict), or every rule when the caller passes greedy="strict", are then computed as
+argmax matching without uniforms (vLLM's greedy path; the reference sends every greedy
+request there). The default greedy="rule" applies each rule to the one-hot p and q.
+
 Only one residual row per sequence is ever needed, so the loop gathers row
 (b, min(n_b, N-1)) and computes the rule's residual there: dense O(V) work per
 position is left to rules whose *acceptance test* needs it. Shapes stay static
@@ -24,11 +30,16 @@ import torch
 from relaxspec.acceptance.base import Targets, VerifyContext, get_rule
 from relaxspec.acceptance.random import ACCEPT, TOKEN, Draws, GeneratorDraws
 from relaxspec.acceptance.processing import (
+    as_float,
     capped_ratio,
     check_logits,
     check_sampling_args,
+    is_greedy,
     process_logits,
 )
+
+# verify's `greedy` settings: what a rule does at temperature 0.
+GREEDY_MODES = ("rule", "strict")
 
 
 @dataclass
@@ -42,28 +53,25 @@ class VerifyResult:
     accepted: torch.Tensor  # bool [B, N]: u < accept_prob, before the first-rejection cut
     relaxed_only: torch.Tensor  # bool [B, N]: kept, though the strict test (same u) rejects
 
-    @property
-    def num_emitted(self) -> torch.Tensor:
-        """Tokens emitted per sequence: accepted drafts plus the residual-or-bonus one."""
-        return self.num_accepted + 1
-
 
 def build_context(
     target_logits, draft_logits, draft_tokens, *, temperature=1.0, top_k=None, top_p=None, draft_probs=None
 ) -> VerifyContext:
-    """Validate the block and process both distributions once (`draft_probs`, if given, are the
-    drafter's already processed distributions [B, N, V], e.g. those its drafts were sampled from)."""
+    """Validate the block, upcast half / bfloat16 inputs to float32, and process both distributions
+    once (`draft_probs`, if given, are the drafter's already processed distributions [B, N, V],
+    e.g. those its drafts were sampled from)."""
     check_sampling_args(temperature, top_k, top_p)
     N = check_block(target_logits, draft_logits, draft_tokens, draft_probs)
+    target_logits, draft_logits = as_float(target_logits), as_float(draft_logits)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if draft_probs is None:
         draft_probs = process_logits(draft_logits[:, :N], **sampling)
     return VerifyContext(
         p=process_logits(target_logits, **sampling),
-        q=draft_probs,
+        q=as_float(draft_probs),
         target_logits=target_logits,
         draft_logits=draft_logits,
-        draft_tokens=draft_tokens,
+        draft_tokens=draft_tokens.long(),
         **sampling,
     )
 
@@ -98,9 +106,9 @@ def check_block(target_logits, draft_logits, draft_tokens, draft_probs=None) -> 
             f"target_logits {list(target_logits.shape)}, got {list(draft_logits.shape)}"
         )
     check_logits("draft_logits", draft_logits)
-    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype != torch.long:
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in (torch.long, torch.int32):
         got = draft_tokens.dtype if isinstance(draft_tokens, torch.Tensor) else type(draft_tokens).__name__
-        raise ValueError(f"draft_tokens must be a torch.long tensor [B, N], got {got}")
+        raise ValueError(f"draft_tokens must be an int64 or int32 tensor [B, N], got {got}")
     if tuple(draft_tokens.shape) != (B, N):
         raise ValueError(
             f"draft_tokens must have shape [B, N] = [{B}, {N}] to match target_logits "
@@ -131,30 +139,36 @@ def verify(
     generator: torch.Generator | None = None,
     random: Draws | None = None,
     draft_probs: torch.Tensor | None = None,
+    greedy: str = "rule",
     **params,
 ) -> VerifyResult:
     """Verify a block of drafts with acceptance rule `method` (see `RULES`).
 
     target_logits [B, N+1, V] (N draft positions + bonus), draft_logits [B, N, V]
-    (or [B, N+1, V] with the drafter's bonus-position row, used only by
-    spec-cont-dec), draft_tokens long [B, N]; params are the rule's own. draft_probs [B, N, V]:
-    the drafter's processed distributions, when the caller has them already (they are then not
-    recomputed from draft_logits; they must be what `process_logits` gives on them).
+    (or [B, N+1, V] with the drafter's bonus-position row; required by rules with
+    `extra_draft_passes`, ignored by the others), draft_tokens int64 or int32 [B, N]; params are the
+    rule's own. draft_probs [B, N, V]: the drafter's processed distributions, when the caller has
+    them already (they are then not recomputed from draft_logits; they must be what
+    `process_logits` gives on them). greedy: at a greedy temperature, "rule" (default) applies the
+    rule to one-hot p and q; "strict" makes every rule strict argmax matching (the reference's
+    behaviour).
     random: where the acceptance uniforms and the residual/bonus sample come from (a `Draws`,
     e.g. `SequenceSeeds(...).at(start)` for per-sequence streams keyed by the output position of
     x_1); default: `generator` (or torch's global generator) in call order.
     """
     rule = get_rule(method)
-    if temperature == 0 and method == "strict":
-        check_sampling_args(temperature, top_k, top_p)
+    if greedy not in GREEDY_MODES:
+        raise ValueError(f"greedy must be one of {', '.join(GREEDY_MODES)}, got {greedy!r}")
+    check_sampling_args(temperature, top_k, top_p)
+    if is_greedy(temperature) and (rule.greedy_closed_form or greedy == "strict"):
         check_block(target_logits, draft_logits, draft_tokens, draft_probs)
-        rule.validate(params)
-        return _verify_greedy_strict(target_logits, draft_tokens)
+        rule.validate(params, batch_shape=tuple(draft_tokens.shape), draft_rows=draft_logits.shape[1])
+        return _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens.long(), draft_probs)
     ctx = build_context(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         draft_probs=draft_probs,
     )
-    params = rule.validate(params, batch_shape=tuple(draft_tokens.shape))
+    params = rule.validate(params, batch_shape=tuple(draft_tokens.shape), draft_rows=draft_logits.shape[1])
     B, N = ctx.batch_size, ctx.num_drafts
     drafts = ctx.drafts()
 
@@ -193,14 +207,19 @@ def verify(
     )
 
 
-def _verify_greedy_strict(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> VerifyResult:
+def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs) -> VerifyResult:
     """Strict at temperature 0 in closed form (vLLM's greedy path): p is one-hot on the verifier's
-    argmax, so min(1, p(x)/q(x)) is 1 exactly where the draft is that argmax (whatever q), and the
-    residual (p - q)+, or p where it has no mass, is that argmax again. Same result as the shared
-    loop (tested against rules at their strict setting), without one-hot rows or uniforms."""
+    argmax, so min(1, p(x)/q(x)) is 1 exactly where the draft is that argmax and q(x) > 0 (q one-hot
+    on the drafter's argmax, or draft_probs where given), 0 elsewhere; the residual (p - q)+, or p
+    where it has no mass, is that argmax again. Same result as the shared loop (tested against
+    rules at their strict setting), without one-hot rows or uniforms."""
     N = draft_tokens.shape[1]
     best = target_logits.argmax(dim=-1)  # [B, N+1], first index on ties as one_hot_argmax
-    match = draft_tokens == best[:, :N]
+    if draft_probs is None:
+        proposable = draft_tokens == draft_logits[:, :N].argmax(dim=-1)
+    else:
+        proposable = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1) > 0
+    match = (draft_tokens == best[:, :N]) & proposable
     kept = match.cumprod(dim=1).bool()
     n = kept.sum(dim=1)
     tokens = _emitted_tokens(draft_tokens, kept, n, best.gather(1, n.unsqueeze(1)).squeeze(1))

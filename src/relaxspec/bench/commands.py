@@ -9,15 +9,15 @@ from pathlib import Path
 from relaxspec.bench.executors import add_executor_arguments, executor_options, print_failed
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
-                                    DEFAULT_TIME_BUDGET_S, SAMPLING_PRESETS, BenchConfig, load_toml, sampling_preset)
+                                    DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, SAMPLING_PRESETS, BenchConfig, load_toml,
+                                    sampling_preset)
 
 BENCH_EPILOG = f"""\
 Default grid (no --methods / config): ar; strict; every training-free rule at each value of its paper
 grid (cactus delta 0.1/0.25/1/10; mentored alpha 0.3/0.7/0.95; fuzzy and r-fuzzy threshold 0.05/0.2/0.3;
-spec-casc-opt alpha -0.1/0/0.05; spec-casc-tok alpha 0/0.35/0.8; ensemble weight 0.8/0.9/0.95;
-spec-cont-dec beta 0.1/0.5/1; typical epsilon=0.09, delta=0.3), the always-accept baseline ensemble
-weight 0; pad at thresholds 0.3/0.5/0.7 when a PAD classifier ships; N in {{3, 5}}; task arithmetic;
-{DEFAULT_LIMIT} prompts; temperature 0.7, top_p 0.95, max {DEFAULT_MAX_NEW_TOKENS} new tokens (--sampling paper:
+spec-casc-opt alpha -0.1/0/0.05; spec-casc-tok alpha 0/0.35/0.8; ensemble weight 0/0.8/0.9/0.95
+(0: the always-accept baseline); spec-cont-dec beta 0.1/0.5/1; typical epsilon=0.09, delta=0.3); pad at
+thresholds 0.3/0.5/0.7 when a PAD classifier ships; N in {{3, 5}}; task arithmetic; {DEFAULT_LIMIT} prompts; temperature 0.7, top_p 0.95, max {DEFAULT_MAX_NEW_TOKENS} new tokens (--sampling paper:
 temperature 0.6, top_k 20, top_p 0.95). About 15 minutes on 2 CPU cores.
 
 Samples are coupled: sample (prompt i, repeat r) uses the same per-sequence seed in every cell, so each
@@ -51,6 +51,8 @@ def _csv_list(cast):
 
 
 def register(subparsers) -> None:
+    from relaxspec.models.options import add_device_args, add_prompt_args
+
     b = subparsers.add_parser("bench", help="run a grid of methods x parameters x draft lengths and store results",
                               description="Run the bench grid; every finished cell is stored at once.",
                               epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,6 +70,8 @@ def register(subparsers) -> None:
                    help=f"seconds after which no later look starts (default {DEFAULT_TIME_BUDGET_S:g})")
     b.add_argument("--speed-prompts", type=int,
                    help=f"prompts timed at batch 1 per speculative cell (default {DEFAULT_SPEED_PROMPTS}; 0: none)")
+    b.add_argument("--workers", type=int,
+                   help=f"processes running cells (default {DEFAULT_WORKERS}; the store is written by the driver)")
     b.add_argument("--sampling", choices=sorted(SAMPLING_PRESETS),
                    help="sampling preset (paper: temperature 0.6, top_k 20, top_p 0.95); explicit flags override it")
     b.add_argument("--temperature", type=float, help="default 0.7")
@@ -75,10 +79,8 @@ def register(subparsers) -> None:
     b.add_argument("--top-k", type=int)
     b.add_argument("--max-new-tokens", type=int, help=f"default {DEFAULT_MAX_NEW_TOKENS}")
     b.add_argument("--batch-size", type=int, help=f"sequences per generate call (default {DEFAULT_BATCH_SIZE})")
-    b.add_argument("--device", help="model device, e.g. cpu, cuda, cuda:1 (default: the loader's)")
-    b.add_argument("--dtype", help="model dtype, e.g. float32, bfloat16 (default: the loader's)")
-    b.add_argument("--chat-template", help="auto (apply the tokenizer's chat template if it has one) or none")
-    b.add_argument("--system", help="system prompt for chat templates")
+    add_device_args(b)
+    add_prompt_args(b)
     b.add_argument("--pad-thresholds", type=_csv_list(float), help="default 0.3,0.5,0.7")
     b.add_argument("--pad-classifier", help="PAD classifier path (default: the built-in one)")
     b.add_argument("--out", type=Path, help=f"output directory (default ./{DEFAULT_OUT})")
@@ -102,7 +104,7 @@ def register(subparsers) -> None:
 
 _FLAG_TO_FIELD = {"verifier": "verifiers", "drafter": "drafters", "tasks": "tasks", "methods": "methods",
                   "draft_lengths": "draft_lengths", "seed": "seeds", "limit": "limit", "repeats": "repeats",
-                  "looks": "looks", "time_budget_s": "time_budget_s", "speed_prompts": "speed_prompts",
+                  "looks": "looks", "time_budget_s": "time_budget_s", "speed_prompts": "speed_prompts", "workers": "workers",
                   "max_drop": "max_drop", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                   "max_new_tokens": "max_new_tokens", "batch_size": "batch_size", "device": "device", "dtype": "dtype",
                   "chat_template": "chat_template", "system": "system", "pad_thresholds": "pad_thresholds",

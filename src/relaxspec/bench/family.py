@@ -23,10 +23,10 @@ def task_accuracy(lm, task: str, n: int, temperature: float = 0.0, seed: int = 0
 
 
 def family_table(tasks=("arithmetic", "sorting"), n: int = 50, temperatures=(0.0, 0.7),
-                 root: Path = BUILTIN_DIR) -> str:
+                 root: Path = BUILTIN_DIR, device=None, dtype=None) -> str:
     """The family under `root` (the shipped one by default, or a fresh `models train --out` directory)."""
     root = Path(root)
-    models = {name: load_model(root / name) for name in FAMILY if (root / name).exists()}
+    models = {name: load_model(root / name, device, dtype) for name in FAMILY if (root / name).exists()}
     latency = {name: measure_step_latency(m) for name, m in models.items()}
     head = ["model", "params", "layers x width", "ms/step", "c_rel", "trained"]
     head += [f"{t} T={temp:g}" for t in tasks for temp in temperatures]

@@ -54,11 +54,13 @@ def _sig(config: dict, names) -> str:
 def settings_groups(store: Store) -> list[tuple[dict, list]]:
     """[(settings, cells)], oldest group first (ordered by each group's latest cell)."""
     groups: dict[str, tuple[dict, list]] = {}
-    for cell in store.cells():  # oldest first
+    latest: dict[str, int] = {}
+    for position, cell in enumerate(store.cells()):  # oldest first
         settings = settings_of(cell)
         sig = json.dumps(settings, sort_keys=True)
         groups.setdefault(sig, (settings, []))[1].append(cell)
-    return sorted(groups.values(), key=lambda g: max(c.created for c in g[1]))
+        latest[sig] = position
+    return [groups[sig] for sig in sorted(groups, key=latest.get)]
 
 
 def build_rows(store: Store, groups: str = "latest") -> list[dict]:

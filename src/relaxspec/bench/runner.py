@@ -135,8 +135,8 @@ class RunSummary:
     skipped: list[str] = field(default_factory=list)  # keys whose first look was already stored
     unavailable: list[str] = field(default_factory=list)  # labels of cells that could not run (e.g. no classifier)
     looks_run: int = 0
+    failed: list[str] = field(default_factory=list)  # "label: error" of cells that raised on Ray (not stored)
     out_of_time: list[str] = field(default_factory=list)  # labels of cells a later look could not extend in time
-    failed: list[str] = field(default_factory=list)  # "label: error" of cells that raised (not stored)
     wall_s: float = 0.0
     out: str = ""
 
@@ -170,67 +170,89 @@ def model_options(config: BenchConfig) -> dict:
     return {k: v for k, v in (("device", config.device), ("dtype", config.dtype)) if v is not None}
 
 
-class _Grid:
-    """The store and the versions of one bench run; records what the executor's cell jobs return."""
+class _Worker:
+    """Models, tasks and the PAD classifier of a process that runs cells (the driver itself, or a pool worker)."""
 
-    def __init__(self, config: BenchConfig, store: Store, versions: dict):
-        self.config, self.store, self.versions = config, store, versions
-        self.run_id = uuid.uuid4().hex[:12]
+    def __init__(self, config: BenchConfig, pivot_fn=None):
+        from relaxspec.models import load_model
+        self.config, self.pivot_fn, self.tasks = config, pivot_fn, {}
+        self.models = {name: load_model(name, **model_options(config))
+                       for name in dict.fromkeys([*config.verifiers, *config.drafters])}
 
-    def job(self, spec: CellSpec, key: str, target_repeats: int):
-        """The job running the repeats the cell lacks up to `target_repeats` (batch-1 timing on its first look)."""
-        from relaxspec.bench.cell_job import CellJob
-        return CellJob(spec, key, self.config, self.versions, self.store.repeats_done(key), target_repeats,
-                       batch1=spec.method != AR and not self.store.has(key))
+    def task(self, name: str):
+        from relaxspec.tasks import get_task
+        if name not in self.tasks:
+            self.tasks[name] = get_task(name, limit=self.config.limit)
+        return self.tasks[name]
 
-    def record(self, job, result, look: int) -> dict:
-        """Store a finished job's rows with the cell's updated metrics (one transaction)."""
-        spec, key = job.spec, job.key
-        old = self.store.get(key)
-        batch1 = old.metrics.get("batch1", {}) if old else result.batch1
-        parts = (old.metrics["engine_stats"] if old else []) + result.parts
-        all_rows = (self.store.rows(key) if old else []) + result.rows
-        metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
-                               merge_engine_stats(parts), {**result.speed, **batch1})
-        metrics.update(engine_stats=parts, batch1=batch1, looks=self.config.looks, first_repeats=self.config.repeats,
-                       look=look, run_id=self.run_id,
-                       sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0) + result.sample_wall_s)
-        self.store.put(key, cell_config(spec, self.config, self.versions), metrics, result.rows)
-        return metrics
+    def run(self, spec: CellSpec, done: int, target: int) -> dict:
+        """Repeats [done, target) of the cell, and its batch-1 timing when it has no samples yet."""
+        import torch
+        task = self.task(spec.task)
+        verifier = self.models[spec.verifier]
+        drafter = self.models[spec.drafter] if spec.drafter else None
+        pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
+        with torch.inference_mode():
+            wall0 = time.perf_counter()
+            rows, parts = run_samples(spec, task, range(done, target), verifier, drafter, self.config, pivot_fn)
+            sample_wall = time.perf_counter() - wall0
+            batch1 = time_batch1(spec, task, verifier, drafter, self.config, pivot_fn) \
+                if done == 0 and spec.method != AR else None
+        return {"rows": rows, "parts": parts, "sample_wall_s": sample_wall, "batch1": batch1}
 
-    def diff_vs_strict(self, key: str, strict_key: str | None):
-        from relaxspec.bench.stats import NAN_INTERVAL
-        if strict_key is None or not self.store.has(strict_key):
-            return NAN_INTERVAL
-        return compare(self.store.utilities(key), self.store.utilities(strict_key),
-                       decision_confidence(self.config.looks))
+
+_WORKER: _Worker | None = None
+
+
+def _init_worker(config: BenchConfig, threads: int) -> None:
+    import torch
+    global _WORKER
+    torch.set_num_threads(threads)
+    needed = any(needs_classifier(m) for m, _ in config.method_specs())
+    _WORKER = _Worker(config, _pad_classifier(config)[0] if needed else None)
+
+
+def _run_in_worker(job: tuple) -> tuple:
+    spec, key, done, target = job
+    return spec, key, _WORKER.run(spec, done, target)
+
+
+def _latencies(models: dict, cells: list[CellSpec]) -> dict:
+    """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step) per
+    speculative cell's (verifier, drafter, N), measured once before any cell runs."""
+    from relaxspec.models import measure_step_latency
+    lat = {}
+
+    def latency(name, block):
+        if (name, block) not in lat:
+            lat[(name, block)] = measure_step_latency(models[name], block=block)
+        return lat[(name, block)]
+
+    out = {}
+    for c in cells:
+        if c.method != AR and (c.verifier, c.drafter, c.draft_length) not in out:
+            lat_v, lat_d = latency(c.verifier, 1), latency(c.drafter, 1)
+            out[(c.verifier, c.drafter, c.draft_length)] = {
+                "c_rel_measured": lat_d / lat_v, "c_block_measured": latency(c.verifier, c.draft_length + 1) / lat_v,
+                "latency_verifier_s": lat_v, "latency_drafter_s": lat_d}
+    return out
 
 
 def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print, executor=None) -> RunSummary:
     """Run the grid in looks (see the module doc), writing each cell's look to the store as it finishes.
+    With config.workers > 1, cells run in that many processes; the driver alone writes the store.
 
-    `executor`: bench.executors.ExecutorOptions (None: local, in this process). Whatever runs the cells, only
-    this driver writes the store. `on_cell(index, spec, key, metrics)` is called after each stored look of a
-    cell (e.g. to stop early); a cell that raises is listed in `summary.failed` and the others go on;
-    KeyboardInterrupt anywhere loses only the looks in flight."""
+    `on_cell(index, spec, key, metrics)` is called after each stored look of a cell (e.g. to stop early);
+    KeyboardInterrupt anywhere loses only the looks in flight. `executor`: bench.executors.ExecutorOptions;
+    kind "ray" runs the cells on Ray workers instead (see bench.cell_job)."""
+    import torch
     from tqdm import tqdm
 
-    from relaxspec.bench.cell_job import seeded_cache
-    from relaxspec.bench.executors import ExecutorOptions, make_executor, status_line
-    from relaxspec.models import load_model
-
     config.validate()
-    options = executor or ExecutorOptions()
-    options.validate()
     t_start = time.perf_counter()
     summary = RunSummary(out=str(config.out))
     cells = plan(config)
     versions = {"code": code_version()}
-    models = {}
-    for name in dict.fromkeys([*config.verifiers, *config.drafters]):
-        if options.kind == "local":  # Ray workers load their own
-            models[name] = load_model(name, **model_options(config))  # loaded next to hashing its weights
-        versions[name] = model_version(name)
     pivot_fn = None
     if any(needs_classifier(c.method) for c in cells):
         pivot_fn, info, clf_spec = _pad_classifier(config)
@@ -247,75 +269,112 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
             warnings.warn(f"bench: skipping {len(skipped)} pad cells: {reason}", stacklevel=2)
             summary.unavailable = [c.label for c in skipped]
             cells = [c for c in cells if all(c is not s for s in skipped)]
+    worker = _Worker(config, pivot_fn)
+    versions.update({name: model_version(name) for name in worker.models})  # hashed next to loading them
     store = Store(config.out)
-    grid = _Grid(config, store, versions)
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
     key_of = {c.label: k for c, k in keyed}
     strict_key = {k: key_of.get(c.strict.label) for c, k in keyed if c.method not in (AR, STRICT)}
-    failed = set()
+    speed = _latencies(worker.models, cells)
+    run_id = uuid.uuid4().hex[:12]
+    pool = ray_pool = None
+    if executor is not None and executor.kind == "ray":
+        from relaxspec.bench.cell_job import ray_results
+        from relaxspec.bench.executors import make_executor, status_line
+        ray_pool = make_executor(executor)
+    elif config.workers > 1:
+        import multiprocessing
+        pool = multiprocessing.get_context("spawn").Pool(config.workers, _init_worker,
+                                                          (config, torch.get_num_threads()))
     index = 0
-    pool = None
     try:
-        pool = make_executor(options, seeded_cache(models, pivot_fn, versions.get("pad_classifier")))
         for look in range(1, config.looks + 1):
-            target = config.repeats_at(look)
-            if look == 1:
-                todo = [(c, k) for c, k in keyed if store.repeats_done(k) < target]
-                summary.skipped = [k for c, k in keyed if store.repeats_done(k) >= target]
-                if summary.skipped:
-                    log(f"bench: {len(summary.skipped)} of {len(keyed)} cells already in {store.path}; running the "
-                        f"other {len(todo)}")
-            else:
-                undecided = {k for c, k in keyed if k in strict_key and strict_key[k] is not None
-                             and not is_decided(decision(grid.diff_vs_strict(k, strict_key[k]), config.max_drop))}
-                refs = {strict_key[k] for k in undecided}
-                todo = [(c, k) for c, k in keyed if (k in undecided or k in refs) and store.repeats_done(k) < target
-                        and k not in failed]
-            if not todo:
+            stored = keyed if look == 1 else [(c, k) for c, k in keyed if store.has(k)]  # not cells that failed
+            jobs = _look_jobs(look, stored, strict_key, store, config, t_start, summary, log)
+            if not jobs:
                 continue
             summary.looks_run = look
-            bar = tqdm(total=len(todo), desc=f"bench look {look}/{config.looks}", unit="cell", disable=not progress,
-                       dynamic_ncols=True)
-
-            def jobs():
-                for spec, key in todo:
-                    if look > 1 and not _fits(grid, store, key, target, t_start, config.time_budget_s):
-                        summary.out_of_time.append(spec.label)
-                        bar.update(1)
-                        continue
-                    yield grid.job(spec, key, target)
-
-            pool.on_change = lambda: bar.set_postfix_str(status_line(pool.status), refresh=True)
+            if ray_pool is not None:
+                results = ray_results(ray_pool, jobs, config, versions, summary.failed)
+            else:
+                results = pool.imap_unordered(_run_in_worker, jobs) if pool else \
+                    ((spec, key, worker.run(spec, done, target)) for spec, key, done, target in jobs)
+            bar = tqdm(results, total=len(jobs), desc=f"bench look {look}/{config.looks}", unit="cell",
+                       disable=not progress, dynamic_ncols=True)
+            if ray_pool is not None:
+                ray_pool.on_change = lambda: bar.set_postfix_str(status_line(ray_pool.status), refresh=True)
             try:
-                for done in pool.run(jobs()):
-                    bar.update(1)
-                    bar.set_postfix_str(status_line(pool.status), refresh=True)
-                    if done.error is not None:
-                        failed.add(done.job.key)
-                        summary.failed.append(f"{done.job.label}: {done.error}")
-                        continue
-                    metrics = grid.record(done.job, done.result, look)
-                    if done.job.key not in summary.ran:
-                        summary.ran.append(done.job.key)
+                for spec, key, result in bar:
+                    metrics = _store_look(store, spec, key, result, look, speed, config, versions, run_id)
+                    bar.set_postfix_str(spec.label, refresh=False)
+                    if key not in summary.ran:
+                        summary.ran.append(key)
                     if on_cell is not None:
-                        on_cell(index, done.job.spec, done.job.key, metrics)
+                        on_cell(index, spec, key, metrics)
                     index += 1
             finally:
                 bar.close()
     finally:
-        summary.wall_s = time.perf_counter() - t_start
         if pool is not None:
-            pool.close()
+            pool.terminate()
+        if ray_pool is not None:
+            ray_pool.close()
+        summary.wall_s = time.perf_counter() - t_start
         store.close()
     return summary
 
 
-def _fits(grid: _Grid, store: Store, key: str, target: int, t_start: float, budget_s: float) -> bool:
-    """Whether the cell's next look, at its measured seconds per sample so far, ends within the budget."""
-    cell = store.get(key)
-    per_sample = cell.metrics["sample_wall_s"] / max(1, cell.metrics["n_samples"])
-    new = (target - store.repeats_done(key)) * cell.metrics["n_prompts"]
-    return time.perf_counter() - t_start + per_sample * new <= budget_s
+def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: BenchConfig, t_start: float,
+               summary: RunSummary, log) -> list[tuple]:
+    """(spec, key, repeats done, target repeats) of the cells this look extends. Look 1: every cell short of
+    its first repeats. Later looks: the relaxed cells whose difference vs strict is undecided, and strict at
+    their N, as long as their estimated cost (seconds per sample so far, spread over the workers) fits in
+    the time budget; a relaxed cell only with its strict reference."""
+    target = config.repeats_at(look)
+    if look == 1:
+        summary.skipped = [k for c, k in keyed if store.repeats_done(k) >= target]
+        if summary.skipped:
+            log(f"bench: {len(summary.skipped)} of {len(keyed)} cells already in {store.path}; running the rest")
+        return [(c, k, store.repeats_done(k), target) for c, k in keyed if store.repeats_done(k) < target]
+    confidence = decision_confidence(config.looks)
+    undecided = {k for c, k in keyed if strict_key.get(k) and store.has(strict_key[k]) and not is_decided(
+        decision(compare(store.utilities(k), store.utilities(strict_key[k]), confidence), config.max_drop))}
+    refs = {strict_key[k] for k in undecided}
+    planned, cost = set(), 0.0
+    jobs = []
+    for c, k in keyed:  # strict precedes its relaxed cells in plan order
+        if (k not in undecided and k not in refs) or store.repeats_done(k) >= target:
+            if k in refs:
+                planned.add(k)
+            continue
+        cell = store.get(k)
+        new_cost = cell.metrics["sample_wall_s"] / cell.metrics["n_samples"] * \
+            (target - store.repeats_done(k)) * cell.metrics["n_prompts"] / config.workers
+        fits = time.perf_counter() - t_start + cost + new_cost <= config.time_budget_s
+        if not fits or (k in undecided and strict_key[k] not in planned):
+            summary.out_of_time.append(c.label)
+            continue
+        cost += new_cost
+        planned.add(k)
+        jobs.append((c, k, store.repeats_done(k), target))
+    return jobs
+
+
+def _store_look(store: Store, spec: CellSpec, key: str, result: dict, look: int, speed: dict,
+                config: BenchConfig, versions: dict, run_id: str) -> dict:
+    """The cell's metrics over all its rows (stored and new), written with the new rows in one transaction."""
+    old = store.get(key)
+    parts = (old.metrics["engine_stats"] if old else []) + result["parts"]
+    batch1 = old.metrics["batch1"] if old else (result["batch1"] or {})
+    all_rows = (store.rows(key) if old else []) + result["rows"]
+    metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
+                           merge_engine_stats(parts),
+                           {**speed.get((spec.verifier, spec.drafter, spec.draft_length), {}), **batch1})
+    metrics.update(engine_stats=parts, batch1=batch1, looks=config.looks, first_repeats=config.repeats, look=look,
+                   run_id=run_id, sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0)
+                   + result["sample_wall_s"])
+    store.put(key, cell_config(spec, config, versions), metrics, result["rows"])
+    return metrics
 
 
 __all__ = ["CellSpec", "RunSummary", "run_grid", "plan", "cell_config", "run_samples", "time_batch1"]

@@ -60,7 +60,9 @@ def utility_interval(values, confidence: float = CONFIDENCE) -> Interval:
     z2 = z_value(confidence) ** 2
     centre = (m + z2 / (2 * n)) / (1 + z2 / n)
     half = math.sqrt(z2) / (1 + z2 / n) * math.sqrt(m * (1 - m) / n + z2 / (4 * n * n))
-    return Interval(m, max(0.0, centre - half), min(1.0, centre + half), n, confidence)
+    low = 0.0 if m == 0 else max(0.0, centre - half)  # exact ends where rounding would leave a 1e-17
+    high = 1.0 if m == 1 else min(1.0, centre + half)
+    return Interval(m, low, high, n, confidence)
 
 
 def paired_keys(method: dict, baseline: dict) -> list:

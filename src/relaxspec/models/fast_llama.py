@@ -13,6 +13,13 @@ drafter is almost all per-op overhead, so every op per layer counts:
   (j, j + D/2) sit side by side. q·k is unchanged by a permutation applied to both;
 * the attention mask is built once per call (not per layer), and skipped for a
   single new token that may see every slot.
+
+Every tensor it makes (KV buffers, the RoPE table, masks) lives on the weights' device. On a CPU it
+computes in float32 whatever the weights' dtype (bfloat16 / float16 weights are upcast once, into its
+own copies): CPUs without bf16 arithmetic emulate it (measured 2-5x slower, benchmarks/model_speed.py),
+and bf16 arithmetic rounds differently for a block of tokens than for one token at a time, so strict
+greedy would drift from autoregressive greedy. Elsewhere it computes in the weights' dtype, except RoPE,
+which is applied in float32 (bfloat16 has no complex type).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-_MASKED = -1e30  # additive mask: finite, so a row with no visible slot (padding) stays NaN-free
+_MASKED = -1e30  # additive mask: finite, so a row with no visible slot (padding) stays NaN-free (capped by the dtype)
 
 
 class KVCache:
@@ -59,15 +66,16 @@ class KVCache:
 def _interleave_rope_pairs(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
     """Rows of a q/k projection reordered per head from [0..D/2-1 | D/2..D-1] to (0, D/2, 1, D/2+1, ...)."""
     half = head_dim // 2
-    order = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).reshape(-1)
+    first = torch.arange(half, device=weight.device)
+    order = torch.stack([first, first + half], dim=1).reshape(-1)
     per_head = weight.view(heads, head_dim, -1)[:, order]
     return per_head.reshape(heads * head_dim, -1)
 
 
-def _as_right_operand(weight: torch.Tensor) -> torch.Tensor:
-    """W [out, in] stored as a contiguous W^T [in, out]: `x @ W^T` on a row-major right operand is
-    ~1.5x faster than F.linear's transposed one for the few rows a decode step has."""
-    return weight.detach().t().contiguous()
+def _as_right_operand(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """W [out, in] stored as a contiguous W^T [in, out] in `dtype`: `x @ W^T` on a row-major right operand
+    is ~1.5x faster than F.linear's transposed one for the few rows a decode step has."""
+    return weight.detach().to(dtype).t().contiguous()
 
 
 class FastLlama:
@@ -82,11 +90,14 @@ class FastLlama:
         self.eps = cfg.rms_norm_eps
         inner = model.model
         rotary = inner.rotary_emb
-        self.inv_freq = rotary.inv_freq.float()
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self._rotations = torch.empty((0, self.head_dim // 2), dtype=torch.complex64)
         self.embed = inner.embed_tokens.weight
-        self.final_norm = inner.norm.weight
+        self.device = self.embed.device
+        self.dtype = torch.float32 if self.device.type == "cpu" else self.embed.dtype  # compute dtype
+        self.inv_freq = rotary.inv_freq.float().to(self.device)
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._rotations = torch.empty((0, self.head_dim // 2), dtype=torch.complex64, device=self.device)
+        self.masked = max(_MASKED, torch.finfo(self.dtype).min)
+        self.final_norm = inner.norm.weight.detach().to(self.dtype)
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
@@ -96,10 +107,12 @@ class FastLlama:
                              _interleave_rope_pairs(a.k_proj.weight, self.kv_heads, self.head_dim),
                              a.v_proj.weight], dim=0)
             gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight], dim=0)
-            self.layers.append((layer.input_layernorm.weight.detach(), _as_right_operand(qkv),
-                                _as_right_operand(a.o_proj.weight), layer.post_attention_layernorm.weight.detach(),
-                                _as_right_operand(gate_up), _as_right_operand(m.down_proj.weight)))
-        self.lm_head = _as_right_operand(model.lm_head.weight)
+            dt = self.dtype
+            self.layers.append((layer.input_layernorm.weight.detach().to(dt), _as_right_operand(qkv, dt),
+                                _as_right_operand(a.o_proj.weight, dt),
+                                layer.post_attention_layernorm.weight.detach().to(dt),
+                                _as_right_operand(gate_up, dt), _as_right_operand(m.down_proj.weight, dt)))
+        self.lm_head = _as_right_operand(model.lm_head.weight, self.dtype)
 
     @classmethod
     def supports(cls, model) -> bool:
@@ -118,7 +131,7 @@ class FastLlama:
         any other position ids still work, through the IndexError of a too-short table."""
         if needed > self._rotations.shape[0]:
             size = max(2 * self._rotations.shape[0], needed, 256)
-            angles = torch.arange(size, dtype=torch.float32)[:, None] * self.inv_freq
+            angles = torch.arange(size, dtype=torch.float32, device=self.device)[:, None] * self.inv_freq
             self._rotations = torch.polar(torch.full_like(angles, self.rope_scale), angles)
         try:
             return self._rotations[position_ids][:, :, None]
@@ -130,16 +143,17 @@ class FastLlama:
         not in the future (by cache index). None when a single new token may see every slot."""
         if T == 1 and bool(attention_mask.all()):
             return None
-        causal = torch.arange(past + T)[None, :] <= (past + torch.arange(T))[:, None]  # [T, L]
+        slots = torch.arange(past + T, device=self.device)
+        causal = slots[None, :] <= slots[past:, None]  # [T, L]
         allowed = causal[None, None] & attention_mask[:, None, None, :].bool()
-        return torch.zeros(allowed.shape).masked_fill_(~allowed, _MASKED)
+        return torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, self.masked)
 
     @torch.inference_mode()
     def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_layer=None):
         B, T = input_ids.shape
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
         past = cache.get_seq_length()
-        x = F.embedding(input_ids.reshape(-1), self.embed)  # [B*T, C]: every matmul is one mm
+        x = F.embedding(input_ids.reshape(-1), self.embed).to(self.dtype)  # [B*T, C]: every matmul is one mm
         C = (x.shape[-1],)
         rotation = self._rotation(position_ids, past + T).expand(B, T, H + KVH, D // 2)
         # v rides along in the one complex multiply, rotated by 1 (exact): q, k, v come out as heads.
@@ -149,8 +163,8 @@ class FastLlama:
         wanted = None if hidden_layer is None else hidden_layer % self.num_layers
         for i, (w_in, qkv_t, o_t, w_post, gate_up_t, down_t) in enumerate(self.layers):
             qkv = torch.mm(F.rms_norm(x, C, w_in, self.eps), qkv_t)
-            pairs = torch.view_as_complex(qkv.view(B, T, H + 2 * KVH, D // 2, 2))
-            heads = torch.view_as_real(pairs * rotation).view(B, T, H + 2 * KVH, D).transpose(1, 2)
+            pairs = torch.view_as_complex(qkv.float().view(B, T, H + 2 * KVH, D // 2, 2))
+            heads = torch.view_as_real(pairs * rotation).to(x.dtype).view(B, T, H + 2 * KVH, D).transpose(1, 2)
             kv = cache.write(i, past, heads[:, H:])
             o = F.scaled_dot_product_attention(heads[:, :H], kv[:, :KVH], kv[:, KVH:], attn_mask=bias,
                                                enable_gqa=KVH != H)

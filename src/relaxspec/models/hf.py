@@ -10,6 +10,7 @@ crop of the columns that no row uses any more.
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -17,7 +18,12 @@ from pathlib import Path
 
 import torch
 
+from relaxspec.models.device import resolve_device, resolve_dtype
 from relaxspec.models.family import builtin_path, is_builtin
+from relaxspec.models.gguf import check_gguf_packages, is_gguf, split_gguf
+
+BACKENDS = ("auto", "fast", "transformers")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 @dataclass
@@ -30,6 +36,19 @@ class CausalLM:
     @property
     def backend(self) -> str:
         return "fast" if self.fast is not None else "transformers"
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_output_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_output_embeddings().weight.dtype
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        """The context length the model was made for (prompt + generated tokens), None when unknown."""
+        return getattr(self.model.config, "max_position_embeddings", None)
 
     @property
     def vocab_size(self) -> int:
@@ -55,18 +74,20 @@ class CausalLM:
 
     @torch.inference_mode()
     def forward(self, input_ids, cache, attention_mask, position_ids, hidden_layer: int | None = None):
-        """Logits [B, T, V] (float32) for `input_ids` [B, T] appended to `cache`; optionally the
-        hidden state [B, T, H] after block `hidden_layer` (0-based; negative counts from the end;
-        the last block's is reported after the final norm, as transformers does)."""
+        """Logits [B, T, V] (float32, whatever the model's dtype) for `input_ids` [B, T] appended to `cache`;
+        optionally the hidden state [B, T, H] (float32) after block `hidden_layer` (0-based; negative counts
+        from the end; the last block's is reported after the final norm, as transformers does).
+        Inputs live on the model's device (`self.device`)."""
         if self.fast is not None:
-            return self.fast.forward(input_ids, cache, attention_mask, position_ids, hidden_layer)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True, output_hidden_states=hidden_layer is not None)
-        hidden = None
-        if hidden_layer is not None:
-            # hidden_states[0] is the embedding output; block i's output is hidden_states[i + 1].
-            hidden = out.hidden_states[hidden_layer % self.num_layers + 1].float()
-        return out.logits.float(), hidden
+            logits, hidden = self.fast.forward(input_ids, cache, attention_mask, position_ids, hidden_layer)
+        else:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=cache, use_cache=True, output_hidden_states=hidden_layer is not None)
+            logits, hidden = out.logits, None
+            if hidden_layer is not None:
+                # hidden_states[0] is the embedding output; block i's output is hidden_states[i + 1].
+                hidden = out.hidden_states[hidden_layer % self.num_layers + 1]
+        return logits.float(), None if hidden is None else hidden.float()
 
 
 def crop_cache(cache, length: int) -> None:
@@ -76,29 +97,69 @@ def crop_cache(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def load_model(name_or_path: str | os.PathLike, dtype=torch.float32, backend: str = "auto") -> CausalLM:
-    """A built-in model by name (see `relaxspec models list`) or any local Hugging Face model directory.
+def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend: str = "auto") -> CausalLM:
+    """A built-in model by name (see `relaxspec models list`), a local Hugging Face model directory, a hub id
+    (`org/name`, from the local Hugging Face cache: nothing is downloaded unless HF_HUB_OFFLINE=0), or a
+    GGUF file (`FILE.gguf`, `DIR::FILE.gguf`, or `smollm2`; dequantized on load).
 
-    backend "auto" runs Llama-architecture models through the lean FastLlama path (same weights, same
-    logits, less per-call overhead) and everything else through `transformers`; "transformers" forces the latter.
+    device: "cpu", "cuda", "cuda:N", "mps" or a torch.device (default: cuda when available, else cpu);
+    dtype: "float32", "bfloat16", "float16" or a torch dtype (default: bfloat16 on CUDA, float32 elsewhere).
+    backend "auto" runs Llama-architecture models on a CPU through the lean FastLlama path (same weights,
+    same logits, less per-call overhead) and everything else through `transformers`; "fast" forces
+    FastLlama (a ValueError for other architectures), "transformers" forces the latter.
+    Every failure to load is a one-line ValueError naming the model.
     """
-    if backend not in ("auto", "transformers"):
-        raise ValueError(f"backend must be 'auto' or 'transformers', got {backend!r}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = builtin_path(str(name_or_path)) if is_builtin(str(name_or_path)) else Path(name_or_path)
-    if not path.exists():
-        raise ValueError(f"model {str(name_or_path)!r} is neither a built-in model nor an existing directory")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    name = str(name_or_path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
+    if is_gguf(name):
+        directory, gguf_file = split_gguf(name)
+        check_gguf_packages()
+        source, extra = directory, {"gguf_file": gguf_file}
+    elif not is_builtin(name) and not Path(name_or_path).exists() and HUB_ID.fullmatch(name):
+        # A hub id (org/name): resolved from the local Hugging Face cache (offline unless HF_HUB_OFFLINE=0).
+        source, extra = name, {}
+    else:
+        source, extra = builtin_path(name) if is_builtin(name) else Path(name_or_path), {}
+        if not source.exists():
+            raise ValueError(f"model {name!r} is neither a built-in model, a GGUF file, an existing directory "
+                             "nor a hub id (org/name)")
+        if not (source / "config.json").is_file():
+            raise ValueError(f"model directory {name!r} has no config.json (not a Hugging Face model directory)")
+    model, tokenizer = _from_pretrained(name, source, dtype, extra)
+    model = model.to(device).eval()
+    from relaxspec.models.fast_llama import FastLlama
+
+    if backend == "fast" and not FastLlama.supports(model):
+        raise ValueError(f"backend 'fast' supports {FastLlama.SUPPORTED} with default RoPE, not model {name!r} "
+                         f"({type(model).__name__}); use backend 'auto' or 'transformers'")
+    use_fast = backend == "fast" or (backend == "auto" and device.type == "cpu" and FastLlama.supports(model))
+    return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=FastLlama(model) if use_fast else None)
+
+
+def _from_pretrained(name: str, source: Path | str, dtype: torch.dtype, extra: dict):
+    """(model, tokenizer) from `source`; whatever transformers raises on a broken file becomes one line."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    from relaxspec.models.fast_llama import FastLlama
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
+    except Exception as e:  # noqa: BLE001 - corrupted config or weights: one clear line, not a traceback
+        raise ValueError(f"cannot load model {name!r}: {_first_line(e)}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+    except Exception as e:  # noqa: BLE001 - a broken tokenizer file
+        raise ValueError(f"cannot load the tokenizer of model {name!r}: {_first_line(e)}") from None
+    return model, tokenizer
 
-    fast = FastLlama(model) if backend == "auto" and FastLlama.supports(model) else None
-    return CausalLM(name=str(name_or_path), model=model, tokenizer=tokenizer, fast=fast)
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else 'no message'}"
 
 
 def check_same_vocab(verifier: CausalLM, drafter: CausalLM) -> None:
@@ -113,16 +174,26 @@ def check_same_vocab(verifier: CausalLM, drafter: CausalLM) -> None:
 
 @torch.inference_mode()
 def measure_step_latency(lm: CausalLM, context: int = 128, block: int = 1, repeats: int = 30) -> float:
-    """Median seconds of one cached forward of `block` tokens after `context` tokens."""
-    ids = torch.randint(0, lm.vocab_size, (1, context + block))
+    """Median seconds of one cached forward of `block` tokens after `context` tokens (on the model's device)."""
+    ids = torch.randint(0, lm.vocab_size, (1, context + block), device=lm.device)
     cache = lm.new_cache()
     mask = torch.ones_like(ids)
-    pos = torch.arange(context + block)[None]
+    pos = torch.arange(context + block, device=lm.device)[None]
     lm.forward(ids[:, :context], cache, mask[:, :context], pos[:, :context])
     times = []
     for _ in range(repeats + 3):
+        synchronize(lm.device)
         t = time.perf_counter()
         lm.forward(ids[:, context:], cache, mask, pos[:, context:])
+        synchronize(lm.device)
         times.append(time.perf_counter() - t)
         crop_cache(cache, context)
     return statistics.median(times[3:])
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (for timing); nothing to wait for on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

@@ -1,6 +1,6 @@
 """Train the built-in model family from scratch on the synthetic tasks (fixed seed, CPU).
 
-    relaxspec models train [--out DIR] [--scale 1.0] [--only NAME ...]
+    relaxspec models train --out DIR [--scale 1.0] [--only NAME ...]
 
 One byte-level BPE tokenizer (digits kept single) is trained on task text,
 then each model is a Llama-style `transformers` model trained on
@@ -136,7 +136,7 @@ def train_model(spec: ModelSpec, tokenizer, out_dir: Path, seed: int = 0, scale:
     return info
 
 
-def train_family(out: Path = BUILTIN_DIR, seed: int = 0, scale: float = 1.0, only=None, log=print,
+def train_family(out: Path, seed: int = 0, scale: float = 1.0, only=None, log=print,
                  tokenizer_from: Path | None = None):
     if tokenizer_from is not None:  # reuse a trained tokenizer (e.g. to retrain only some models)
         from transformers import AutoTokenizer
@@ -156,7 +156,7 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=BUILTIN_DIR)
+    ap.add_argument("--out", type=Path, required=True, help=f"family directory (the shipped one: {BUILTIN_DIR})")
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--continue-from", type=Path, help="continue one model (--only NAME) from these weights")

@@ -55,7 +55,8 @@ class PivotClassifier(nn.Module):
         return torch.sigmoid(self(h.to(self.hidden_mean.device), s.to(self.hidden_mean.device)))
 
     def check_models(self, verifier, drafter=None) -> list[str]:
-        """Ways the given models differ from the ones this classifier was trained with (empty: same).
+        """Ways the given models differ from the ones this classifier was trained with (empty: same), by
+        the weight fingerprints it stores (by name for models loaded in another dtype than float32).
         The features depend on the verifier's hidden states and on both distributions."""
         from relaxspec.pivot.label import model_fingerprint
 
@@ -63,16 +64,29 @@ class PivotClassifier(nn.Module):
         if verifier.model.config.hidden_size != self.hidden_mean.shape[0]:
             problems.append(f"verifier hidden size {verifier.model.config.hidden_size} != {self.hidden_mean.shape[0]}")
         for role, lm in (("verifier", verifier), ("drafter", drafter)):
-            want = self.spec.get(f"{role}_fingerprint")
-            if lm is not None and want and model_fingerprint(lm) != want:
+            want, trained_with = self.spec.get(f"{role}_fingerprint"), self.spec.get(role)
+            if lm is None:
+                continue
+            if lm.dtype != torch.float32:
+                # Fingerprints hash float32 weights; rounded ones cannot be compared, so the name is checked.
+                if trained_with and lm.name != trained_with:
+                    problems.append(f"{role} {lm.name!r} is not the {role} {trained_with!r} this classifier "
+                                    "was trained with")
+            elif want and model_fingerprint(lm) != want:
                 problems.append(f"{role} {lm.name!r} has other weights than the {role} "
-                                f"{self.spec.get(role)!r} this classifier was trained with")
+                                f"{trained_with!r} this classifier was trained with")
         return problems
 
-    def pivot_fn(self):
+    def pivot_fn(self, verifier=None, drafter=None, force: bool = False):
         """The callable the engine calls each round: fn(hidden [B,N,H], target_logits [B,N,V],
-        draft_logits [B,N,V], draft_tokens [B,N]) -> P(pivot) [B,N]; `fn.hidden_layer` tells the
-        engine which verifier layer to hand over."""
+        draft_logits [B,N,V], draft_tokens [B,N]) -> P(pivot) [B,N] on the logits' device;
+        `fn.hidden_layer` tells the engine which verifier layer to hand over.
+        Given the verifier (and drafter), a pair other than the one the classifier was trained with
+        (`check_models`) is a ValueError unless `force`."""
+        problems = self.check_models(verifier, drafter) if verifier is not None else []
+        if problems and not force:
+            raise ValueError("the pivot classifier was trained for another pair: " + "; ".join(problems)
+                             + " (force=True / --force uses it anyway)")
         self.eval()
         clf = self
 
@@ -82,6 +96,8 @@ class PivotClassifier(nn.Module):
             if hidden.shape[-1] != clf.hidden_mean.shape[0]:
                 raise ValueError(f"pivot classifier expects hidden size {clf.hidden_mean.shape[0]} "
                                  f"(verifier {clf.spec.get('verifier')!r}), got {hidden.shape[-1]}")
+            if clf.hidden_mean.device != hidden.device:
+                clf.to(hidden.device)
             return clf.predict_proba(hidden, target_logits, draft_logits, draft_tokens).to(target_logits.device)
 
         fn.hidden_layer = self.hidden_layer
@@ -100,15 +116,24 @@ def load_classifier(path: str | Path) -> PivotClassifier:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no pivot classifier at {path}")
-    blob = torch.load(path, map_location="cpu", weights_only=False)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a pivot classifier file")
+    not_ours = f"{path} is not a relaxspec pivot classifier (format {FORMAT})"
+    try:  # weights_only: a classifier file holds tensors and plain values, never code to run
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - garbage, truncated or foreign files: one clear line
+        raise ValueError(not_ours) from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a relaxspec pivot classifier (format {FORMAT})")
+        raise ValueError(not_ours)
     spec = blob["spec"]
     if list(spec.get("feature_names", [])) != list(SCALAR_FEATURES):
         raise ValueError(f"{path} was trained on features {spec.get('feature_names')}, this version computes "
                          f"{list(SCALAR_FEATURES)}")
     clf = PivotClassifier(spec["hidden_size"], blob["n_scalars"], spec["hidden_layer"], spec)
-    clf.load_state_dict({k: v.float() for k, v in blob["state_dict"].items()})
+    try:
+        clf.load_state_dict({k: v.float() for k, v in blob["state_dict"].items()})
+    except (RuntimeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{path}: damaged classifier weights ({str(e).splitlines()[0]})") from None
     clf.threshold = blob.get("threshold", 0.5)
     clf.metrics = blob.get("metrics", {})
     return clf.eval()
@@ -154,10 +179,22 @@ def binary_metrics(probs, labels, threshold: float) -> dict:
                 accuracy=float((pred == labels).float().mean()) if len(labels) else float("nan"))
 
 
-def _load_data(data) -> dict:
-    if isinstance(data, (str, Path)):
-        data = torch.load(data, map_location="cpu", weights_only=False)
+def load_labels(path: str | Path) -> dict:
+    """A labels file written by `label_pivots` (tensors and plain values only); anything else is a ValueError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no labels file at {path}")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - garbage or truncated file: one clear line
+        data = None
+    if not isinstance(data, dict) or not {"hidden", "scalars", "labels", "prompt_index"} <= set(data):
+        raise ValueError(f"{path} is not a labels file written by `relaxspec pivot label`")
     return data
+
+
+def _load_data(data) -> dict:
+    return load_labels(data) if isinstance(data, (str, Path)) else data
 
 
 def split_by_prompt(prompt_index: torch.Tensor, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

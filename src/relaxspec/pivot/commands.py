@@ -15,16 +15,19 @@ def cmd_label(args) -> int:
     import torch
 
     from relaxspec.models import load_model
+    from relaxspec.models.options import device_kwargs, prompt_kwargs
     from relaxspec.pivot.label import label_pivots, label_stats
     from relaxspec.tasks.synthetic import synthetic_task
 
     if args.threads:
         torch.set_num_threads(args.threads)
     task = synthetic_task(args.task, "pivot", args.prompts, args.seed)
-    data = label_pivots(load_model(args.verifier), load_model(args.drafter), task, args.prompts, k=args.k,
-                        alpha=args.alpha, margin=args.margin, temperature=args.temperature,
-                        max_new_tokens=args.max_new_tokens, hidden_layer=args.hidden_layer, out=args.out,
-                        seed=args.seed, min_prob=args.min_prob, time_budget_s=args.time_budget)
+    verifier = load_model(args.verifier, **device_kwargs(args))
+    drafter = load_model(args.drafter, **device_kwargs(args))
+    data = label_pivots(verifier, drafter, task, args.prompts, k=args.k, alpha=args.alpha, margin=args.margin,
+                        temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                        hidden_layer=args.hidden_layer, out=args.out, seed=args.seed, min_prob=args.min_prob,
+                        time_budget_s=args.time_budget, **prompt_kwargs(args))
     stats = label_stats(data)
     if args.json:
         print(json.dumps(stats))
@@ -39,11 +42,9 @@ def cmd_label(args) -> int:
 
 
 def cmd_train(args) -> int:
-    import torch
+    from relaxspec.pivot.classifier import load_labels, train_classifier
 
-    from relaxspec.pivot.classifier import train_classifier
-
-    data = torch.load(args.file, map_location="cpu", weights_only=False)
+    data = load_labels(args.file)
     clf, report = train_classifier(data, epochs=args.epochs, lr=args.lr, seed=args.seed,
                                    val_fraction=args.val_fraction, weight_decay=args.weight_decay,
                                    dropout=args.dropout)
@@ -60,6 +61,8 @@ def cmd_train(args) -> int:
 
 
 def register(subparsers) -> None:
+    from relaxspec.models.options import add_device_args, add_prompt_args
+
     p = subparsers.add_parser("pivot", help="PAD: label pivot tokens and train the pivot classifier")
     sub = p.add_subparsers(dest="pivot_command", required=True)
 
@@ -81,6 +84,8 @@ def register(subparsers) -> None:
     lb.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds (resumable)")
     lb.add_argument("--seed", type=int, default=0)
     lb.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    add_prompt_args(lb)
+    add_device_args(lb)
     lb.add_argument("--json", action="store_true")
     lb.set_defaults(func=cmd_label)
 

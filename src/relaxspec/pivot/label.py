@@ -55,10 +55,10 @@ from relaxspec.pivot.features import SCALAR_FEATURES, candidate_features
 FORMAT = "relaxspec-pivot-labels/1"
 
 
-def _expand_cache(cache, n: int):
+def _expand_cache(cache, n: int, device: torch.device):
     """A copy of a batch-1 cache repeated to n rows; the original is left untouched."""
     rc = copy.deepcopy(cache)
-    rc.batch_select_indices(torch.zeros(n, dtype=torch.long))
+    rc.batch_select_indices(torch.zeros(n, dtype=torch.long, device=device))
     return rc
 
 
@@ -89,7 +89,8 @@ def sample_continuations(lm, cache, logits: torch.Tensor, length: int, budget: i
     R = logits.shape[0]
     eos = lm.eos_token_id
     out: list[list[int]] = [[] for _ in range(R)]
-    rows = torch.arange(R)  # live rows (original indices)
+    device = logits.device
+    rows = torch.arange(R)  # live rows (original indices; bookkeeping on the host)
     for step in range(budget):
         if temperature > 0:
             probs = torch.softmax(logits.float() / temperature, dim=-1)
@@ -107,10 +108,10 @@ def sample_continuations(lm, cache, logits: torch.Tensor, length: int, budget: i
             if not len(keep):
                 break
             cache.batch_select_indices(keep)
-            rows, tok = rows[keep], tok[keep]
+            rows, tok = rows[keep.cpu()], tok[keep]
         n = len(rows)
-        logits, _ = lm.forward(tok[:, None], cache, torch.ones((n, length + 1), dtype=torch.long),
-                               torch.full((n, 1), length, dtype=torch.long))
+        logits, _ = lm.forward(tok[:, None], cache, torch.ones((n, length + 1), dtype=torch.long, device=device),
+                               torch.full((n, 1), length, dtype=torch.long, device=device))
         logits = logits[:, -1]
         length += 1
     return out
@@ -128,10 +129,12 @@ def rollout_utilities(verifier, cache, length: int, generated: list[int], candid
     Returns (utilities [len(candidates)], hidden [len(candidates), H] at each candidate's position
     from layer `hidden_layer`, or None)."""
     C = len(candidates)
-    rc = _expand_cache(cache, C * k)
-    first = torch.tensor(candidates, dtype=torch.long).repeat_interleave(k)[:, None]
-    logits, hidden = verifier.forward(first, rc, torch.ones((C * k, length + 1), dtype=torch.long),
-                                      torch.full((C * k, 1), length, dtype=torch.long), hidden_layer=hidden_layer)
+    device = verifier.device
+    rc = _expand_cache(cache, C * k, device)
+    first = torch.tensor(candidates, dtype=torch.long, device=device).repeat_interleave(k)[:, None]
+    logits, hidden = verifier.forward(first, rc, torch.ones((C * k, length + 1), dtype=torch.long, device=device),
+                                      torch.full((C * k, 1), length, dtype=torch.long, device=device),
+                                      hidden_layer=hidden_layer)
     conts = sample_continuations(verifier, rc, logits[:, -1], length + 1, budget - 1, temperature, generator) \
         if budget > 1 else [[] for _ in range(C * k)]
     tok = verifier.tokenizer
@@ -148,8 +151,8 @@ def rollout_utilities(verifier, cache, length: int, generated: list[int], candid
 
 
 def _identity(verifier, drafter, task, hidden_layer, k, alpha, margin, temperature, max_new_tokens,
-              min_baseline, seed, n_prompts, min_prob):
-    return dict(min_prob=min_prob, format=FORMAT, verifier=verifier.name, drafter=drafter.name, task=task.name,
+              min_baseline, seed, n_prompts, min_prob, chat_template, system):
+    return dict(min_prob=min_prob, format=FORMAT, chat_template=chat_template, system=system, verifier=verifier.name, drafter=drafter.name, task=task.name,
                 verifier_fingerprint=model_fingerprint(verifier), drafter_fingerprint=model_fingerprint(drafter),
                 split=task.meta.get("split"), hidden_layer=hidden_layer, hidden_size=verifier.model.config.hidden_size,
                 k=k, alpha=alpha, margin=margin, temperature=temperature, max_new_tokens=max_new_tokens,
@@ -159,19 +162,24 @@ def _identity(verifier, drafter, task, hidden_layer, k, alpha, margin, temperatu
 @torch.inference_mode()
 def label_prompt(verifier, drafter, prompt: str, reference: str, utility, *, k: int, alpha: float, margin: float,
                  temperature: float, max_new_tokens: int, hidden_layer: int, min_baseline: float,
-                 generator: torch.Generator, min_prob: float = 0.0) -> dict:
-    """Label one prompt: baseline, then the greedy walk with roll-outs at each mismatch."""
-    ids = verifier.tokenizer(prompt)["input_ids"]
+                 generator: torch.Generator, min_prob: float = 0.0, chat_template: str = "auto",
+                 system: str | None = None) -> dict:
+    """Label one prompt (encoded as `encode_prompts` does): baseline, then the greedy walk with roll-outs at
+    each mismatch. The generator lives on the verifier's device."""
+    from relaxspec.models.prompts import encode_prompts
+
+    ids = encode_prompts(verifier.tokenizer, [prompt], chat_template=chat_template, system=system)[0]
+    device = verifier.device
     score = lambda text: float(utility(text, reference))  # noqa: E731
     L = len(ids)
-    x = torch.tensor([ids])
+    x = torch.tensor([ids], device=device)
     vc, dc = verifier.new_cache(), drafter.new_cache()
-    mask, pos = torch.ones_like(x), torch.arange(L)[None]
+    mask, pos = torch.ones_like(x), torch.arange(L, device=device)[None]
     v_logits = verifier.forward(x, vc, mask, pos)[0][:, -1]
     d_logits = drafter.forward(x, dc, mask, pos)[0][:, -1]
 
     # 1. baseline: k sampled completions from the prompt.
-    bc = _expand_cache(vc, k)
+    bc = _expand_cache(vc, k, device)
     conts = sample_continuations(verifier, bc, v_logits.expand(k, -1), L, max_new_tokens, temperature, generator)
     baseline = sum(score(verifier.tokenizer.decode(c, skip_special_tokens=True)) for c in conts) / k
     record = dict(baseline=baseline, skipped=baseline < min_baseline, hidden=[], scalars=[], labels=[], steps=[],
@@ -194,9 +202,9 @@ def label_prompt(verifier, drafter, prompt: str, reference: str, utility, *, k: 
             (u_d, u_v), h = rollout_utilities(verifier, vc, length, generated, [d, v], k, score, budget,
                                               temperature, generator, hidden_layer=hidden_layer)
             pivot = is_pivot(u_d, u_v, alpha, margin)
-            hid, sc = candidate_features(h[0], v_logits[0], d_logits[0], torch.tensor(d))
-            record["hidden"].append(hid.half())
-            record["scalars"].append(sc)
+            hid, sc = candidate_features(h[0], v_logits[0], d_logits[0], torch.tensor(d, device=device))
+            record["hidden"].append(hid.half().cpu())
+            record["scalars"].append(sc.cpu())
             record["labels"].append(int(pivot))
             record["steps"].append(len(generated))
             record["u_draft"].append(u_d)
@@ -207,9 +215,9 @@ def label_prompt(verifier, drafter, prompt: str, reference: str, utility, *, k: 
         if token == eos:
             break
         generated.append(token)
-        t = torch.tensor([[token]])
+        t = torch.tensor([[token]], device=device)
         n = L + len(generated)
-        m, p = torch.ones((1, n), dtype=torch.long), torch.tensor([[n - 1]])
+        m, p = torch.ones((1, n), dtype=torch.long, device=device), torch.tensor([[n - 1]], device=device)
         v_logits = verifier.forward(t, vc, m, p)[0][:, -1]
         d_logits = drafter.forward(t, dc, m, p)[0][:, -1]
     record["trajectory"] = generated
@@ -234,9 +242,9 @@ def merge_shards(shard_dir: str | Path) -> dict:
     tensors (`hidden` [M,H] float16, `scalars` [M,6], `labels` [M], `prompt_index` [M], `steps`,
     `u_draft`, `u_verifier`, `draft_token`, `verifier_token`) and per-prompt stats (`prompts`)."""
     shard_dir = Path(shard_dir)
-    meta = torch.load(shard_dir / "meta.pt", weights_only=False)
+    meta = torch.load(shard_dir / "meta.pt", weights_only=True)
     shards = sorted(shard_dir.glob("prompt_*.pt"))
-    recs = [torch.load(s, weights_only=False) for s in shards]
+    recs = [torch.load(s, weights_only=True) for s in shards]
     cat = lambda key: torch.cat([r[key] for r in recs]) if recs else torch.zeros(0)  # noqa: E731
     data = dict(meta=meta)
     for key in ("hidden", "scalars", "labels", "steps", "u_draft", "u_verifier", "draft_token", "verifier_token"):
@@ -267,8 +275,10 @@ def label_stats(data: dict) -> dict:
 def label_pivots(verifier, drafter, task, n_prompts: int | None = None, k: int = 8, alpha: float = 1.0,
                  margin: float | None = None, temperature: float = 0.7, max_new_tokens: int = 160,
                  hidden_layer: int = -1, out: str | Path = "pivots.pt", seed: int = 0, min_baseline: float = 0.5,
-                 min_prob: float = 1e-4, time_budget_s: float | None = None, progress: bool = True) -> dict:
-    """Label pivot candidates on `task` (a Task; use split "pivot") and save them to `out`.
+                 min_prob: float = 1e-4, time_budget_s: float | None = None, progress: bool = True,
+                 chat_template: str = "auto", system: str | None = None) -> dict:
+    """Label pivot candidates on `task` (a Task; use split "pivot") and save them to `out`. Prompts are
+    encoded as `relaxspec.models.prompts.encode_prompts(chat_template=, system=)` does.
 
     verifier/drafter are CausalLMs (or built-in names / paths). margin defaults to 1/k. Resumable:
     shards go to `<out>.shards/`; a rerun with the same identity skips the prompts already done.
@@ -297,10 +307,10 @@ def label_pivots(verifier, drafter, task, n_prompts: int | None = None, k: int =
     shard_dir = out.with_name(out.name + ".shards")
     shard_dir.mkdir(parents=True, exist_ok=True)
     ident = _identity(verifier, drafter, task, hidden_layer, k, alpha, margin, temperature, max_new_tokens,
-                      min_baseline, seed, len(examples), min_prob)
+                      min_baseline, seed, len(examples), min_prob, chat_template, system)
     meta_path = shard_dir / "meta.pt"
     if meta_path.exists():
-        old = torch.load(meta_path, weights_only=False)
+        old = torch.load(meta_path, weights_only=True)
         if old != ident:
             diff = {key: (old.get(key), ident.get(key)) for key in ident if old.get(key) != ident.get(key)}
             raise ValueError(f"{shard_dir} holds a run with different settings {diff}; "
@@ -319,11 +329,12 @@ def label_pivots(verifier, drafter, task, n_prompts: int | None = None, k: int =
             stopped = True
             break
         ex = examples[i]
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + i)  # per prompt: resumable, order-free
+        gen = torch.Generator(verifier.device).manual_seed(seed * 1_000_003 + i)  # per prompt: resumable, order-free
         ts = time.perf_counter()
         rec = label_prompt(verifier, drafter, ex.prompt, ex.reference, task.utility, k=k, alpha=alpha, margin=margin,
                            temperature=temperature, max_new_tokens=max_new_tokens, hidden_layer=hidden_layer,
-                           min_baseline=min_baseline, generator=gen, min_prob=min_prob)
+                           min_baseline=min_baseline, generator=gen, min_prob=min_prob,
+                           chat_template=chat_template, system=system)
         rec = _stack_record(rec, verifier.model.config.hidden_size)
         rec["prompt_index"] = i
         rec["seconds"] = time.perf_counter() - ts

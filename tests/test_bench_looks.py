@@ -1,0 +1,113 @@
+"""Adaptive allocation: later looks extend only undecided relaxed cells (and strict at their N), never beyond
+the maximum number of looks or the time budget, and an interrupted look resumes without losing samples."""
+
+import pytest
+import torch
+
+from relaxspec.bench.config import BenchConfig
+from relaxspec.bench.runner import CellSpec, RunSummary, _look_jobs, run_grid
+from relaxspec.bench.store import Row, Store
+
+torch.set_num_threads(1)
+
+
+def _rows(utilities, repeat=0):
+    return [Row(prompt_index=i, repeat=repeat, prompt="p", reference="1", response="r", utility=u, tokens=3, stats={},
+                token_hash=str(u)) for i, u in enumerate(utilities)]
+
+
+def _cell(store, key, method, utilities):
+    store.put(key, {"method": method}, {"sample_wall_s": 0.01 * len(utilities), "n_samples": len(utilities),
+                                        "n_prompts": len(utilities)}, _rows(utilities))
+
+
+def test_later_looks_extend_only_undecided_cells(tmp_path):
+    spec = lambda method, n=3: CellSpec("v", "d", "t", method, {}, n, 0)  # noqa: E731
+    keyed = [(spec("ar", 0), "ar"), (spec("strict"), "strict"), (spec("same"), "same"), (spec("open"), "open"),
+             (spec("beyond"), "beyond"), (spec("orphan", 4), "orphan")]
+    strict_key = {"same": "strict", "open": "strict", "beyond": "strict", "orphan": None}
+    base = [0.0] * 30 + [1.0] * 370
+    with Store(tmp_path) as store:
+        _cell(store, "ar", "ar", base)
+        _cell(store, "strict", "strict", base)
+        _cell(store, "same", "same", base)  # no pair differs in 400: +-0.014 at 98.3%, within 0.03: decided
+        # 30 wins, 40 losses: -0.025 +- 0.05, straddles the budget
+        _cell(store, "open", "open", [1.0] * 30 + [0.0] * 40 + [1.0] * 330)
+        _cell(store, "beyond", "beyond", [0.0] * 400)  # wholly beyond
+        _cell(store, "orphan", "orphan", [0.0] * 12 + [1.0] * 388)  # no strict at its N: cannot be decided
+        config = BenchConfig(repeats=1, looks=3, max_drop=0.03, time_budget_s=1e6)
+        summary = RunSummary()
+        jobs = _look_jobs(2, keyed, strict_key, store, config, 0.0, summary, print)
+        assert [(c.method, done, target) for c, _, done, target in jobs] == [("strict", 1, 2), ("open", 1, 2)]
+        # at a wider budget the straddling cell is decided too: nothing to do
+        wide = BenchConfig(repeats=1, looks=3, max_drop=0.2, time_budget_s=1e6)
+        assert _look_jobs(2, keyed, strict_key, store, wide, 0.0, RunSummary(), print) == []
+        # the time budget: strict's next look (400 samples at 0.01 s) does not fit in 3 s; its relaxed cell
+        # is not run without it
+        import time
+        tight = BenchConfig(repeats=1, looks=3, max_drop=0.03, time_budget_s=3.0, workers=1)
+        out = RunSummary()
+        assert _look_jobs(2, keyed, strict_key, store, tight, time.perf_counter(), out, print) == []
+        assert [label.split()[1] for label in out.out_of_time] == ["strict", "open"]
+
+
+def small(out, **kw):
+    base = dict(verifiers=["verifier"], drafters=["drafter-weak"], tasks=["arithmetic"],
+                methods=["ar", "strict", "cactus:delta=0/10"], draft_lengths=[2], limit=3, repeats=1, looks=3,
+                max_new_tokens=8, speed_prompts=1, workers=1, out=str(out))
+    base.update(kw)
+    return BenchConfig(**base)
+
+
+def _repeats(out) -> dict:
+    with Store(out) as store:
+        return {(c.config["method"], json_params(c.config["params"])): store.repeats_done(c.key) for c in store}
+
+
+def json_params(p):
+    return tuple(sorted(p.items()))
+
+
+def test_looks_stop_decided_cells_and_honour_the_maximum(tmp_path, monkeypatch):
+    monkeypatch.setenv("RELAXSPEC_CODE_VERSION", "test-looks")
+    quiet = dict(progress=False, log=lambda *a: None)
+    decided = run_grid(small(tmp_path / "a", max_drop=0.99), **quiet)  # every half-width <= 0.99 after look 1
+    assert decided.looks_run == 1 and set(_repeats(tmp_path / "a").values()) == {1}
+    # with 3 samples nothing is decided at 0.03: every relaxed cell and strict go to the last look, AR stays
+    undecided = run_grid(small(tmp_path / "b"), **quiet)
+    assert undecided.looks_run == 3
+    assert _repeats(tmp_path / "b") == {("ar", ()): 1, ("strict", ()): 4, ("cactus", (("delta", 0.0),)): 4,
+                                        ("cactus", (("delta", 10.0),)): 4}
+    with Store(tmp_path / "b") as store:
+        cells = {c.config["method"] + str(c.config["params"]): c for c in store}
+        strict = cells["strict{}"]
+        assert strict.metrics["n_samples"] == 12 and strict.metrics["look"] == 3 and strict.metrics["looks"] == 3
+        assert len(strict.metrics["engine_stats"]) == 3  # one generate call per look, merged for tau
+        # cactus at delta 0 is strict: coupled, every sample's tokens are strict's
+        assert store.token_hashes(cells["cactus{'delta': 0.0}"].key) == store.token_hashes(strict.key)
+
+
+def test_an_interrupted_look_resumes_without_losing_samples(tmp_path, monkeypatch):
+    monkeypatch.setenv("RELAXSPEC_CODE_VERSION", "test-looks-resume")
+    quiet = dict(progress=False, log=lambda *a: None)
+    stored = []
+
+    def stop_in_look_two(index, spec, key, metrics):
+        stored.append((key, metrics["look"]))
+        if metrics["look"] == 2:
+            raise KeyboardInterrupt
+
+    config = small(tmp_path / "r", looks=2)
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(config, on_cell=stop_in_look_two, **quiet)
+    first_key = stored[-1][0]
+    with Store(tmp_path / "r") as store:
+        assert store.repeats_done(first_key) == 2  # the finished look-2 part is kept
+    again = run_grid(small(tmp_path / "r", looks=2), **quiet)
+    assert again.skipped and first_key not in again.ran and len(again.ran) == 2  # the two cells left
+    fresh = run_grid(small(tmp_path / "f", looks=2), **quiet)
+    assert len(fresh.ran) == 4
+    with Store(tmp_path / "r") as resumed, Store(tmp_path / "f") as whole:
+        for cell in whole:  # same keys, same coupled samples
+            assert resumed.utilities(cell.key) == whole.utilities(cell.key)
+            assert resumed.get(cell.key).metrics["n_samples"] == cell.metrics["n_samples"]

