@@ -12,8 +12,9 @@ other jobs go on. Only the caller (the driver) sees results, so only the driver 
 `executor.status` maps each worker to the label of the job it is running ("" when idle); `executor.on_change`,
 when set, is called after each change of it (e.g. to refresh a progress bar).
 
-The Ray executor runs one actor per worker (it keeps loaded models in memory across cells of the same pair:
-loading and hashing a pair costs more than a small cell). An actor that dies (node lost, process killed,
+The Ray executor runs one actor per worker, whose cache lives as long as the actor (loaded models stay in
+memory across its cells: loading a pair costs more than a small cell); a job goes preferably to the worker
+that last ran one of the same affinity. An actor that dies (node lost, process killed,
 out of memory) is restarted and its in-flight jobs re-sent, at most `max_retries` times; after that the jobs
 are reported as failed. Without `ray_address` a local Ray instance with this machine's CPUs is started (and
 shut down by `close`), without dashboard, its logs kept off the terminal.
