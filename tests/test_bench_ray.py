@@ -179,3 +179,12 @@ def test_ray_executor_retries_dead_workers_a_bounded_number_of_times(tmp_path, c
     with make_executor(ExecutorOptions(kind="ray", ray_address=cluster)) as pool:
         runs = [f.result[1] for f in pool.run([Job("x"), Job("y"), Job("z")])]
     assert sorted(runs)[-1] == 2 and len(pool.status) == 0
+
+
+def test_local_executor_same_interface():
+    with make_executor(ExecutorOptions(kind="local")) as pool:
+        done = list(pool.run([Job("a"), Job("c", fail=True), Job("d")]))
+    assert [(f.job.label, f.result, f.error) for f in done] == [
+        ("a", ("a", 1), None), ("c", None, "ValueError: bad parameters in c"), ("d", ("d", 3), None)]
+    with pytest.raises(ValueError, match="need --executor ray"):
+        make_executor(ExecutorOptions(kind="local", gpus_per_cell=1))
