@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from relaxspec.bench.executors import add_executor_arguments, executor_options, print_failed
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
                                     DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, SAMPLING_PRESETS, BenchConfig, load_toml,
@@ -88,6 +89,7 @@ def register(subparsers) -> None:
     b.add_argument("--max-drop", type=float, help=f"utility drop vs strict allowed (default {DEFAULT_MAX_DROP:g})")
     b.add_argument("--no-plots", action="store_true")
     b.add_argument("--no-progress", action="store_true")
+    add_executor_arguments(b)
     b.set_defaults(func=cmd_bench)
 
     r = subparsers.add_parser("report", help="table, CSV and plots from a bench output directory")
@@ -134,7 +136,7 @@ def cmd_bench(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        summary = run_grid(config, progress=not args.no_progress)
+        summary = run_grid(config, progress=not args.no_progress, executor=executor_options(args))
     except KeyboardInterrupt:
         print(f"\nbench: interrupted; finished cells are stored in {Path(config.out) / 'results.sqlite'}; "
               "re-run the same command to resume", file=sys.stderr)
@@ -144,10 +146,12 @@ def cmd_bench(args) -> int:
     if summary.unavailable:
         print(f"bench: {len(summary.unavailable)} pad cells not run (no PAD classifier)")
     print(f"bench: {summary.looks_run} of {config.looks} looks run")
+    print_failed(summary.failed)
     if summary.out_of_time:
         print(f"bench: the time budget ({config.time_budget_s:g} s) stopped later looks for {len(summary.out_of_time)} "
               f"cells: {', '.join(summary.out_of_time)}")
-    return _report(Path(config.out), None, config.max_drop, not args.no_plots, everything=False)
+    code = _report(Path(config.out), None, config.max_drop, not args.no_plots, everything=False)
+    return 1 if summary.failed else code
 
 
 def cmd_report(args) -> int:

@@ -135,6 +135,7 @@ class RunSummary:
     skipped: list[str] = field(default_factory=list)  # keys whose first look was already stored
     unavailable: list[str] = field(default_factory=list)  # labels of cells that could not run (e.g. no classifier)
     looks_run: int = 0
+    failed: list[str] = field(default_factory=list)  # "label: error" of cells that raised on Ray (not stored)
     out_of_time: list[str] = field(default_factory=list)  # labels of cells a later look could not extend in time
     wall_s: float = 0.0
     out: str = ""
@@ -237,12 +238,13 @@ def _latencies(models: dict, cells: list[CellSpec]) -> dict:
     return out
 
 
-def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print) -> RunSummary:
+def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print, executor=None) -> RunSummary:
     """Run the grid in looks (see the module doc), writing each cell's look to the store as it finishes.
     With config.workers > 1, cells run in that many processes; the driver alone writes the store.
 
     `on_cell(index, spec, key, metrics)` is called after each stored look of a cell (e.g. to stop early);
-    KeyboardInterrupt anywhere loses only the looks in flight."""
+    KeyboardInterrupt anywhere loses only the looks in flight. `executor`: bench.executors.ExecutorOptions;
+    kind "ray" runs the cells on Ray workers instead (see bench.cell_job)."""
     import torch
     from tqdm import tqdm
 
@@ -275,22 +277,32 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     strict_key = {k: key_of.get(c.strict.label) for c, k in keyed if c.method not in (AR, STRICT)}
     speed = _latencies(worker.models, cells)
     run_id = uuid.uuid4().hex[:12]
-    pool = None
-    if config.workers > 1:
+    pool = ray_pool = None
+    if executor is not None and executor.kind == "ray":
+        from relaxspec.bench.cell_job import ray_results
+        from relaxspec.bench.executors import make_executor, status_line
+        ray_pool = make_executor(executor)
+    elif config.workers > 1:
         import multiprocessing
         pool = multiprocessing.get_context("spawn").Pool(config.workers, _init_worker,
                                                           (config, torch.get_num_threads()))
     index = 0
     try:
         for look in range(1, config.looks + 1):
-            jobs = _look_jobs(look, keyed, strict_key, store, config, t_start, summary, log)
+            stored = keyed if look == 1 else [(c, k) for c, k in keyed if store.has(k)]  # not cells that failed
+            jobs = _look_jobs(look, stored, strict_key, store, config, t_start, summary, log)
             if not jobs:
                 continue
             summary.looks_run = look
-            results = pool.imap_unordered(_run_in_worker, jobs) if pool else \
-                ((spec, key, worker.run(spec, done, target)) for spec, key, done, target in jobs)
+            if ray_pool is not None:
+                results = ray_results(ray_pool, jobs, config, versions, summary.failed)
+            else:
+                results = pool.imap_unordered(_run_in_worker, jobs) if pool else \
+                    ((spec, key, worker.run(spec, done, target)) for spec, key, done, target in jobs)
             bar = tqdm(results, total=len(jobs), desc=f"bench look {look}/{config.looks}", unit="cell",
                        disable=not progress, dynamic_ncols=True)
+            if ray_pool is not None:
+                ray_pool.on_change = lambda: bar.set_postfix_str(status_line(ray_pool.status), refresh=True)
             try:
                 for spec, key, result in bar:
                     metrics = _store_look(store, spec, key, result, look, speed, config, versions, run_id)
@@ -305,6 +317,8 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     finally:
         if pool is not None:
             pool.terminate()
+        if ray_pool is not None:
+            ray_pool.close()
         summary.wall_s = time.perf_counter() - t_start
         store.close()
     return summary

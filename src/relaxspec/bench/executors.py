@@ -1,0 +1,318 @@
+"""Where grid jobs run: in this process (`local`) or on a Ray cluster (`ray`), behind one interface.
+
+A job is any picklable object with
+  * `label` (str, shown in the progress bar and in errors),
+  * `affinity` (hashable: jobs with equal affinity prefer the worker that last ran one, e.g. the same model
+    pair, so that the worker's loaded models are reused),
+  * `run(cache: dict)` -> result: called on a worker with that worker's cache, kept across its jobs.
+
+`executor.run(jobs)` pulls jobs lazily from any iterable and yields one `Finished` per job as it completes
+(completion order). A job that raises is reported with its error (`Finished.error`) and never retried; the
+other jobs go on. Only the caller (the driver) sees results, so only the driver writes the store.
+`executor.status` maps each worker to the label of the job it is running ("" when idle); `executor.on_change`,
+when set, is called after each change of it (e.g. to refresh a progress bar).
+
+The Ray executor runs one actor per worker, whose cache lives as long as the actor (loaded models stay in
+memory across its cells: loading a pair costs more than a small cell); a job goes preferably to the worker
+that last ran one of the same affinity. An actor that dies (node lost, process killed,
+out of memory) is restarted and its in-flight jobs re-sent, at most `max_retries` times; after that the jobs
+are reported as failed. Without `ray_address` a local Ray instance with this machine's CPUs is started (and
+shut down by `close`), without dashboard, its logs kept off the terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass
+class ExecutorOptions:
+    kind: str = "local"  # local | ray
+    ray_address: str | None = None  # None: start a local Ray instance; "auto" or HOST:PORT: join a cluster
+    cells_per_worker: int = 1  # jobs held by each Ray worker at a time (running + queued)
+    gpus_per_cell: float = 0.0  # GPUs each Ray worker reserves
+    cpus_per_cell: float = 1.0  # CPUs each Ray worker reserves (its torch threads)
+    max_retries: int = 3  # restarts of a dead worker (its jobs are re-sent), then its jobs fail
+
+    def validate(self) -> None:
+        if self.kind not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.kind!r}")
+        if self.kind == "local" and (self.ray_address is not None or self.cells_per_worker != 1
+                                     or self.gpus_per_cell):
+            raise ValueError("--ray-address, --cells-per-worker and --gpus-per-cell need --executor ray")
+        if not isinstance(self.cells_per_worker, int) or self.cells_per_worker < 1:
+            raise ValueError(f"cells per worker must be an integer >= 1, got {self.cells_per_worker!r}")
+        if self.gpus_per_cell < 0:
+            raise ValueError(f"GPUs per cell must be >= 0, got {self.gpus_per_cell}")
+        if self.cpus_per_cell <= 0:
+            raise ValueError(f"CPUs per cell must be > 0, got {self.cpus_per_cell}")
+        if self.max_retries < 0:
+            raise ValueError(f"max retries must be >= 0, got {self.max_retries}")
+
+
+@dataclass
+class Finished:
+    job: Any
+    result: Any = None
+    error: str | None = None  # "ExceptionType: message" when the job failed
+    worker: str = ""
+    seconds: float = 0.0  # wall time from submission to completion, as the driver saw it
+
+
+def describe(exc: BaseException) -> str:
+    """'ExceptionType: first line of its message'."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def make_executor(options: ExecutorOptions | None = None, cache: dict | None = None):
+    """The executor for `options` (local by default). `cache` seeds the local worker's cache (e.g. models the
+    driver already loaded); Ray workers start with an empty one."""
+    options = options or ExecutorOptions()
+    options.validate()
+    if options.kind == "local":
+        return LocalExecutor(cache)
+    return RayExecutor(options)
+
+
+class LocalExecutor:
+    """Runs jobs one after the other in this process, with one cache."""
+
+    def __init__(self, cache: dict | None = None):
+        self.cache = {} if cache is None else cache
+        self.status = {"local": ""}
+        self.on_change = None
+
+    def run(self, jobs: Iterable) -> Iterator[Finished]:
+        for job in jobs:
+            self.status["local"] = job.label
+            _notify(self)
+            t0 = time.perf_counter()
+            try:
+                result, error = job.run(self.cache), None
+            except Exception as e:  # the job's own failure: reported, the grid goes on
+                result, error = None, describe(e)
+            finally:
+                self.status["local"] = ""
+            yield Finished(job, result, error, "local", time.perf_counter() - t0)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _notify(executor) -> None:
+    if executor.on_change is not None:
+        executor.on_change()
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--executor ray needs Ray: pip install 'relaxspec[ray]'") from None
+    return ray
+
+
+class _Worker:
+    """A Ray actor: runs jobs with a cache that lives as long as the actor."""
+
+    def __init__(self, threads: int):
+        os.environ["OMP_NUM_THREADS"] = str(max(1, threads))  # torch, imported later by a job, reads it
+        self.cache = {}
+
+    def run(self, job):
+        return job.run(self.cache)
+
+
+@dataclass
+class _Slot:
+    name: str
+    actor: Any
+    affinity: Any = None
+    inflight: int = 0
+
+
+class RayExecutor:
+    """Runs jobs on Ray actors (see the module doc)."""
+
+    def __init__(self, options: ExecutorOptions):
+        self.options = options
+        self.ray = import_ray()
+        self.started = False
+        self.slots: list[_Slot] = []
+        self.status: dict[str, str] = {}
+        self.on_change = None
+        self._created = 0
+        if not self.ray.is_initialized():
+            self._init()
+
+    def _init(self) -> None:
+        common = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=True)
+        if os.environ.get("RELAXSPEC_CODE_VERSION"):  # the user's code-version override holds on the workers too
+            common["runtime_env"] = {"env_vars": {"RELAXSPEC_CODE_VERSION": os.environ["RELAXSPEC_CODE_VERSION"]}}
+        try:
+            if self.options.ray_address:
+                self.ray.init(address=self.options.ray_address, **common)
+            else:
+                self.ray.init(num_cpus=os.cpu_count(), **common)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            where = self.options.ray_address or "a local instance"
+            raise ValueError(f"cannot start Ray ({where}): {str(e).splitlines()[0] if str(e) else type(e).__name__}")\
+                from None
+        self.started = True
+
+    def capacity(self) -> int:
+        """Workers the cluster's resources allow: CPUs / cpus_per_cell (and GPUs / gpus_per_cell if set)."""
+        total = self.ray.cluster_resources()
+        n = int(total.get("CPU", 0) // self.options.cpus_per_cell)
+        if self.options.gpus_per_cell:
+            n = min(n, int(total.get("GPU", 0) // self.options.gpus_per_cell))
+        if n < 1:
+            need = f"{self.options.cpus_per_cell:g} CPU" + (f" and {self.options.gpus_per_cell:g} GPU"
+                                                            if self.options.gpus_per_cell else "")
+            raise ValueError(f"the Ray cluster has no room for one worker ({need}); it has {total}")
+        return n
+
+    def _new_slot(self) -> _Slot:
+        o = self.options
+        actor_class = self.ray.remote(_Worker).options(
+            num_cpus=o.cpus_per_cell, num_gpus=o.gpus_per_cell, max_restarts=o.max_retries,
+            max_task_retries=o.max_retries, max_concurrency=1)
+        name = f"w{self._created}"
+        self._created += 1
+        slot = _Slot(name, actor_class.remote(max(1, int(o.cpus_per_cell))))
+        self.slots.append(slot)
+        self.status[name] = ""
+        return slot
+
+    def _pick(self, buffer: deque) -> tuple[_Slot, Any] | None:
+        """A worker with room and the buffered job it should take: same affinity as its last job first."""
+        free = [s for s in self.slots if s.inflight < self.options.cells_per_worker]
+        for slot in free:
+            for job in buffer:
+                if slot.affinity is not None and job.affinity == slot.affinity:
+                    buffer.remove(job)
+                    return slot, job
+        # a job no busy worker of its affinity will take soon: an idle-most worker, or a new one
+        if len(self.slots) < self._capacity:
+            return self._new_slot(), buffer.popleft()
+        if free:
+            return min(free, key=lambda s: s.inflight), buffer.popleft()
+        return None
+
+    def run(self, jobs: Iterable) -> Iterator[Finished]:
+        ray = self.ray
+        from ray.exceptions import RayActorError, RayTaskError
+        self._capacity = self.capacity()
+        source = iter(jobs)
+        buffer: deque = deque()
+        inflight: dict = {}  # ObjectRef -> (slot, job, t0)
+        running: dict[str, list] = {}  # worker -> labels in submission order
+        exhausted = False
+        while True:
+            lookahead = self._capacity * self.options.cells_per_worker
+            while not exhausted and len(buffer) < lookahead:
+                job = next(source, None)
+                if job is None:
+                    exhausted = True
+                else:
+                    buffer.append(job)
+            while buffer and (picked := self._pick(buffer)) is not None:
+                slot, job = picked
+                ref = slot.actor.run.remote(job)
+                slot.inflight += 1
+                slot.affinity = job.affinity
+                inflight[ref] = (slot, job, time.perf_counter())
+                running.setdefault(slot.name, []).append(job.label)
+                self.status[slot.name] = running[slot.name][0]
+                _notify(self)
+            if not inflight:
+                if exhausted and not buffer:
+                    return
+                continue
+            [ref], _ = ray.wait(list(inflight), num_returns=1)
+            slot, job, t0 = inflight.pop(ref)
+            slot.inflight -= 1
+            running[slot.name].remove(job.label)
+            self.status[slot.name] = running[slot.name][0] if running[slot.name] else ""
+            try:
+                result, error = ray.get(ref), None
+            except RayTaskError as e:  # the job raised: its own error, not retried
+                cause = getattr(e, "cause", None)
+                result, error = None, describe(cause if isinstance(cause, BaseException) else e)
+            except RayActorError as e:  # the worker died more than max_retries times
+                result = None
+                error = f"worker {slot.name} died (restarted {self.options.max_retries} times): " \
+                        f"{type(e).__name__}"
+                self._drop(slot)
+            yield Finished(job, result, error, slot.name, time.perf_counter() - t0)
+
+    def _drop(self, slot: _Slot) -> None:
+        if slot in self.slots:
+            self.slots.remove(slot)
+            self.status.pop(slot.name, None)
+            self.ray.kill(slot.actor, no_restart=True)
+
+    def close(self) -> None:
+        for slot in list(self.slots):
+            self._drop(slot)
+        if self.started:
+            self.ray.shutdown()
+            self.started = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def add_executor_arguments(parser) -> None:
+    """--executor, --ray-address, --cells-per-worker, --gpus-per-cell (bench and tune)."""
+    g = parser.add_argument_group("where cells run")
+    g.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local: in this process; ray: on Ray workers (pip install 'relaxspec[ray]')")
+    g.add_argument("--ray-address", help="join this Ray cluster (auto or HOST:PORT; default: start a local instance "
+                                         "with this machine's CPUs)")
+    g.add_argument("--cells-per-worker", type=int, default=1,
+                   help="cells each Ray worker holds at a time, running + queued (default 1)")
+    g.add_argument("--gpus-per-cell", type=float, default=0.0, help="GPUs each Ray worker reserves (default 0)")
+
+
+def executor_options(args) -> ExecutorOptions:
+    """ExecutorOptions from the flags of add_executor_arguments; each Ray worker reserves --threads CPUs."""
+    options = ExecutorOptions(kind=args.executor, ray_address=args.ray_address,
+                              cells_per_worker=args.cells_per_worker, gpus_per_cell=args.gpus_per_cell,
+                              cpus_per_cell=float(getattr(args, "threads", None) or 1))
+    options.validate()
+    return options
+
+
+def print_failed(failed: list[str]) -> None:
+    """The cells (jobs) that raised, one line each, on stderr."""
+    import sys
+    if failed:
+        print(f"{len(failed)} cells failed (not stored; re-run to retry them):", file=sys.stderr)
+        for line in failed:
+            print(f"  {line}", file=sys.stderr)
+
+
+def status_line(status: dict[str, str], width: int = 40) -> str:
+    """Per-worker status for a progress bar: 'w0: <label> | w1: idle'."""
+    return " | ".join(f"{w}: {label[:width] if label else 'idle'}" for w, label in status.items())
+
+
+__all__ = ["EXECUTORS", "ExecutorOptions", "Finished", "LocalExecutor", "RayExecutor", "make_executor",
+           "status_line", "import_ray", "add_executor_arguments", "executor_options", "print_failed"]
