@@ -33,7 +33,7 @@ from relaxspec.bench.stats import Interval
 
 ALPHA = 0.05
 DEFAULT_SIZES = (3, 12, 48, 240)
-DEFAULT_CAPS = (48, 12, 3)
+DEFAULT_CAPS = (64, 16, 4)
 
 LOSSY, SLOWER, HALVED = "clearly lossy", "clearly slower", "halving"
 
