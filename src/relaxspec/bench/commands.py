@@ -6,23 +6,34 @@ import argparse
 import sys
 from pathlib import Path
 
-from relaxspec.bench.grid import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT,
-                                  DEFAULT_REPEATS, BenchConfig, load_toml)
+from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
+                                    DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
+                                    DEFAULT_TIME_BUDGET_S, SAMPLING_PRESETS, BenchConfig, load_toml, sampling_preset)
 
 BENCH_EPILOG = f"""\
 Default grid (no --methods / config): ar; strict; every training-free rule at each value of its paper
 grid (cactus delta 0.1/0.25/1/10; mentored alpha 0.3/0.7/0.95; fuzzy and r-fuzzy threshold 0.05/0.2/0.3;
 spec-casc-opt alpha -0.1/0/0.05; spec-casc-tok alpha 0/0.35/0.8; ensemble weight 0.8/0.9/0.95;
-spec-cont-dec beta 0.1/0.5/1; typical epsilon=0.09, delta=0.3); pad at thresholds 0.3/0.5/0.7 when a
-PAD classifier ships; N in {{3, 5}}; task arithmetic; {DEFAULT_LIMIT} prompts x {DEFAULT_REPEATS} repeats per cell;
-temperature 0.7, top_p 0.95, max {DEFAULT_MAX_NEW_TOKENS} new tokens. About 15 minutes on 2 CPU cores.
+spec-cont-dec beta 0.1/0.5/1; typical epsilon=0.09, delta=0.3), the always-accept baseline ensemble
+weight 0; pad at thresholds 0.3/0.5/0.7 when a PAD classifier ships; N in {{3, 5}}; task arithmetic;
+{DEFAULT_LIMIT} prompts; temperature 0.7, top_p 0.95, max {DEFAULT_MAX_NEW_TOKENS} new tokens (--sampling paper:
+temperature 0.6, top_k 20, top_p 0.95). About 15 minutes on 2 CPU cores.
+
+Samples are coupled: sample (prompt i, repeat r) uses the same per-sequence seed in every cell, so each
+relaxed rule is compared with strict at the same N sample by sample. Sampling is adaptive, with at most
+--looks looks: look 1 runs --repeats repeats ({DEFAULT_REPEATS}) of every prompt in every cell; each later look
+doubles the repeats of the relaxed cells (and of strict at their N) whose interval of the difference vs
+strict still straddles the budget --max-drop with a half-width above it, while the --time-budget allows.
+Intervals vs strict are at 1 - 0.05/looks (Bonferroni over the looks). Each speculative cell also times
+--speed-prompts prompts one at a time (batch 1), AR and the method taking turns.
 
 --methods takes a comma-separated list of NAME (its paper grid) or NAME:PARAM=V1/V2[;PARAM=V]
 (e.g. --methods ar,strict,'cactus:delta=0.5/2','typical:epsilon=0.1;delta=0.2').
 A TOML --config takes the same settings as keys (verifiers, drafters, tasks, methods, draft_lengths,
-seeds, limit, repeats, temperature, top_k, top_p, max_new_tokens, batch_size, pad_thresholds,
-pad_classifier, out); flags override it. Results go to OUT/results.sqlite; re-running skips finished
-cells, so an interrupted bench resumes where it stopped.
+seeds, limit, repeats, looks, max_drop, time_budget_s, speed_prompts, temperature, top_k, top_p,
+max_new_tokens, batch_size, device, dtype, chat_template, system, pad_thresholds, pad_classifier, out, and
+sampling = "paper"); flags override it. Results go to OUT/results.sqlite; every look of a cell is stored as
+it finishes and a re-run continues where the last one stopped.
 """
 
 
@@ -50,18 +61,29 @@ def register(subparsers) -> None:
     b.add_argument("--draft-lengths", type=_csv_list(int), help="e.g. 3,5")
     b.add_argument("--seed", type=_csv_list(int), help="seed(s), comma-separated")
     b.add_argument("--limit", type=int, help=f"prompts per task (default {DEFAULT_LIMIT})")
-    b.add_argument("--repeats", type=int, help=f"samples per prompt (default {DEFAULT_REPEATS})")
+    b.add_argument("--repeats", type=int, help=f"samples per prompt in the first look (default {DEFAULT_REPEATS})")
+    b.add_argument("--looks", type=int, help=f"maximum number of looks (default {DEFAULT_LOOKS})")
+    b.add_argument("--time-budget", type=float, dest="time_budget_s",
+                   help=f"seconds after which no later look starts (default {DEFAULT_TIME_BUDGET_S:g})")
+    b.add_argument("--speed-prompts", type=int,
+                   help=f"prompts timed at batch 1 per speculative cell (default {DEFAULT_SPEED_PROMPTS}; 0: none)")
+    b.add_argument("--sampling", choices=sorted(SAMPLING_PRESETS),
+                   help="sampling preset (paper: temperature 0.6, top_k 20, top_p 0.95); explicit flags override it")
     b.add_argument("--temperature", type=float, help="default 0.7")
     b.add_argument("--top-p", type=float, help="default 0.95")
     b.add_argument("--top-k", type=int)
     b.add_argument("--max-new-tokens", type=int, help=f"default {DEFAULT_MAX_NEW_TOKENS}")
     b.add_argument("--batch-size", type=int, help=f"sequences per generate call (default {DEFAULT_BATCH_SIZE})")
+    b.add_argument("--device", help="model device, e.g. cpu, cuda, cuda:1 (default: the loader's)")
+    b.add_argument("--dtype", help="model dtype, e.g. float32, bfloat16 (default: the loader's)")
+    b.add_argument("--chat-template", help="auto (apply the tokenizer's chat template if it has one) or none")
+    b.add_argument("--system", help="system prompt for chat templates")
     b.add_argument("--pad-thresholds", type=_csv_list(float), help="default 0.3,0.5,0.7")
     b.add_argument("--pad-classifier", help="PAD classifier path (default: the built-in one)")
     b.add_argument("--out", type=Path, help=f"output directory (default ./{DEFAULT_OUT})")
     b.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: tiny models gain little from more, and shared CPUs lose)")
-    b.add_argument("--max-drop", type=float, default=0.05, help="utility drop allowed for 'best rule' (default 0.05)")
+    b.add_argument("--max-drop", type=float, help=f"utility drop vs strict allowed (default {DEFAULT_MAX_DROP:g})")
     b.add_argument("--no-plots", action="store_true")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=cmd_bench)
@@ -69,21 +91,28 @@ def register(subparsers) -> None:
     r = subparsers.add_parser("report", help="table, CSV and plots from a bench output directory")
     r.add_argument("dir", type=Path, nargs="?", default=Path(DEFAULT_OUT))
     r.add_argument("--csv", type=Path, help="write the CSV here (default DIR/results.csv)")
-    r.add_argument("--max-drop", type=float, default=0.05, help="utility drop allowed for 'best rule' (default 0.05)")
+    r.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP,
+                   help=f"utility drop vs strict allowed for decisions and 'best rule' (default {DEFAULT_MAX_DROP:g})")
+    r.add_argument("--all", action="store_true", help="every settings group, not only the latest run's")
     r.add_argument("--no-plots", action="store_true")
     r.set_defaults(func=cmd_report)
 
 
 _FLAG_TO_FIELD = {"verifier": "verifiers", "drafter": "drafters", "tasks": "tasks", "methods": "methods",
                   "draft_lengths": "draft_lengths", "seed": "seeds", "limit": "limit", "repeats": "repeats",
-                  "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                  "max_new_tokens": "max_new_tokens", "batch_size": "batch_size", "pad_thresholds": "pad_thresholds",
+                  "looks": "looks", "time_budget_s": "time_budget_s", "speed_prompts": "speed_prompts",
+                  "max_drop": "max_drop", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                  "max_new_tokens": "max_new_tokens", "batch_size": "batch_size", "device": "device", "dtype": "dtype",
+                  "chat_template": "chat_template", "system": "system", "pad_thresholds": "pad_thresholds",
                   "pad_classifier": "pad_classifier", "out": "out"}
 
 
 def config_from_args(args) -> BenchConfig:
     data = load_toml(args.config) if getattr(args, "config", None) else {}
     config = BenchConfig.from_dict(data)
+    if getattr(args, "sampling", None):
+        for name, value in sampling_preset(args.sampling).items():
+            setattr(config, name, value)
     for flag, name in _FLAG_TO_FIELD.items():
         value = getattr(args, flag, None)
         if value is not None:
@@ -95,7 +124,7 @@ def config_from_args(args) -> BenchConfig:
 def cmd_bench(args) -> int:
     import torch
 
-    from relaxspec.bench.grid import run_grid
+    from relaxspec.bench.runner import run_grid
 
     import warnings
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
@@ -112,20 +141,25 @@ def cmd_bench(args) -> int:
           f"in {summary.wall_s:.1f} s")
     if summary.unavailable:
         print(f"bench: {len(summary.unavailable)} pad cells not run (no PAD classifier)")
-    return _report(Path(config.out), None, args.max_drop, not args.no_plots)
+    print(f"bench: {summary.looks_run} of {config.looks} looks run")
+    if summary.out_of_time:
+        print(f"bench: the time budget ({config.time_budget_s:g} s) stopped later looks for {len(summary.out_of_time)} "
+              f"cells: {', '.join(summary.out_of_time)}")
+    return _report(Path(config.out), None, config.max_drop, not args.no_plots, everything=False)
 
 
 def cmd_report(args) -> int:
-    return _report(args.dir, args.csv, args.max_drop, not args.no_plots)
+    return _report(args.dir, args.csv, args.max_drop, not args.no_plots, everything=args.all)
 
 
-def _report(out_dir: Path, csv_path, max_drop: float, plots: bool) -> int:
-    from relaxspec.bench.report import build_rows, format_table, write_csv
+def _report(out_dir: Path, csv_path, max_drop: float, plots: bool, everything: bool) -> int:
+    from relaxspec.bench.report import build_rows, format_report, settings_groups, write_csv
     from relaxspec.bench.store import Store
 
     with Store.open_existing(out_dir) as store:
-        rows = build_rows(store)
-    print(format_table(rows, max_drop=max_drop))
+        rows = build_rows(store, "all" if everything else "latest")
+        total = len(settings_groups(store))
+    print(format_report(rows, max_drop, groups_total=total))
     if not rows:
         return 0
     csv_file = write_csv(rows, csv_path or out_dir / "results.csv")

@@ -1,4 +1,7 @@
-"""PNG plots of a result store (matplotlib, Agg backend): capability vs speed-up, acceptance by position."""
+"""PNG plots of a result store (matplotlib, Agg backend): capability vs speed-up, acceptance by position.
+
+Like the report, a plot never mixes settings groups: one figure per group (the file name says which group
+when the rows hold several)."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from relaxspec.bench.grid import AR
+from relaxspec.bench.names import AR, STRICT
 from relaxspec.bench.speedup import C_REL_GRID
 
 _PANELS = [*[(f"c_rel = {c:g}", f"length_adjusted_speedup_c{c:g}") for c in C_REL_GRID],
@@ -50,12 +53,13 @@ def capability_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
     groups = {}
     for r in rows:
         if r["method"] != AR:
-            groups.setdefault((r["verifier"], r["drafter"], r["task"], r["draft_length"], r["seed"]), []).append(r)
-    several_seeds = len({k[4] for k in groups}) > 1
-    for (verifier, drafter, task, n, seed), cells in sorted(groups.items()):
+            groups.setdefault((r["settings_group"], r["verifier"], r["drafter"], r["task"], r["draft_length"],
+                               r["seed"]), []).append(r)
+    several_seeds = len({k[5] for k in groups}) > 1
+    for (group, verifier, drafter, task, n, seed), cells in sorted(groups.items()):
         ar = next((r for r in rows if r["method"] == AR and r["verifier"] == verifier and r["task"] == task
-                   and r["seed"] == seed), None)
-        rules = sorted({r["method"] for r in cells if r["method"] != "strict"})
+                   and r["seed"] == seed and r["settings_group"] == group), None)
+        rules = sorted({r["method"] for r in cells if r["method"] != STRICT})
         colors = _colors(rules)
         fig, axes = plt.subplots(2, 2, figsize=(12.5, 9.0), sharey=True)
         axes = axes.ravel()
@@ -73,7 +77,7 @@ def capability_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
                 xs, ys = [r[col] for r in pts], [r["utility"] for r in pts]
                 ax.errorbar(xs, ys, yerr=_yerr(pts), fmt="o-", ms=4, lw=1.3, capsize=2, color=colors[rule],
                             label=rule, alpha=0.9)
-            strict = [r for r in cells if r["method"] == "strict" and _ok(r[col])]
+            strict = [r for r in cells if r["method"] == STRICT and _ok(r[col])]
             for r in strict:
                 ax.errorbar([r[col]], [r["utility"]], yerr=_yerr([r]), fmt="D", ms=9, color="black", mfc="white",
                             mew=2, capsize=3, label="strict (lossless)", zorder=6)
@@ -83,10 +87,15 @@ def capability_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
             ax.set_xlabel("length-adjusted modelled speed-up vs AR (log scale)")
             ax.set_ylabel(f"utility on {task} (mean, 95% CI)")
         title = (f"Capability vs speed-up: {task}, verifier {verifier}, drafter {drafter}, N = {n}"
-                 f" ({cells[0]['n_samples']} samples/cell)")
-        name = f"capability_{_slug(task, verifier, drafter)}_N{n}{f'_seed{seed}' if several_seeds else ''}.png"
+                 f" (settings group {group}, {min(r['n_samples'] for r in cells)}+ samples/cell)")
+        name = (f"capability_{_slug(task, verifier, drafter)}_N{n}{f'_seed{seed}' if several_seeds else ''}"
+                f"{_group_suffix(rows, group)}.png")
         paths.append(_finish(plt, fig, axes, title, out_dir / name, right=0.85, top=0.96, fontsize=12))
     return paths
+
+
+def _group_suffix(rows: list[dict], group: int) -> str:
+    return f"_settings{group}" if len({r["settings_group"] for r in rows}) > 1 else ""
 
 
 def _finish(plt, fig, axes, title: str, path: Path, right: float, top: float, fontsize: int) -> Path:
@@ -147,23 +156,23 @@ def acceptance_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
     groups = {}
     for r in rows:
         if r["method"] != AR:
-            groups.setdefault((r["verifier"], r["drafter"], r["task"], r["seed"]), []).append(r)
-    several_seeds = len({k[3] for k in groups}) > 1
-    for (verifier, drafter, task, seed), cells in sorted(groups.items()):
+            groups.setdefault((r["settings_group"], r["verifier"], r["drafter"], r["task"], r["seed"]), []).append(r)
+    several_seeds = len({k[4] for k in groups}) > 1
+    for (group, verifier, drafter, task, seed), cells in sorted(groups.items()):
         ns = sorted({r["draft_length"] for r in cells})
-        rules = sorted({r["method"] for r in cells if r["method"] != "strict"})
+        rules = sorted({r["method"] for r in cells if r["method"] != STRICT})
         colors = _colors(rules)
         fig, axes = plt.subplots(1, len(ns), figsize=(max(9.0, 6.0 * len(ns)), 4.8), squeeze=False, sharey=True)
         for ax, n in zip(axes[0], ns):
-            for rule in ["strict", *rules]:
+            for rule in [STRICT, *rules]:
                 pts = sorted((r for r in cells if r["method"] == rule and r["draft_length"] == n), key=_param_value)
                 for j, r in enumerate(pts):
                     rates = json.loads(r["acceptance_rate_per_position"])
                     if not rates:
                         continue
                     shade = 0.35 + 0.65 * (j + 1) / len(pts)
-                    ax.plot(range(1, len(rates) + 1), rates, "o-", ms=3, lw=2.2 if rule == "strict" else 1.2,
-                            color="black" if rule == "strict" else colors[rule], alpha=shade,
+                    ax.plot(range(1, len(rates) + 1), rates, "o-", ms=3, lw=2.2 if rule == STRICT else 1.2,
+                            color="black" if rule == STRICT else colors[rule], alpha=shade,
                             label=rule if j == len(pts) - 1 else None)
             ax.set_title(f"N = {n}")
             ax.set_xlabel("draft position")
@@ -173,7 +182,8 @@ def acceptance_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
         axes[0][0].set_ylabel("P(draft position accepted) per verifier call")
         title = (f"Acceptance by draft position: {task}, verifier {verifier}, drafter {drafter}\n"
                  f"(one colour per rule, one line per parameter value; darker = later in its grid)")
-        name = f"acceptance_{_slug(task, verifier, drafter)}{f'_seed{seed}' if several_seeds else ''}.png"
+        name = (f"acceptance_{_slug(task, verifier, drafter)}{f'_seed{seed}' if several_seeds else ''}"
+                f"{_group_suffix(rows, group)}.png")
         paths.append(_finish(plt, fig, axes[0], title, out_dir / name, right=0.86, top=0.93, fontsize=11))
     return paths
 

@@ -1,4 +1,9 @@
-"""Reports from a result store: per-cell table rows, the terminal table, best rule per c_rel, CSV."""
+"""Reports from a result store: per-cell rows with their comparisons, the terminal report, best rule, CSV.
+
+Cells run with different settings are never mixed: rows carry a settings group (SETTINGS), each group is
+its own table with its settings in the header, and comparisons only pair cells of one group. The default
+is the group of the latest stored cell; `groups="all"` reports every group.
+"""
 
 from __future__ import annotations
 
@@ -7,82 +12,144 @@ import json
 import math
 from pathlib import Path
 
-from relaxspec.bench.grid import AR, method_label
-from relaxspec.bench.speedup import C_REL_GRID, Interval, length_adjusted_speedup, lossless_within_ci, paired_diff_ci
+from relaxspec.bench.metrics import (ALPHA, BEYOND, NO_STRICT, WITHIN, compare, decision, decision_confidence,
+                                     identical_fraction, is_decided, samples_needed)
+from relaxspec.bench.names import AR, STRICT, method_label
+from relaxspec.bench.speedup import C_REL_GRID, length_adjusted_speedup
+from relaxspec.bench.stats import Interval
 from relaxspec.bench.store import Store
 
+_SPEED = ["measured_c_rel", *[f"c{c:g}" for c in C_REL_GRID]]
 CSV_COLUMNS = [
-    "verifier", "drafter", "task", "method", "params", "draft_length", "seed", "n_prompts", "n_samples",
-    "utility", "utility_ci_low", "utility_ci_high",
-    "utility_diff_vs_ar", "utility_diff_ci_low", "utility_diff_ci_high", "lossless_within_ci",
-    "acceptance_rate", "acceptance_rate_per_position", "mean_acceptance_length", "mean_response_length",
-    "c_rel_measured", "measured_speedup", "time_total_s",
+    "settings_group", "verifier", "drafter", "task", "method", "params", "draft_length", "seed", "n_prompts",
+    "n_samples", "utility", "utility_ci_low", "utility_ci_high",
+    "utility_diff_vs_strict", "utility_diff_vs_strict_ci_low", "utility_diff_vs_strict_ci_high",
+    "outputs_identical_to_strict", "vs_strict_confidence", "vs_strict_decision", "vs_strict_samples_needed",
+    "utility_diff_vs_ar", "utility_diff_ci_low", "utility_diff_ci_high",
+    "acceptance_rate", "acceptance_rate_per_position", "mean_acceptance_length", "extra_draft_passes",
+    "mean_response_length", "c_rel_measured", "c_block_measured",
+    "measured_speedup_batch1", "batch1_prompts", "measured_speedup_batched", "tokens_per_s",
     "modelled_speedup_measured_c_rel", *[f"modelled_speedup_c{c:g}" for c in C_REL_GRID],
-    "length_adjusted_speedup_measured_c_rel", *[f"length_adjusted_speedup_c{c:g}" for c in C_REL_GRID],
-    "temperature", "top_p", "top_k", "max_new_tokens", "truncated_fraction", "key",
+    "block_aware_speedup_measured",
+    *[f"length_adjusted_speedup_{s}" for s in _SPEED], "length_adjusted_block_aware_speedup_measured",
+    "temperature", "top_p", "top_k", "max_new_tokens", "truncated_fraction", "code_version", "key",
 ]
-# What an AR cell must share with a speculative cell to be its baseline.
-_BASELINE_FIELDS = ("verifier", "verifier_version", "task", "seed", "limit", "repeats", "temperature", "top_k",
-                    "top_p", "max_new_tokens", "code_version")
+# Settings that make cells comparable: cells differing in any of these are reported in separate groups.
+SETTINGS = ("limit", "first_repeats", "looks", "temperature", "top_k", "top_p", "max_new_tokens", "batch_size",
+            "device", "dtype", "chat_template", "system", "code_version")
+_PLAN_SETTINGS = ("first_repeats", "looks")  # how a cell was sampled (in its metrics, not its key)
+# What an AR cell shares with a speculative cell it is the baseline of (within one settings group).
+_AR_FIELDS = ("verifier", "verifier_version", "task", "seed")
+_STRICT_FIELDS = (*_AR_FIELDS, "drafter", "drafter_version", "draft_length")
 
 
-def _baseline_sig(config: dict) -> tuple:
-    return tuple(json.dumps(config.get(f), sort_keys=True) for f in _BASELINE_FIELDS)
+def settings_of(cell) -> dict:
+    return {k: (cell.metrics if k in _PLAN_SETTINGS else cell.config).get(k) for k in SETTINGS}
 
 
-def build_rows(store: Store) -> list[dict]:
-    """One dict per stored cell (CSV_COLUMNS keys), AR first within each baseline group."""
-    cells = list(store.cells())
-    baselines: dict[tuple, list] = {}
-    for cell in cells:
-        if cell.config["method"] == AR:
-            baselines.setdefault(_baseline_sig(cell.config), []).append(cell)
+def _sig(config: dict, names) -> str:
+    return json.dumps([config.get(f) for f in names], sort_keys=True)
+
+
+def settings_groups(store: Store) -> list[tuple[dict, list]]:
+    """[(settings, cells)], oldest group first (ordered by each group's latest cell)."""
+    groups: dict[str, tuple[dict, list]] = {}
+    for cell in store.cells():  # oldest first
+        settings = settings_of(cell)
+        sig = json.dumps(settings, sort_keys=True)
+        groups.setdefault(sig, (settings, []))[1].append(cell)
+    return sorted(groups.values(), key=lambda g: max(c.created for c in g[1]))
+
+
+def build_rows(store: Store, groups: str = "latest") -> list[dict]:
+    """One dict per stored cell (CSV_COLUMNS keys), of the latest settings group or of all ("all")."""
+    found = settings_groups(store)
+    if groups not in ("latest", "all"):
+        raise ValueError(f"groups must be 'latest' or 'all', got {groups!r}")
+    chosen = found[-1:] if groups == "latest" else found
+    rows = []
+    for settings, cells in chosen:
+        index = found.index((settings, cells)) + 1
+        rows.extend(_group_rows(store, cells, index, settings))
+    return rows
+
+
+def _group_rows(store: Store, cells: list, index: int, settings: dict) -> list[dict]:
+    ar = {_sig(c.config, _AR_FIELDS): c for c in cells if c.config["method"] == AR}
+    strict = {_sig(c.config, _STRICT_FIELDS): c for c in cells if c.config["method"] == STRICT}
     rows = []
     for cell in cells:
         cfg, m = cell.config, cell.metrics
-        candidates = baselines.get(_baseline_sig(cfg), [])
-        # prefer the AR cell from the same run (same machine load), else the newest
-        same_run = [b for b in candidates if b.metrics.get("run_id") == m.get("run_id")]
-        base = (same_run or candidates or [None])[-1]
-        is_ar = cfg["method"] == AR
+        base = ar.get(_sig(cfg, _AR_FIELDS))
+        ref = strict.get(_sig(cfg, _STRICT_FIELDS)) if cfg["method"] not in (AR, STRICT) else None
         row = {
+            "settings_group": index, "settings": settings,
             "verifier": cfg["verifier"], "drafter": cfg["drafter"] or "", "task": cfg["task"],
             "method": cfg["method"], "params": json.dumps(cfg["params"], sort_keys=True),
             "draft_length": cfg["draft_length"], "seed": cfg["seed"],
-            "n_prompts": m["n_prompts"], "n_samples": m["n_samples"],
-            "utility": m["utility"], "utility_ci_low": m["utility_ci_low"], "utility_ci_high": m["utility_ci_high"],
-            "acceptance_rate": m.get("acceptance_rate", 0.0) if not is_ar else float("nan"),
+            **{k: m.get(k, math.nan) for k in (
+                "n_prompts", "n_samples", "utility", "utility_ci_low", "utility_ci_high", "acceptance_rate",
+                "mean_acceptance_length", "extra_draft_passes", "mean_response_length", "c_rel_measured",
+                "c_block_measured", "measured_speedup_batch1", "batch1_prompts", "tokens_per_s",
+                "modelled_speedup_measured_c_rel", "block_aware_speedup_measured", "truncated_fraction",
+                *[f"modelled_speedup_c{c:g}" for c in C_REL_GRID])},
             "acceptance_rate_per_position": json.dumps([round(x, 4) for x in m.get("acceptance_rate_per_position", [])]),
-            "mean_acceptance_length": m["mean_acceptance_length"],
-            "mean_response_length": m["mean_response_length"],
-            "c_rel_measured": m.get("c_rel_measured") if m.get("c_rel_measured") is not None else float("nan"),
-            "time_total_s": m["time_total_s"],
-            "modelled_speedup_measured_c_rel": _num(m.get("modelled_speedup_measured_c_rel")),
-            **{f"modelled_speedup_c{c:g}": m[f"modelled_speedup_c{c:g}"] for c in C_REL_GRID},
             "temperature": cfg["temperature"], "top_p": cfg["top_p"], "top_k": cfg["top_k"],
-            "max_new_tokens": cfg["max_new_tokens"], "truncated_fraction": m.get("truncated_fraction", 0.0),
-            "key": cell.key,
+            "max_new_tokens": cfg["max_new_tokens"], "code_version": cfg["code_version"], "key": cell.key,
         }
-        if base is not None:
-            diff = Interval(0.0, 0.0, 0.0, m["n_samples"]) if base.key == cell.key else \
-                paired_diff_ci(store.utilities(cell.key), store.utilities(base.key))
-            l_ar = base.metrics["mean_response_length"]
-            row.update(utility_diff_vs_ar=diff.mean, utility_diff_ci_low=diff.low, utility_diff_ci_high=diff.high,
-                       lossless_within_ci=lossless_within_ci(diff) if not is_ar else True,
-                       measured_speedup=base.metrics["time_total_s"] / m["time_total_s"] if m["time_total_s"] else
-                       float("nan"))
-            for suffix in ["measured_c_rel", *[f"c{c:g}" for c in C_REL_GRID]]:
-                row[f"length_adjusted_speedup_{suffix}"] = length_adjusted_speedup(
-                    row[f"modelled_speedup_{suffix}"], l_ar, m["mean_response_length"])
-        else:
-            nan = float("nan")
-            row.update(utility_diff_vs_ar=nan, utility_diff_ci_low=nan, utility_diff_ci_high=nan,
-                       lossless_within_ci="", measured_speedup=nan,
-                       **{f"length_adjusted_speedup_{s}": nan for s in ["measured_c_rel", *[f"c{c:g}" for c in C_REL_GRID]]})
+        row.update(_vs_ar(store, cell, base))
+        row.update(_vs_strict(store, cell, ref, m.get("looks", 1)))
         rows.append(row)
-    order = {AR: 0, "strict": 1}
+    order = {AR: 0, STRICT: 1}
     rows.sort(key=lambda r: (r["verifier"], r["task"], r["seed"], r["drafter"], r["draft_length"],
                              order.get(r["method"], 2), r["method"], _param_order(r["params"])))
+    return rows
+
+
+def _vs_ar(store: Store, cell, base) -> dict:
+    """Paired difference vs AR (95%), measured speed-ups vs AR, length-adjusted modelled speed-ups."""
+    m = cell.metrics
+    if base is None:
+        return {"utility_diff_vs_ar": math.nan, "utility_diff_ci_low": math.nan, "utility_diff_ci_high": math.nan,
+                "measured_speedup_batched": math.nan, "length_adjusted_block_aware_speedup_measured": math.nan,
+                **{f"length_adjusted_speedup_{s}": math.nan for s in _SPEED}}
+    diff = Interval(0.0, 0.0, 0.0, m["n_samples"]) if base.key == cell.key else \
+        compare(store.utilities(cell.key), store.utilities(base.key), 1 - ALPHA)
+    l_ar, l_m = base.metrics["mean_response_length"], m["mean_response_length"]
+    out = {"utility_diff_vs_ar": diff.mean, "utility_diff_ci_low": diff.low, "utility_diff_ci_high": diff.high,
+           "measured_speedup_batched": m["tokens_per_s"] / base.metrics["tokens_per_s"],
+           "length_adjusted_block_aware_speedup_measured":
+               length_adjusted_speedup(m["block_aware_speedup_measured"], l_ar, l_m)}
+    for s in _SPEED:
+        out[f"length_adjusted_speedup_{s}"] = length_adjusted_speedup(m[f"modelled_speedup_{s}"], l_ar, l_m)
+    return out
+
+
+def _vs_strict(store: Store, cell, ref, looks: int) -> dict:
+    """Coupled paired difference vs strict at the same N, at the decision confidence, and its decision."""
+    if cell.config["method"] in (AR, STRICT):
+        return {"utility_diff_vs_strict": math.nan, "utility_diff_vs_strict_ci_low": math.nan,
+                "utility_diff_vs_strict_ci_high": math.nan, "outputs_identical_to_strict": math.nan,
+                "vs_strict_confidence": math.nan, "vs_strict_decision": "", "vs_strict_samples_needed": "",
+                "vs_strict": None}
+    confidence = decision_confidence(looks)
+    if ref is None:
+        diff, same = Interval(math.nan, math.nan, math.nan, 0, confidence), math.nan
+    else:
+        diff = compare(store.utilities(cell.key), store.utilities(ref.key), confidence)
+        same = identical_fraction(store.token_hashes(cell.key), store.token_hashes(ref.key))
+    return {"utility_diff_vs_strict": diff.mean, "utility_diff_vs_strict_ci_low": diff.low,
+            "utility_diff_vs_strict_ci_high": diff.high, "outputs_identical_to_strict": same,
+            "vs_strict_confidence": confidence, "vs_strict": diff}
+
+
+def with_decisions(rows: list[dict], max_drop: float) -> list[dict]:
+    """Each relaxed row's decision vs the budget (see metrics.decision) and the samples it would need."""
+    for r in rows:
+        if r.get("vs_strict") is not None:
+            r["vs_strict_decision"] = decision(r["vs_strict"], max_drop)
+            r["vs_strict_samples_needed"] = samples_needed(r["vs_strict"], max_drop) \
+                if r["vs_strict"].n else ""
     return rows
 
 
@@ -91,18 +158,19 @@ def _param_order(params_json: str) -> tuple:
                  for k, v in sorted(json.loads(params_json).items()))
 
 
-def _num(x):
-    return float("nan") if x is None else x
-
-
 def write_csv(rows: list[dict], path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _csv_value(row.get(k)) for k in CSV_COLUMNS})
+    if path.is_dir():
+        raise ValueError(f"--csv {path} is a directory; give a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({k: _csv_value(row.get(k)) for k in CSV_COLUMNS})
+    except OSError as e:
+        raise ValueError(f"cannot write the CSV to {path}: {e.strerror or e}") from None
     return path
 
 
@@ -112,23 +180,30 @@ def _csv_value(v):
     return "" if v is None else v
 
 
-def best_rules(rows: list[dict], max_drop: float = 0.05) -> list[dict]:
-    """Per (verifier, drafter, task) and c_rel: the cell with the highest length-adjusted modelled speed-up
-    whose utility drop vs AR (point estimate) is at most `max_drop`."""
+SPEED_COLUMNS = [*[(f"c_rel {c:g}", f"length_adjusted_speedup_c{c:g}") for c in C_REL_GRID],
+                 ("measured c_rel", "length_adjusted_speedup_measured_c_rel"),
+                 ("block-aware, measured", "length_adjusted_block_aware_speedup_measured")]
+
+
+def best_rules(rows: list[dict], max_drop: float) -> list[dict]:
+    """Per (settings group, verifier, drafter, task) and speed column: the eligible cell with the highest
+    length-adjusted speed-up. Eligible: strict (lossless) and every relaxed cell whose upper bound of the drop
+    vs strict is within the budget. Also counts the cells left out because their interval straddles it."""
     out = []
-    groups = {}
+    groups: dict[tuple, list] = {}
     for r in rows:
         if r["method"] != AR:
-            groups.setdefault((r["verifier"], r["drafter"], r["task"]), []).append(r)
-    for (verifier, drafter, task), cells in groups.items():
-        for label, col in [*[(f"{c:g}", f"length_adjusted_speedup_c{c:g}") for c in C_REL_GRID],
-                           ("measured", "length_adjusted_speedup_measured_c_rel")]:
-            ok = [r for r in cells if not math.isnan(r["utility_diff_vs_ar"]) and r["utility_diff_vs_ar"] >= -max_drop
-                  and not math.isnan(r[col])]
+            groups.setdefault((r["settings_group"], r["verifier"], r["drafter"], r["task"]), []).append(r)
+    for (group, verifier, drafter, task), cells in groups.items():
+        with_decisions(cells, max_drop)
+        eligible = [r for r in cells if r["method"] == STRICT or r["vs_strict_decision"] == WITHIN]
+        undecidable = [r for r in cells if r["vs_strict_decision"] not in ("", WITHIN, BEYOND, NO_STRICT)]
+        for label, col in SPEED_COLUMNS:
+            ok = [r for r in eligible if not math.isnan(r[col])]
             best = max(ok, key=lambda r: r[col], default=None)
-            c_value = cells[0]["c_rel_measured"] if label == "measured" else float(label)
-            out.append({"verifier": verifier, "drafter": drafter, "task": task, "c_rel": label, "c_rel_value": c_value,
-                        "best": best, "speedup": best[col] if best else float("nan")})
+            out.append({"settings_group": group, "verifier": verifier, "drafter": drafter, "task": task,
+                        "column": label, "best": best, "speedup": best[col] if best else math.nan,
+                        "undecidable": undecidable})
     return out
 
 
@@ -137,54 +212,151 @@ def _label(r: dict) -> str:
 
 
 def _f(x, fmt="{:.2f}") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if x is None or x == "" or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return fmt.format(x)
 
 
-def format_table(rows: list[dict], max_drop: float = 0.05) -> str:
-    """The terminal report: one line per cell, then the best rule per c_rel."""
+def _ci(mean, low, high, fmt="{:+.3f}") -> str:
+    return f"{_f(mean, fmt)} [{_f(low, fmt)}, {_f(high, fmt)}]"
+
+
+def format_report(rows: list[dict], max_drop: float, groups_total: int | None = None) -> str:
+    """The terminal report: per settings group, its settings, the table, the sanity check, the decisions
+    and the best rule per speed column."""
     if not rows:
         return "no finished cells"
-    head = ["task", "drafter", "method", "N", "utility [95% CI]", "diff vs AR [95% CI]", "ok", "acc",
-            "tau", "len", "S(c_meas)", "Slen .05", "Slen .2", "Slen .5", "wall x"]
+    with_decisions(rows, max_drop)
+    out = []
+    shown = sorted({r["settings_group"] for r in rows})
+    if groups_total and groups_total > len(shown):
+        out.append(f"(the store holds {groups_total} settings groups; showing the latest; --all shows every one)")
+    for group in shown:
+        out.extend(_format_group([r for r in rows if r["settings_group"] == group], max_drop))
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _format_group(rows: list[dict], max_drop: float) -> list[str]:
+    s = rows[0]["settings"]
+    out = [f"== settings group {rows[0]['settings_group']}: {s['limit']} prompts, first look {s['first_repeats']} "
+           f"repeats, at most {s['looks']} looks; temperature {s['temperature']}, top_k {s['top_k']}, top_p "
+           f"{s['top_p']}, max {s['max_new_tokens']} new tokens; chat template {s['chat_template']}, system "
+           f"{s['system']!r}; device {s['device'] or 'default'}, dtype {s['dtype'] or 'default'}; code "
+           f"{s['code_version']} =="]
+    head = ["task", "drafter", "method", "N", "n", "utility [95% CI]", "vs strict [CI]", "same", "state",
+            "vs AR [95% CI]", "acc", "tau", "len", "S", "S_blk", "Slen.2", "x b1", "x batch"]
     lines = []
     for r in rows:
-        lossless = r["lossless_within_ci"]
+        relaxed = r["method"] not in (AR, STRICT)
         lines.append([
             r["task"], r["drafter"] or "-", _label(r), str(r["draft_length"]) if r["draft_length"] else "-",
-            f"{r['utility']:.3f} [{_f(r['utility_ci_low'], '{:.3f}')}, {_f(r['utility_ci_high'], '{:.3f}')}]",
-            "-" if r["method"] == AR else
-            f"{_f(r['utility_diff_vs_ar'], '{:+.3f}')} [{_f(r['utility_diff_ci_low'], '{:+.3f}')}, "
-            f"{_f(r['utility_diff_ci_high'], '{:+.3f}')}]",
-            "" if r["method"] == AR else ("*" if lossless is True else ""),
+            str(r["n_samples"]),
+            _ci(r["utility"], r["utility_ci_low"], r["utility_ci_high"], "{:.3f}"),
+            _ci(r["utility_diff_vs_strict"], r["utility_diff_vs_strict_ci_low"], r["utility_diff_vs_strict_ci_high"])
+            if relaxed else "-",
+            _f(r["outputs_identical_to_strict"], "{:.0%}") if relaxed else "-",
+            _state(r) if relaxed else "-",
+            _ci(r["utility_diff_vs_ar"], r["utility_diff_ci_low"], r["utility_diff_ci_high"])
+            if r["method"] != AR else "-",
             _f(r["acceptance_rate"]), _f(r["mean_acceptance_length"]), _f(r["mean_response_length"], "{:.0f}"),
-            _f(r["modelled_speedup_measured_c_rel"]),
-            *[_f(r[f"length_adjusted_speedup_c{c:g}"]) for c in C_REL_GRID],
-            _f(r["measured_speedup"]),
+            _f(r["modelled_speedup_measured_c_rel"]), _f(r["block_aware_speedup_measured"]),
+            _f(r["length_adjusted_speedup_c0.2"]), _f(r["measured_speedup_batch1"]),
+            _f(r["measured_speedup_batched"]),
         ])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
     fmt = lambda cols: "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))  # noqa: E731
-    out = [fmt(head), fmt(["-" * w for w in widths])]
-    out += [fmt(line) for line in lines]
-    first = rows[0]
-    out.append("")
-    out.append(f"verifier {first['verifier']}; {first['n_samples']} samples per cell (prompts x repeats); "
-               f"temperature {first['temperature']}, top_p {first['top_p']}")
-    out.append("ok '*': lossless within the CI (paired 95% CI of utility minus AR contains 0 or lies above it). "
-               "acc: acceptance rate; tau: mean acceptance length (tokens per verifier call, bonus included);")
-    out.append("len: mean response tokens; S(c_meas): modelled speed-up tau/(1+N*c_rel) at the measured c_rel; "
-               "Slen c: length-adjusted modelled speed-up S*L_AR/L at c_rel = c; wall x: measured AR time / time.")
-    out.append("")
-    out.append(f"Best rule per c_rel (highest length-adjusted speed-up with utility drop <= {max_drop:g} vs AR, "
-               "point estimate):")
-    for b in best_rules(rows, max_drop):
-        c = f"{b['c_rel']}" if b["c_rel"] != "measured" else f"measured ({_f(b['c_rel_value'], '{:.3f}')})"
+    out += [fmt(head), fmt(["-" * w for w in widths]), *[fmt(line) for line in lines], ""]
+    confidence = next((r["vs_strict_confidence"] for r in rows if not _nan(r["vs_strict_confidence"])), None)
+    out += [
+        "utility: mean with a Wilson 95% interval. vs strict: utility minus strict's at the same N, coupled and "
+        "paired by (prompt, repeat), Tango score interval" + (f" at {confidence:.1%} (Bonferroni: 95% over "
+                                                             f"{rows[0]['settings']['looks']} looks)" if confidence
+                                                             else "") + "; same: share of outputs token-for-token "
+        "identical to strict's;",
+        f"state vs the budget (drop <= {max_drop:g}): within / beyond = the interval wholly inside / outside, "
+        "narrow = half-width <= budget, OPEN = straddles it (± is the half-width); vs AR: paired, 95%.",
+        "acc: acceptance rate; tau: tokens per sequence round (bonus included); len: mean response tokens; "
+        "S: tau/(1+(N+extra)c_rel) at the measured c_rel (extra: the rule's declared extra drafter passes);",
+        "S_blk: block-aware tau/((N+extra)c_rel+c_block), c_block measured; Slen.2: length-adjusted S at c_rel 0.2; "
+        "x b1: measured speed-up at batch 1 (latency; median per-token time, AR and method taking turns prompt "
+        "by prompt); x batch: measured throughput ratio (tokens/s vs AR at the bench's batch).",
+        "",
+    ]
+    out += _sanity(rows) + [""] + _decisions(rows, max_drop) + [""] + _best(rows, max_drop)
+    return out
+
+
+def _nan(x) -> bool:
+    return x is None or x == "" or (isinstance(x, float) and math.isnan(x))
+
+
+def _state(r: dict) -> str:
+    d = r["vs_strict_decision"]
+    if d == NO_STRICT:
+        return "no strict"
+    hw = r["vs_strict"].half_width
+    short = {WITHIN: "within", BEYOND: "beyond"}.get(d, "narrow" if is_decided(d) else "OPEN")
+    return f"{short} ±{hw:.3f}"
+
+
+def _sanity(rows: list[dict]) -> list[str]:
+    out = ["Sanity check (strict is lossless: its utility minus AR's should contain 0):"]
+    strict = [r for r in rows if r["method"] == STRICT]
+    if not any(r["method"] == AR for r in rows):
+        return out + ["  no AR cell in this group: no strict-vs-AR check, no comparisons with AR, no length "
+                      "adjustment and no measured speed-ups"]
+    if not strict:
+        return out + ["  no strict cell in this group: no sanity check, and relaxed rules cannot be compared "
+                      "with strict (no decisions, no best rule)"]
+    for r in strict:
+        ok = _nan(r["utility_diff_ci_low"]) or r["utility_diff_ci_low"] <= 0 <= r["utility_diff_ci_high"]
+        out.append(f"  {r['task']} / {r['drafter']} N={r['draft_length']}: strict - AR "
+                   f"{_ci(r['utility_diff_vs_ar'], r['utility_diff_ci_low'], r['utility_diff_ci_high'])} over "
+                   f"{r['n_samples']} samples{'' if ok else '  <-- excludes 0: check the engine or the run'}")
+    return out
+
+
+def _decisions(rows: list[dict], max_drop: float) -> list[str]:
+    relaxed = [r for r in rows if r["method"] not in (AR, STRICT)]
+    if not relaxed:
+        return ["No relaxed cells."]
+    missing = sorted({r["draft_length"] for r in relaxed if r["vs_strict_decision"] == NO_STRICT})
+    decided = [r for r in relaxed if is_decided(r["vs_strict_decision"])]
+    out = [f"Decisions vs strict (budget {max_drop:g}): {len(decided)} of {len(relaxed)} relaxed cells decided."]
+    if missing:
+        out.append(f"  no strict cell at N = {', '.join(map(str, missing))}: those relaxed cells cannot be decided")
+    for r in relaxed:
+        if r["vs_strict_decision"] not in (NO_STRICT,) and not is_decided(r["vs_strict_decision"]):
+            out.append(f"  undecided: {r['task']} / {r['drafter']} {_label(r)} N={r['draft_length']}: half-width "
+                       f"{r['vs_strict'].half_width:.3f} over {r['n_samples']} samples; about "
+                       f"{r['vs_strict_samples_needed']} paired samples would bring it to {max_drop:g}")
+    return out
+
+
+def _best(rows: list[dict], max_drop: float) -> list[str]:
+    out = [f"Best rule (highest length-adjusted speed-up among strict and the cells whose upper bound of the drop "
+           f"vs strict is <= {max_drop:g}):"]
+    if not any(r["method"] == STRICT for r in rows):
+        return out + ["  no strict cell: cannot choose (every relaxed rule is judged against strict)"]
+    found = best_rules(rows, max_drop)
+    for b in found:
+        where = f"{b['task']} / {b['drafter']}"
         if b["best"] is None:
-            out.append(f"  {b['task']} / {b['drafter']}  c_rel {c}: none within the allowed drop")
-        else:
-            r = b["best"]
-            out.append(f"  {b['task']} / {b['drafter']}  c_rel {c}: {_label(r)} N={r['draft_length']}  "
-                       f"S_len {b['speedup']:.2f}x  utility {r['utility']:.3f} "
-                       f"({r['utility_diff_vs_ar']:+.3f} vs AR)")
-    return "\n".join(out)
+            out.append(f"  {where}  {b['column']}: no eligible cell has this speed-up"
+                       + ("" if any(r["method"] == AR for r in rows) else " (no AR cell: no length adjustment)"))
+            continue
+        r = b["best"]
+        out.append(f"  {where}  {b['column']}: {_label(r)} N={r['draft_length']}  {b['speedup']:.2f}x  utility "
+                   f"{r['utility']:.3f}" + ("" if r["method"] == STRICT else
+                                           f" ({r['utility_diff_vs_strict']:+.3f} vs strict, lower bound "
+                                           f"{r['utility_diff_vs_strict_ci_low']:+.3f})"))
+    seen = set()
+    for b in found:
+        key = (b["settings_group"], b["verifier"], b["drafter"], b["task"])
+        if key not in seen and b["undecidable"]:
+            seen.add(key)
+            out.append(f"  {b['task']} / {b['drafter']}: {len(b['undecidable'])} cells undecidable (interval straddles"
+                       f" the budget) were left out: " + ", ".join(f"{_label(r)} N={r['draft_length']}"
+                                                                  for r in b["undecidable"]))
+    return out
