@@ -62,7 +62,7 @@ def register(subparsers) -> None:
                    help=f"the next prompts, for the confirmation (default {DEFAULT_HELDOUT_PROMPTS})")
     t.add_argument("--heldout-repeats", type=int, default=DEFAULT_HELDOUT_REPEATS,
                    help=f"samples per held-out prompt (default {DEFAULT_HELDOUT_REPEATS})")
-    t.add_argument("--rungs", type=_csv_list(int), help="samples per configuration at each rung (default 3,12,48,240)")
+    t.add_argument("--rungs", type=_csv_list(int), help="samples per configuration at each rung (default 6,24,72,240)")
     t.add_argument("--caps", type=_csv_list(int),
                    help="configurations kept after each rung but the last (default 64,16,4)")
     t.add_argument("--seed", type=int, default=0)

@@ -32,7 +32,7 @@ from typing import Callable, Hashable, Protocol
 from relaxspec.bench.stats import Interval
 
 ALPHA = 0.05
-DEFAULT_SIZES = (3, 12, 48, 240)
+DEFAULT_SIZES = (6, 24, 72, 240)
 DEFAULT_CAPS = (64, 16, 4)
 
 LOSSY, SLOWER, HALVED = "clearly lossy", "clearly slower", "halving"
