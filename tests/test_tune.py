@@ -111,3 +111,36 @@ def test_ratio_interval_on_known_vectors():
 def test_cli_tune_errors_are_one_line(tmp_path):
     run = _cli("tune", "--max-drop", "1.5", "--out", str(tmp_path))
     assert run.returncode == 2 and run.stderr.strip().startswith("relaxspec: error: tune: max drop")
+
+
+def _rows(out: Path) -> int:
+    import sqlite3
+    db = out / "results.sqlite"
+    if not db.is_file():
+        return 0
+    with sqlite3.connect(db) as conn:
+        try:
+            return conn.execute("SELECT COUNT(*) FROM rows").fetchone()[0]
+        except sqlite3.OperationalError:  # the schema is being created
+            return 0
+
+
+def test_interrupted_tune_resumes_without_rerunning_stored_samples(tmp_path):
+    import signal
+    import time
+    args = ["tune", "--methods", "cactus:delta=10", "--draft-lengths", "2", "--rungs", "2,4", "--caps", "2",
+            "--search-prompts", "4", "--heldout-prompts", "3", "--heldout-repeats", "1", "--max-new-tokens", "48",
+            "--out", str(tmp_path), "--no-progress", "--no-plots"]
+    proc = subprocess.Popen([sys.executable, "-m", "relaxspec", *args], env={**os.environ, "PYTHONPATH": SRC},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while _rows(tmp_path) == 0 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    before = _rows(tmp_path)
+    assert before > 0
+    if proc.returncode == 130:  # interrupted mid-search (it may also have finished first on a fast machine)
+        assert "re-run the same command to resume" in err
+    result = run_tune(TuneConfig(task="arithmetic", max_drop=0.02, out=str(tmp_path), **TINY), progress=False)
+    assert result.search_samples + result.confirm_samples == _rows(tmp_path) - before
