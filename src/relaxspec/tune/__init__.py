@@ -15,7 +15,7 @@ def tune(verifier: str | None = None, drafter: str | None = None, task: str = "a
     from relaxspec.tune.report import write_outputs
     from relaxspec.tune.run import TuneConfig, run_tune
     result = run_tune(TuneConfig(verifier=verifier, drafter=drafter, task=task, max_drop=max_drop, **settings),
-                      progress=progress, log=lambda *a: None)
+                      progress=progress)
     write_outputs(result, plots=plots)
     return result
 

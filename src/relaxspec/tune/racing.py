@@ -26,7 +26,7 @@ The winner's curse of that maximum is what the held-out confirmation checks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Hashable, Protocol
 
 from relaxspec.bench.stats import Interval

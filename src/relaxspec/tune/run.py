@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classifier
 from relaxspec.bench.metrics import cell_metrics, merge_engine_stats
-from relaxspec.bench.names import AR, STRICT
+from relaxspec.bench.names import AR
 from relaxspec.bench.runner import CellSpec, _generate, _Grid, _pad_applies, _pad_classifier, cell_config, \
     model_options
 from relaxspec.bench.stats import Interval, paired_diff_interval
@@ -105,7 +105,7 @@ def heldout_jobs(search_prompts: int, heldout_prompts: int, repeats: int) -> lis
 class Cells:
     """Tune's cells in the bench store: run the samples a cell lacks, read what it has."""
 
-    def __init__(self, config: TuneConfig, progress_log=None):
+    def __init__(self, config: TuneConfig):
         from relaxspec.models import load_model
         self.config = config
         bench = config.bench_config(config.search_prompts + config.heldout_prompts)
@@ -281,7 +281,7 @@ def best_strict(result: Race) -> Config | None:
     return max(strict, key=lambda r: r.speed.mean).config if strict else None
 
 
-def run_tune(config: TuneConfig, progress: bool = True, log=print) -> TuneResult:
+def run_tune(config: TuneConfig, progress: bool = True) -> TuneResult:
     """Search, then confirm on held-out prompts (see the module doc). Interrupting it loses only the cell call
     in flight; re-running the same command resumes from the store."""
     from tqdm import tqdm
