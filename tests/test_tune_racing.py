@@ -66,7 +66,8 @@ def _run(seed, sizes=(3, 12, 48, 240), caps=(30, 12, 3)):
         evaluated.append((config, n))
         return FakeArm(truth[config], config, n, zlib.crc32(f"{seed}|{config.label}|{n}".encode()))
 
-    result = race(list(truth), evaluate, MAX_DROP, lambda c: c.is_strict, sizes=sizes, caps=caps)
+    result = race(list(truth), evaluate, MAX_DROP, lambda c: c.is_strict, sizes=sizes, caps=caps,
+                  reference_of=lambda c: c.strict)
     return result, truth, best, evaluated
 
 
@@ -89,6 +90,8 @@ def test_race_drops_lossy_configurations_and_spends_less_than_the_grid():
     spent = sum(n for _, n in evaluated)
     assert spent < len(truth) * 240 / 4, spent  # the grid would give every configuration the last rung's samples
     assert result.rungs_run == 4 and result.stopped == "all rungs"
+    for c in result.finalists:  # every finalist's strict reference is a finalist too (sampled with it)
+        assert c.strict in result.finalists
     assert result.records[result.choice].feasible
 
 

@@ -14,7 +14,8 @@ the same N comes with it), then
    wholly within the budget)  -> dropped;
 3. halving (not the last rung): the survivors are ranked, point-feasible first (difference point estimate
    >= -max_drop, or strict), then by speed point estimate; the first caps[r] go on, and the fastest strict
-   with them if none is among them (the lossless fallback the answer must beat).
+   with them if none is among them (the lossless fallback the answer must beat). The strict reference of a
+   live configuration is sampled with it anyway, so it rejoins the race at no cost.
 With probability >= 1 - alpha, every drop of kinds 1 and 2 is right (a union bound over at most R * K tests
 of each kind, as far as the intervals hold their level); halving is the budget heuristic, whose loss is
 measured by the synthetic tests, not bounded.
@@ -82,9 +83,12 @@ def validate_schedule(sizes, caps) -> None:
 def race(configs: list, evaluate: Callable[[Hashable, int], Arm], max_drop: float,
          is_reference: Callable[[Hashable], bool], sizes=DEFAULT_SIZES, caps=DEFAULT_CAPS, alpha: float = ALPHA,
          fits: Callable[[list, int], bool] = lambda alive, n: True,
-         on_rung: Callable[[int, list], None] | None = None) -> Race:
+         on_rung: Callable[[int, list], None] | None = None,
+         reference_of: Callable[[Hashable], Hashable | None] = lambda c: None) -> Race:
     """Run the race (see the module doc). `fits(alive, n)` says whether the next rung fits the budget (the
-    first rung always runs); `on_rung(rung, alive)` is called after each rung's decisions."""
+    first rung always runs); `on_rung(rung, alive)` is called after each rung's decisions; `reference_of(c)`
+    names the reference c is compared with (strict at its N), which `evaluate` samples with c: it rejoins the
+    race whenever c is alive, at no cost."""
     validate_schedule(sizes, caps)
     if not configs:
         raise ValueError("tune: nothing to search")
@@ -99,6 +103,11 @@ def race(configs: list, evaluate: Callable[[Hashable, int], Arm], max_drop: floa
         if rung > 0 and not fits(alive, n):
             result.stopped = "out of budget"
             break
+        for c in list(alive):  # a live configuration's reference is sampled with it anyway: it stays a candidate
+            ref = reference_of(c)
+            if ref is not None and ref in result.records and ref not in alive:
+                result.records[ref].dropped = None
+                alive.append(ref)
         arms = {c: evaluate(c, n) for c in alive}
         result.rungs_run = rung + 1
         for c in alive:

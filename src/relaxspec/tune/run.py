@@ -317,7 +317,7 @@ def run_tune(config: TuneConfig, progress: bool = True) -> TuneResult:
         bar.reset(total=len(space))
         bar.set_description(f"tune rung 1/{len(config.sizes)}")
         result = race(space, evaluate, config.max_drop, lambda c: c.is_strict, sizes=config.sizes, caps=config.caps,
-                      alpha=ALPHA, fits=fits, on_rung=on_rung)
+                      alpha=ALPHA, fits=fits, on_rung=on_rung, reference_of=lambda c: c.strict)
         bar.close()
         search_samples, search_tokens = cells.samples_run, cells.tokens_run
         confirmation = confirm(cells, result, config) if result.choice is not None else None
