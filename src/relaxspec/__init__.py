@@ -1,7 +1,7 @@
 """relaxspec: lossless and relaxed speculative decoding, with utility measured next to speed."""
 
 __version__ = "0.1.0"
-__all__ = ["verify", "generate"]
+__all__ = ["verify", "generate", "tune"]
 
 
 def __getattr__(name):
@@ -14,4 +14,8 @@ def __getattr__(name):
         from relaxspec.engine import generate
 
         return generate
+    if name == "tune":
+        import relaxspec.tune as tune  # a callable package: relaxspec.tune(...) runs the search
+
+        return tune
     raise AttributeError(f"module 'relaxspec' has no attribute {name!r}")

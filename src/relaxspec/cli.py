@@ -105,13 +105,50 @@ def _read_prompts(args) -> list[str]:
     return prompts
 
 
+# TOML keys `generate --config` reads (the bench's keys it has no use for are accepted and ignored)
+GENERATE_KEYS = ("verifier", "drafter", "method", "draft_length", "max_new_tokens", "temperature", "top_k", "top_p",
+                 "seed")
+
+
+def apply_generate_config(args, defaults: dict) -> dict:
+    """Fill the generate options left at their defaults from args.config; the method's parameters, given in the
+    bench's grammar 'NAME:PARAM=V;PARAM=V', come back as a dict (explicit --param wins)."""
+    from relaxspec.bench.config import BenchConfig, load_toml, parse_method
+
+    data = load_toml(args.config)
+    known = set(BenchConfig.__dataclass_fields__) | {"verifier", "drafter", "task", "method", "draft_length", "seed",
+                                                     "sampling"}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ValueError(f"generate config {args.config}: unknown setting {key!r}")
+        if name not in GENERATE_KEYS:
+            continue
+        if isinstance(value, list):
+            if len(value) != 1:
+                raise ValueError(f"generate config: {key!r} must be one value, got {value!r}")
+            value = value[0]
+        if getattr(args, name) == defaults[name]:
+            setattr(args, name, value)
+    params = {}
+    if isinstance(args.method, str) and ":" in args.method:
+        specs = parse_method(args.method)
+        if len(specs) != 1:
+            raise ValueError(f"generate: method {args.method!r} names {len(specs)} settings; give one")
+        args.method, params = specs[0]
+    return params
+
+
 def cmd_generate(args) -> int:
     from relaxspec.engine import generate
     from relaxspec.models import load_model
     from relaxspec.models.drafters import load_drafter
     from relaxspec.models.options import device_kwargs, prompt_kwargs
 
-    params = parse_params(args.param)
+    params = {}
+    if args.config is not None:
+        params = apply_generate_config(args, {k: args.parser_defaults[k] for k in GENERATE_KEYS})
+    params.update(parse_params(args.param))
     prompts = _read_prompts(args)
     verifier = load_model(args.verifier, **device_kwargs(args))
     drafter = None if args.method == "ar" else load_drafter(args.drafter, verifier)
@@ -234,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     from relaxspec.pivot import commands as pivot_commands
     from relaxspec.models import drafter_commands
     from relaxspec.tasks import commands as tasks_commands
+    from relaxspec.tune import commands as tune_commands
 
     defaults = DefaultsHelpFormatter
     ap = argparse.ArgumentParser(prog="relaxspec", description=__doc__)
@@ -245,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_methods)
 
     g = sub.add_parser("generate", help="speculative (or autoregressive) generation", formatter_class=defaults)
+    g.add_argument("--config", type=Path, help="TOML settings (e.g. the tune.toml `relaxspec tune` writes); flags "
+                                               "override it")
     g.add_argument("--verifier", default=DEFAULT_VERIFIER,
                    help="built-in model name, HF model directory, FILE.gguf, DIR::FILE.gguf or smollm2")
     g.add_argument("--drafter", default=DEFAULT_DRAFTER, help="LM (same forms as --verifier), MTP head "
@@ -267,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print exactly one JSON object")
     g.add_argument("--show", action="store_true", help="mark accepted / rejected / relaxed-only drafts")
     g.set_defaults(func=cmd_generate)
+    g.set_defaults(parser_defaults={k: g.get_default(k) for k in GENERATE_KEYS})
 
     md = sub.add_parser("models", help="the built-in model family")
     msub = md.add_subparsers(dest="models_cmd", required=True)
@@ -287,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--threads", type=int, default=1, help="torch CPU threads for the latency column (as the bench)")
     md.set_defaults(func=cmd_models)
 
-    for commands in (bench_commands, pivot_commands, tasks_commands, drafter_commands):
+    for commands in (bench_commands, pivot_commands, tasks_commands, drafter_commands, tune_commands):
         commands.register(sub)
     return ap
 

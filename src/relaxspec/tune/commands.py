@@ -1,0 +1,112 @@
+"""`relaxspec tune`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+TUNE_EPILOG = """\
+Searches strict at each N and every training-free rule over a range of strengths (its paper grid plus the
+points between; PAD when a classifier fits the pair) at each N, by successive halving on the coupled paired
+differences vs strict at the same N; keeps what is within the budget (upper 95% bound of the utility drop vs
+strict <= --max-drop), picks the highest objective, and re-runs it (with strict) on held-out prompts of the
+same task. Samples go to OUT/results.sqlite (the bench store: re-running resumes, `relaxspec report OUT` reads
+it); the choice goes to OUT/tune.toml (`relaxspec generate --config` and `relaxspec bench --config` read it)
+and the search plot to OUT/tune.png. The default search takes about 12 minutes on 2 CPU cores.
+"""
+
+
+def _positive_or_measured(text: str):
+    if text == "measured":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'measured', got {text!r}") from None
+    return value
+
+
+def register(subparsers) -> None:
+    from relaxspec.bench.commands import _csv_list
+    from relaxspec.tune.objective import OBJECTIVES
+    from relaxspec.tune.run import (DEFAULT_BUDGET_MINUTES, DEFAULT_HELDOUT_PROMPTS, DEFAULT_HELDOUT_REPEATS,
+                                    DEFAULT_MAX_DROP, DEFAULT_OUT, DEFAULT_SEARCH_PROMPTS)
+
+    t = subparsers.add_parser("tune", help="pick the rule, strength and N under a utility budget, confirmed "
+                                           "on held-out prompts",
+                              description="Auto-tune speculative decoding for a pair and a task.",
+                              epilog=TUNE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("--verifier", help="verifier model (default: the built-in one)")
+    t.add_argument("--drafter", help="drafter model (default: the built-in one)")
+    t.add_argument("--task", default="arithmetic", help="arithmetic, sorting, humaneval, jsonl:PATH[:metric]")
+    t.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP,
+                   help=f"utility drop vs strict allowed (upper 95%% bound; default {DEFAULT_MAX_DROP})")
+    t.add_argument("--objective", choices=OBJECTIVES, default="length-adjusted",
+                   help="length-adjusted block-aware modelled speed-up (default), the same without the length "
+                        "adjustment (modelled), or batch-1 wall time (measured-bs1: times every configuration; "
+                        "restrict --methods / --draft-lengths)")
+    t.add_argument("--c-rel", type=_positive_or_measured, default=None, metavar="X|measured",
+                   help="drafter / verifier step cost (default: measured for the pair)")
+    t.add_argument("--c-block", type=_positive_or_measured, default=None, metavar="X|measured",
+                   help="verifier (N+1)-token block / one-token step cost (default: measured; 1 = Leviathan)")
+    t.add_argument("--methods", type=_csv_list(str),
+                   help="rules to search (NAME: its range; NAME:PARAM=V1/V2: those points); default: all")
+    t.add_argument("--draft-lengths", type=_csv_list(int), help="N values (default 2..10)")
+    t.add_argument("--budget-minutes", type=float, default=DEFAULT_BUDGET_MINUTES,
+                   help=f"wall time of the search; later rungs start only if they fit (default "
+                        f"{DEFAULT_BUDGET_MINUTES:g}); the confirmation runs after it")
+    t.add_argument("--search-prompts", type=int, default=DEFAULT_SEARCH_PROMPTS,
+                   help=f"the task's first prompts, searched (default {DEFAULT_SEARCH_PROMPTS})")
+    t.add_argument("--heldout-prompts", type=int, default=DEFAULT_HELDOUT_PROMPTS,
+                   help=f"the next prompts, for the confirmation (default {DEFAULT_HELDOUT_PROMPTS})")
+    t.add_argument("--heldout-repeats", type=int, default=DEFAULT_HELDOUT_REPEATS,
+                   help=f"samples per held-out prompt (default {DEFAULT_HELDOUT_REPEATS})")
+    t.add_argument("--rungs", type=_csv_list(int), help="samples per configuration at each rung (default 6,24,72,240)")
+    t.add_argument("--caps", type=_csv_list(int),
+                   help="configurations kept after each rung but the last (default 64,16,4)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--temperature", type=float, default=0.7)
+    t.add_argument("--top-p", type=float, default=0.95)
+    t.add_argument("--top-k", type=int)
+    t.add_argument("--max-new-tokens", type=int, default=160)
+    t.add_argument("--pad-classifier", help="PAD classifier path (default: the built-in one, for its pair)")
+    t.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=f"output directory (default ./{DEFAULT_OUT})")
+    t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    t.add_argument("--no-plots", action="store_true")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args) -> int:
+    import warnings
+
+    import torch
+
+    from relaxspec.tune.report import format_report, write_outputs
+    from relaxspec.tune.run import TuneConfig, run_tune
+
+    warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
+    torch.set_num_threads(args.threads)
+    config = TuneConfig(verifier=args.verifier, drafter=args.drafter, task=args.task, max_drop=args.max_drop,
+                        objective=args.objective, c_rel=args.c_rel, c_block=args.c_block, methods=args.methods,
+                        budget_minutes=args.budget_minutes, search_prompts=args.search_prompts,
+                        heldout_prompts=args.heldout_prompts, heldout_repeats=args.heldout_repeats, seed=args.seed,
+                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                        max_new_tokens=args.max_new_tokens, pad_classifier=args.pad_classifier, out=str(args.out))
+    for flag, name in (("draft_lengths", "draft_lengths"), ("rungs", "sizes"), ("caps", "caps")):
+        if getattr(args, flag) is not None:
+            setattr(config, name, tuple(getattr(args, flag)) if name != "draft_lengths" else getattr(args, flag))
+    try:
+        result = run_tune(config, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"\ntune: interrupted; every finished sample is stored in {args.out / 'results.sqlite'}; re-run the "
+              "same command to resume", file=sys.stderr)
+        return 130
+    write_outputs(result, plots=not args.no_plots)
+    print(format_report(result))
+    if result.toml_path:
+        print(f"\nchoice written to {result.toml_path} (relaxspec generate --config / relaxspec bench --config)")
+    if result.plot_path:
+        print(f"plot: {result.plot_path}")
+    return 0

@@ -1,0 +1,356 @@
+"""Running `relaxspec tune`: the race over real cells of the bench store, then the held-out confirmation.
+
+Prompts: the task's first `search_prompts` examples are the search prompts (exactly the prompts of a bench
+run with --limit search_prompts, so the search cells are the bench's own cells and `bench` / `report` reuse
+them); the next `heldout_prompts` examples are the held-out prompts. The built-in synthetic test split is a
+seeded random stream of distinct problems, so both parts are random draws of the same distribution; a JSONL
+file is used in its order (shuffle it first if it is sorted).
+
+A configuration's sample j (the race's first n samples) is (prompt j mod L, repeat j div L), with the bench's
+coupled seed derive_seed(seed, prompt, repeat); strict at the same N and AR get the same samples. Each
+evaluation stores what it ran in the bench store before the race goes on, so an interrupted tune resumes
+without re-running any stored sample.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+
+from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classifier
+from relaxspec.bench.metrics import cell_metrics, merge_engine_stats
+from relaxspec.bench.names import AR
+from relaxspec.bench.runner import CellSpec, _generate, _latencies, _pad_applies, _pad_classifier, _Worker, \
+    cell_config
+from relaxspec.bench.stats import Interval, paired_diff_interval
+from relaxspec.bench.store import Row, Store, cell_key, token_hash
+from relaxspec.bench.versions import code_version, model_version
+from relaxspec.tune.objective import OBJECTIVES, speed_interval
+from relaxspec.tune.racing import ALPHA, DEFAULT_CAPS, DEFAULT_SIZES, Race, race, validate_schedule
+from relaxspec.tune.space import DEFAULT_DRAFT_LENGTHS, Config, make_config, search_space
+
+DEFAULT_OUT = "relaxspec-tune"
+DEFAULT_MAX_DROP = 0.02
+DEFAULT_BUDGET_MINUTES = 11.0
+DEFAULT_SEARCH_PROMPTS = 80
+DEFAULT_HELDOUT_PROMPTS = 80
+DEFAULT_HELDOUT_REPEATS = 3
+
+
+@dataclass
+class TuneConfig:
+    verifier: str | None = None  # None: the built-in default pair
+    drafter: str | None = None
+    task: str = "arithmetic"
+    max_drop: float = DEFAULT_MAX_DROP
+    objective: str = "length-adjusted"
+    c_rel: float | None = None  # None: measured for the pair
+    c_block: float | None = None  # None: measured for the pair at each N
+    methods: list[str] | None = None  # None: every rule (PAD when a classifier fits the pair)
+    draft_lengths: list[int] = field(default_factory=lambda: list(DEFAULT_DRAFT_LENGTHS))
+    budget_minutes: float = DEFAULT_BUDGET_MINUTES  # the search's wall time; the confirmation runs after it
+    search_prompts: int = DEFAULT_SEARCH_PROMPTS
+    heldout_prompts: int = DEFAULT_HELDOUT_PROMPTS
+    heldout_repeats: int = DEFAULT_HELDOUT_REPEATS
+    sizes: tuple = DEFAULT_SIZES  # samples per configuration at each rung
+    caps: tuple = DEFAULT_CAPS  # configurations going on after each rung but the last
+    seed: int = 0
+    temperature: float = 0.7
+    top_k: int | None = None
+    top_p: float | None = 0.95
+    max_new_tokens: int = 160
+    speed_prompts: int = 10  # batch-1 timing prompts (objective measured-bs1 only)
+    pad_classifier: str | None = None
+    out: str = DEFAULT_OUT
+
+    def validate(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"tune: unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+        if not 0 <= self.max_drop < 1:
+            raise ValueError(f"tune: max drop must lie in [0, 1), got {self.max_drop}")
+        for name in ("c_rel", "c_block"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"tune: {name.replace('_', '-')} must be > 0 or 'measured', got {value}")
+        for name in ("search_prompts", "heldout_prompts", "heldout_repeats"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"tune: {name.replace('_', ' ')} must be a positive integer, got {value!r}")
+        if not self.budget_minutes > 0:
+            raise ValueError(f"tune: budget must be > 0 minutes, got {self.budget_minutes}")
+        validate_schedule(self.sizes, self.caps)
+
+    def bench_config(self, limit: int) -> BenchConfig:
+        """The bench settings of tune's cells (`limit`: the prompts the cells draw from)."""
+        from relaxspec.models.family import DEFAULT_DRAFTER, DEFAULT_VERIFIER
+        return BenchConfig(verifiers=[self.verifier or DEFAULT_VERIFIER], drafters=[self.drafter or DEFAULT_DRAFTER],
+                           tasks=[self.task], seeds=[self.seed], limit=limit, temperature=self.temperature,
+                           top_k=self.top_k, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
+                           speed_prompts=self.speed_prompts, pad_classifier=self.pad_classifier, out=str(self.out))
+
+
+def search_jobs(n: int, prompts: int) -> list[tuple[int, int]]:
+    """The first n samples of a search cell: (prompt j mod L, repeat j div L)."""
+    return [(j % prompts, j // prompts) for j in range(n)]
+
+
+def heldout_jobs(search_prompts: int, heldout_prompts: int, repeats: int) -> list[tuple[int, int]]:
+    """Every held-out prompt (the examples after the search prompts) at each repeat."""
+    return [(search_prompts + i, r) for r in range(repeats) for i in range(heldout_prompts)]
+
+
+class Cells:
+    """Tune's cells in the bench store: run the samples a cell lacks, read what it has."""
+
+    def __init__(self, config: TuneConfig):
+        self.config = config
+        bench = config.bench_config(config.search_prompts + config.heldout_prompts)
+        self.verifier, self.drafter = bench.verifiers[0], bench.drafters[0]
+        self.versions = {"code": code_version()}
+        for name in dict.fromkeys([self.verifier, self.drafter]):
+            self.versions[name] = model_version(name)
+        self.pivot_fn, self.pad_fits = None, False
+        if config.methods is None or any(m.split(":")[0].strip() == "pad" for m in config.methods):
+            self.pivot_fn, info, spec = _pad_classifier(bench)
+            probe = CellSpec(self.verifier, self.drafter, config.task, "pad", {}, 1, config.seed)
+            self.pad_fits = self.pivot_fn is not None and _pad_applies(probe, spec, bool(config.pad_classifier))
+            if self.pad_fits:
+                self.versions["pad_classifier"] = info
+        self.store = Store(config.out)
+        self.grid = _Worker(bench, self.pivot_fn)  # the bench's models and tasks of one process
+        self._speed = {}
+        self.all_examples = self.grid.task(config.task).examples
+        if len(self.all_examples) < config.search_prompts + config.heldout_prompts:
+            raise ValueError(f"tune: task {config.task!r} has {len(self.all_examples)} prompts; it needs "
+                             f"{config.search_prompts} search + {config.heldout_prompts} held-out ones")
+        self.run_id = uuid.uuid4().hex[:12]
+        self.sample_seconds, self.samples_run, self.tokens_run = 0.0, 0, 0
+
+    def spec(self, config: Config | None) -> CellSpec:
+        """The bench cell of a configuration (None: AR)."""
+        if config is None:
+            return CellSpec(self.verifier, None, self.config.task, AR, {}, 0, self.config.seed)
+        return CellSpec(self.verifier, self.drafter, self.config.task, config.method, config.params_dict,
+                        config.draft_length, self.config.seed)
+
+    def key(self, spec: CellSpec, heldout: bool) -> tuple[str, dict, BenchConfig]:
+        c = self.config
+        bench = c.bench_config(c.search_prompts + c.heldout_prompts if heldout else c.search_prompts)
+        config = cell_config(spec, bench, self.versions)
+        if heldout:  # held-out cells draw from prompts the bench's own cells (a prefix of the task) never see
+            config["prompts"] = f"held-out {c.search_prompts}..{c.search_prompts + c.heldout_prompts - 1}"
+        return cell_key(config), config, bench
+
+    def ensure(self, spec: CellSpec, jobs: list[tuple[int, int]], heldout: bool = False) -> dict:
+        """Run the jobs (prompt, repeat) the cell lacks, store them; return all its rows {(prompt, repeat): Row}."""
+        import torch
+        from relaxspec.engine import derive_seed
+        key, cell_conf, bench = self.key(spec, heldout)
+        have = self.store.utilities(key)
+        todo = [j for j in jobs if j not in have]
+        if todo:
+            verifier = self.grid.models[spec.verifier]
+            drafter = self.grid.models[spec.drafter] if spec.drafter else None
+            pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = _generate(spec, [self.all_examples[i].prompt for i, _ in todo],
+                                [derive_seed(spec.seed, i, r) for i, r in todo], verifier, drafter, bench, pivot_fn)
+            wall = time.perf_counter() - t0
+            rows = []
+            for (i, r), res in zip(todo, out.results):
+                ex = self.all_examples[i]
+                rows.append(Row(prompt_index=i, repeat=r, prompt=ex.prompt, reference=ex.reference,
+                                response=res.text, utility=self.grid.task(self.config.task).score(res.text,
+                                                                                                  ex.reference),
+                                tokens=len(res.token_ids),
+                                stats={"mean_acceptance_length": res.stats.mean_acceptance_length,
+                                       "truncated": len(res.token_ids) >= bench.max_new_tokens},
+                                token_hash=token_hash(res.token_ids)))
+            old = self.store.get(key)
+            parts = (old.metrics["engine_stats"] if old else []) + [out.stats.as_dict()]
+            batch1 = self._batch1(spec, old, bench)
+            all_rows = self.store.rows(key) + rows
+            metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
+                                   merge_engine_stats(parts), {**self.speed(spec), **batch1})
+            metrics.update(engine_stats=parts, batch1=batch1, run_id=self.run_id, tune=True,
+                           sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0) + wall)
+            self.store.put(key, cell_conf, metrics, rows)
+            self.sample_seconds += wall
+            self.samples_run += len(rows)
+            self.tokens_run += sum(r.tokens for r in rows)
+        return {(r.prompt_index, r.repeat): r for r in self.store.rows(key)}
+
+    def _batch1(self, spec: CellSpec, old, bench: BenchConfig) -> dict:
+        if old is not None:
+            return old.metrics.get("batch1", {})
+        if self.config.objective != "measured-bs1" or spec.method == AR:
+            return {}
+        from relaxspec.bench.runner import time_batch1
+        import torch
+        with torch.inference_mode():
+            return time_batch1(spec, self.grid.task(self.config.task), self.grid.models[spec.verifier],
+                               self.grid.models[spec.drafter], bench, self.pivot_fn)
+
+    def speed(self, spec: CellSpec) -> dict:
+        """The bench's measured c_rel / c_block of the cell's (verifier, drafter, N), measured once."""
+        if spec.method == AR:
+            return {}
+        key = (spec.verifier, spec.drafter, spec.draft_length)
+        if key not in self._speed:
+            self._speed.update(_latencies(self.grid.models, [spec]))
+        return self._speed[key]
+
+    def speed_constants(self, config: Config) -> tuple[float, float]:
+        """(c_rel, c_block) of the configuration's N: the given ones, or measured for the pair."""
+        measured = self.speed(self.spec(config))
+        return (self.config.c_rel or measured["c_rel_measured"],
+                self.config.c_block or measured["c_block_measured"])
+
+    def batch1_speedup(self, spec: CellSpec, heldout: bool) -> float | None:
+        cell = self.store.get(self.key(spec, heldout)[0])
+        return (cell.metrics.get("batch1") or {}).get("measured_speedup_batch1") if cell else None
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class CellArm:
+    """A configuration's rows next to strict's at its N and AR's: what the race reads (racing.Arm)."""
+
+    def __init__(self, cells: Cells, config: Config, jobs, heldout: bool = False):
+        self.config = config
+        tc = cells.config
+        self.rows = cells.ensure(cells.spec(config), jobs, heldout)
+        self.strict_rows = self.rows if config.is_strict else cells.ensure(cells.spec(config.strict), jobs, heldout)
+        self.ar_rows = cells.ensure(cells.spec(None), jobs, heldout) if tc.objective == "length-adjusted" else None
+        wanted = set(jobs)
+        self.rows = {k: v for k, v in self.rows.items() if k in wanted}
+        self.strict_rows = {k: v for k, v in self.strict_rows.items() if k in wanted}
+        if self.ar_rows is not None:
+            self.ar_rows = {k: v for k, v in self.ar_rows.items() if k in wanted}
+        self.c_rel, self.c_block = cells.speed_constants(config)
+        self.extra = extra_draft_passes(config.method)
+        self.objective = tc.objective
+        self.batch1 = cells.batch1_speedup(cells.spec(config), heldout) if tc.objective == "measured-bs1" else None
+
+    def diff(self, confidence: float) -> Interval:
+        if self.config.is_strict:
+            return Interval(0.0, 0.0, 0.0, len(self.rows), confidence)
+        return paired_diff_interval({k: r.utility for k, r in self.rows.items()},
+                                    {k: r.utility for k, r in self.strict_rows.items()}, confidence)
+
+    def speed(self, confidence: float) -> Interval:
+        return speed_interval(self.objective, self.rows, self.ar_rows, self.config.draft_length, self.extra,
+                              self.c_rel, self.c_block, confidence, self.batch1)
+
+    def identical(self) -> float:
+        keys = set(self.rows) & set(self.strict_rows)
+        return sum(self.rows[k].token_hash == self.strict_rows[k].token_hash for k in keys) / len(keys) if keys \
+            else math.nan
+
+
+@dataclass
+class Confirmation:
+    choice: CellArm
+    strict_best: CellArm | None  # strict at its best search N (None when that is the choice)
+    samples: int
+    drop_held: bool  # upper 95% bound of the held-out drop vs strict <= max_drop
+    speed_held: bool  # held-out speed interval reaches the search's lower bound (not significantly slower)
+    beats_strict: bool | None  # held-out speed point estimate above strict at its best N's
+
+
+@dataclass
+class TuneResult:
+    config: TuneConfig
+    space: list
+    race: Race
+    confirmation: Confirmation | None
+    search_samples: int
+    search_tokens: int
+    confirm_samples: int
+    confirm_tokens: int
+    wall_s: float
+    toml_path: str = ""
+    plot_path: str = ""
+
+    @property
+    def choice(self) -> Config | None:
+        return self.race.choice
+
+
+def best_strict(result: Race) -> Config | None:
+    strict = [r for c, r in result.records.items() if c.is_strict and r.speed is not None
+              and not math.isnan(r.speed.mean)]
+    return max(strict, key=lambda r: r.speed.mean).config if strict else None
+
+
+def run_tune(config: TuneConfig, progress: bool = True) -> TuneResult:
+    """Search, then confirm on held-out prompts (see the module doc). Interrupting it loses only the cell call
+    in flight; re-running the same command resumes from the store."""
+    from tqdm import tqdm
+    config.validate()
+    t0 = time.perf_counter()
+    cells = Cells(config)
+    try:
+        space = search_space(config.methods, config.draft_lengths, with_classifier=cells.pad_fits)
+        if config.methods is None and not cells.pad_fits:
+            warnings.warn("tune: pad left out (no PAD classifier fits this pair; pass --pad-classifier)",
+                          stacklevel=2)
+        budget_s = config.budget_minutes * 60
+        L = config.search_prompts
+        bar = tqdm(total=0, desc="tune", unit="cfg", disable=not progress, dynamic_ncols=True)
+
+        def evaluate(c: Config, n: int) -> CellArm:
+            bar.set_postfix_str(f"{c.label} n={n}", refresh=False)
+            arm = CellArm(cells, c, search_jobs(n, L))
+            bar.update(1)
+            return arm
+
+        def fits(alive: list, n: int) -> bool:
+            per_sample = cells.sample_seconds / max(1, cells.samples_run)
+            refs = {c.draft_length for c in alive}
+            new = n * (len(alive) + len(refs) + 1)
+            return time.perf_counter() - t0 + per_sample * new <= budget_s
+
+        def on_rung(rung: int, alive: list) -> None:
+            if rung + 1 < len(config.sizes):
+                bar.reset(total=len(alive))
+                bar.set_description(f"tune rung {rung + 2}/{len(config.sizes)}")
+
+        bar.reset(total=len(space))
+        bar.set_description(f"tune rung 1/{len(config.sizes)}")
+        result = race(space, evaluate, config.max_drop, lambda c: c.is_strict, sizes=config.sizes, caps=config.caps,
+                      alpha=ALPHA, fits=fits, on_rung=on_rung, reference_of=lambda c: c.strict)
+        bar.close()
+        search_samples, search_tokens = cells.samples_run, cells.tokens_run
+        confirmation = confirm(cells, result, config) if result.choice is not None else None
+        return TuneResult(config, space, result, confirmation, search_samples, search_tokens,
+                          cells.samples_run - search_samples, cells.tokens_run - search_tokens,
+                          time.perf_counter() - t0)
+    finally:
+        cells.close()
+
+
+def confirm(cells: Cells, result: Race, config: TuneConfig) -> Confirmation:
+    """Re-run the choice, strict at its N (the paired reference), strict at strict's best search N and AR on
+    the held-out prompts; say whether the drop and the speed-up held."""
+    jobs = heldout_jobs(config.search_prompts, config.heldout_prompts, config.heldout_repeats)
+    choice = result.choice
+    arm = CellArm(cells, choice, jobs, heldout=True)
+    strict = best_strict(result)
+    strict_arm = CellArm(cells, strict, jobs, heldout=True) if strict is not None and strict != choice else None
+    diff = arm.diff(1 - ALPHA)
+    speed = arm.speed(1 - ALPHA)
+    searched = result.records[choice].speed
+    return Confirmation(
+        choice=arm, strict_best=strict_arm, samples=len(jobs),
+        drop_held=choice.is_strict or diff.low >= -config.max_drop,
+        speed_held=not (speed.high < searched.low),
+        beats_strict=None if strict_arm is None else speed.mean > strict_arm.speed(1 - ALPHA).mean)
+
+
+__all__ = ["TuneConfig", "TuneResult", "Confirmation", "run_tune", "search_jobs", "heldout_jobs", "make_config"]
