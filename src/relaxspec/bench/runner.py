@@ -352,7 +352,8 @@ def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: B
             (target - store.repeats_done(k)) * cell.metrics["n_prompts"] / config.workers
         fits = time.perf_counter() - t_start + cost + new_cost <= config.time_budget_s
         if not fits or (k in undecided and strict_key[k] not in planned):
-            summary.out_of_time.append(c.label)
+            if c.label not in summary.out_of_time:  # said once, whichever look it missed first
+                summary.out_of_time.append(c.label)
             continue
         cost += new_cost
         planned.add(k)
