@@ -162,7 +162,7 @@ def test_livecodebench_refuses_code_in_a_pickled_field(tmp_path):
             return (print, ("pwned",))
     row = lcb_row("abc1_a", [("1 2\n", "3\n")], [])
     row["private_test_cases"] = base64.b64encode(zlib.compress(pickle.dumps(Evil()))).decode()
-    with pytest.raises(ValueError, match="refusing to load builtins.print"):
+    with pytest.raises(ValueError, match="refusing to load "):
         get_task(f"livecodebench:{jsonl(tmp_path, [row])}")
     row["private_test_cases"] = "not json, not base64 !"
     with pytest.raises(ValueError, match="neither JSON nor"):
