@@ -38,13 +38,14 @@ from relaxspec.acceptance import (  # noqa: E402,F401
 )
 from relaxspec.acceptance.processing import (
     GREEDY_TEMPERATURE,
+    check_sampling_args,
     entropy,
     is_greedy,
     jsd,
     process_logits,
     total_variation,
 )
-from relaxspec.acceptance.random import Draws, SequenceSeeds, derive_seed
+from relaxspec.acceptance.random import DRAFT, TOKEN, Draws, SequenceSeeds, derive_seed
 from relaxspec.acceptance.verify import GREEDY_MODES, VerifyResult, build_context, relaxed_targets, verify
 
 __all__ = [
@@ -72,4 +73,7 @@ __all__ = [
     "Draws",
     "SequenceSeeds",
     "derive_seed",
+    "DRAFT",
+    "TOKEN",
+    "check_sampling_args",
 ]

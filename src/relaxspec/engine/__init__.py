@@ -1,6 +1,6 @@
 """Draft -> verify -> accept loop over a verifier/drafter pair, plus the autoregressive baseline."""
 
-from relaxspec.acceptance.random import derive_seed
+from relaxspec.acceptance import derive_seed
 from relaxspec.engine.generate import AR, GenerationOutput, Round, SequenceResult, generate
 from relaxspec.engine.stats import GenerationStats
 

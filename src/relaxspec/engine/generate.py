@@ -27,9 +27,17 @@ from typing import Sequence
 
 import torch
 
-from relaxspec.acceptance import SequenceSeeds, derive_seed, get_rule, process_logits, verify
-from relaxspec.acceptance.processing import check_sampling_args, is_greedy
-from relaxspec.acceptance.random import DRAFT, TOKEN
+from relaxspec.acceptance import (
+    DRAFT,
+    TOKEN,
+    SequenceSeeds,
+    check_sampling_args,
+    derive_seed,
+    get_rule,
+    is_greedy,
+    process_logits,
+    verify,
+)
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.models.drafters import Drafter, Stream, as_drafter, model_device
 from relaxspec.models.hf import CausalLM
