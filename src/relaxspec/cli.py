@@ -76,28 +76,20 @@ def _rule_info(rule) -> dict:
 
 
 def _read_prompts(args) -> list[str]:
+    from relaxspec.tasks.base import jsonl_records
+
     if args.prompt is not None:
         return [args.prompt]
     name = "<stdin>" if args.prompts == "-" else args.prompts
     if args.prompts == "-":
-        lines = sys.stdin.buffer.read().splitlines()
+        data = sys.stdin.buffer.read()
     else:
         if Path(name).is_dir():
             raise ValueError(f"--prompts {name}: is a directory, not a JSONL file")
-        lines = Path(name).read_bytes().splitlines()
+        data = Path(name).read_bytes()
     prompts = []
-    for line_no, raw in enumerate(lines, 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{name}:{line_no}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{name}:{line_no}: not valid JSON ({e.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+    for line_no, record in jsonl_records(name, data):
+        if not isinstance(record.get("prompt"), str):
             raise ValueError(f"{name}:{line_no}: expected an object with a string 'prompt'")
         prompts.append(record["prompt"])
     if not prompts:

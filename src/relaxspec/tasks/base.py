@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -64,3 +66,25 @@ def parse_number(text: str | None) -> float | None:
         return float(numbers[-1].replace(",", ""))
     except ValueError:
         return None
+
+
+def jsonl_records(name: str, data: bytes) -> list[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of JSON-lines `data`; a one-line ValueError naming
+    name:line for a line that is not UTF-8, not JSON, or not a JSON object."""
+    records = []
+    for lineno, raw in enumerate(data.splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{name}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") \
+                from None
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name}:{lineno}: invalid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{name}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        records.append((lineno, obj))
+    return records

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from relaxspec.tasks import answers, code
-from relaxspec.tasks.base import Example, Task
+from relaxspec.tasks.base import Example, Task, jsonl_records
 from relaxspec.tasks.sandbox import DEFAULT_TIMEOUT_S
 
 REASON_BOXED = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -269,22 +269,8 @@ def read_rows(path: str | Path) -> Rows:
         return [(f"{path} row {i}", {str(k).lower(): v for k, v in r.items()}) for i, r in enumerate(records, 1)]
     if path.suffix not in (".jsonl", ".json"):
         raise ValueError(f"{path}: expected a .jsonl (JSON lines) or .parquet file")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    rows = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-        rows.append((f"{path}:{lineno}", {str(k).lower(): v for k, v in obj.items()}))
-    return rows
+    return [(f"{path}:{lineno}", {str(k).lower(): v for k, v in obj.items()})
+            for lineno, obj in jsonl_records(str(path), path.read_bytes())]
 
 
 def hub_rows(bench: Benchmark) -> Rows:

@@ -9,10 +9,9 @@ Metrics:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from relaxspec.tasks.base import Example, Task, final_answer, parse_number
+from relaxspec.tasks.base import Example, Task, final_answer, jsonl_records, parse_number
 
 METRICS = ("exact", "numeric", "contains")
 
@@ -49,33 +48,24 @@ def read_jsonl(path: str | Path, metric: str = "exact") -> list[Example]:
     if not path.is_file():
         raise ValueError(f"JSONL dataset {str(path)!r} does not exist")
     examples = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object with 'prompt' and 'answer', got {type(obj).__name__}")
-            for key in ("prompt", "answer"):
-                if key not in obj:
-                    raise ValueError(f"{where}: missing key {key!r}")
-            prompt, answer = obj["prompt"], obj["answer"]
-            if not isinstance(prompt, str):
-                raise ValueError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
-            if not prompt.strip():
-                raise ValueError(f"{where}: 'prompt' is empty")
-            if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-                raise ValueError(f"{where}: 'answer' must be a string or a number, got {type(answer).__name__}")
-            answer = str(answer)
-            if not answer.strip():
-                raise ValueError(f"{where}: 'answer' is empty")
-            if metric == "numeric" and parse_number(answer) is None:
-                raise ValueError(f"{where}: metric 'numeric' needs a numeric 'answer', got {answer!r}")
-            examples.append(Example(prompt=prompt, reference=answer))
+    for lineno, obj in jsonl_records(str(path), path.read_bytes()):
+        where = f"{path}:{lineno}"
+        for key in ("prompt", "answer"):
+            if key not in obj:
+                raise ValueError(f"{where}: missing key {key!r}")
+        prompt, answer = obj["prompt"], obj["answer"]
+        if not isinstance(prompt, str):
+            raise ValueError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
+        if not prompt.strip():
+            raise ValueError(f"{where}: 'prompt' is empty")
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise ValueError(f"{where}: 'answer' must be a string or a number, got {type(answer).__name__}")
+        answer = str(answer)
+        if not answer.strip():
+            raise ValueError(f"{where}: 'answer' is empty")
+        if metric == "numeric" and parse_number(answer) is None:
+            raise ValueError(f"{where}: metric 'numeric' needs a numeric 'answer', got {answer!r}")
+        examples.append(Example(prompt=prompt, reference=answer))
     if not examples:
         raise ValueError(f"{path}: no examples (the file is empty)")
     return examples
