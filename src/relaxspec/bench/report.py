@@ -311,11 +311,13 @@ def _sanity(rows: list[dict]) -> list[str]:
     if not strict:
         return out + ["  no strict cell in this group: no sanity check, and relaxed rules cannot be compared "
                       "with strict (no decisions, no best rule)"]
+    ar_samples = {r["task"]: r["n_samples"] for r in rows if r["method"] == AR}
     for r in strict:
         ok = _nan(r["utility_diff_ci_low"]) or r["utility_diff_ci_low"] <= 0 <= r["utility_diff_ci_high"]
+        paired = min(r["n_samples"], ar_samples.get(r["task"], r["n_samples"]))  # AR is not extended by looks
         out.append(f"  {r['task']} / {r['drafter']} N={r['draft_length']}: strict - AR "
                    f"{_ci(r['utility_diff_vs_ar'], r['utility_diff_ci_low'], r['utility_diff_ci_high'])} over "
-                   f"{r['n_samples']} samples{'' if ok else '  <-- excludes 0: check the engine or the run'}")
+                   f"{paired} paired samples{'' if ok else '  <-- excludes 0: check the engine or the run'}")
     return out
 
 
