@@ -133,7 +133,7 @@ def test_best_rule_uses_the_upper_bound_of_the_drop_not_the_point_estimate(tmp_p
     assert {b["best"]["key"] for b in best} == {"safe"}
     assert all(sorted(r["key"] for r in b["undecidable"]) == ["fast", "open"] for b in best)
     text = format_report(rows, max_drop=0.03)
-    assert "cactus(delta=0.1) N=3  2.00x" in text and "2 cells undecidable" in text
+    assert "cactus(delta=0.1) N=3  2.00x" in text and "2 cells undecidable at this budget" in text
     fast_line = next(line for line in text.splitlines() if "cactus(delta=10)" in line)
     assert "narrow ±0.02" in fast_line  # decided for power (half-width <= budget), yet not eligible
     assert "undecided: t / d cactus(delta=1) N=3" in text and "paired samples would bring it to 0.03" in text

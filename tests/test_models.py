@@ -66,3 +66,15 @@ def test_training_script_runs_end_to_end_on_a_tiny_budget(tmp_path, capsys):
         assert lm.num_parameters() == info["params"]
         assert (tmp_path / name / "model.safetensors").exists()
         assert name in table
+
+
+def test_family_table_lists_each_kind_with_its_cost():
+    from relaxspec.bench.family import family_table
+
+    table = family_table(tasks=("arithmetic",), n=2, temperatures=(0.0,))
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:] if line and not line.startswith("(")}
+    assert set(rows) == {"verifier", "drafter-strong", "drafter-weak", "drafter-mtp"}
+    assert rows["verifier"][1] == "verifier" and rows["drafter-weak"][1] == "LM"
+    assert rows["drafter-mtp"][1:3] == ["MTP", "head"] and rows["drafter-mtp"][-1] == "-"
+    c_rel = float(rows["drafter-mtp"][7])  # kind takes two words for the head
+    assert 0 < c_rel < 1.5

@@ -28,19 +28,36 @@ def family_table(tasks=("arithmetic", "sorting"), n: int = 50, temperatures=(0.0
     root = Path(root)
     models = {name: load_model(root / name, device, dtype) for name in FAMILY if (root / name).exists()}
     latency = {name: measure_step_latency(m) for name, m in models.items()}
-    head = ["model", "params", "layers x width", "ms/step", "c_rel", "trained"]
+    head = ["model", "kind", "params", "layers x width", "ms/step", "c_rel", "trained"]
     head += [f"{t} T={temp:g}" for t in tasks for temp in temperatures]
     rows = []
     for name, lm in models.items():
         spec = FAMILY[name]
         info = json.loads((root / name / "relaxspec.json").read_text())
-        row = [name, f"{lm.num_parameters():,}", f"{spec.layers} x {spec.hidden}", f"{latency[name] * 1e3:.2f}",
+        row = [name, "verifier" if name == DEFAULT_VERIFIER else "LM", f"{lm.num_parameters():,}", f"{spec.layers} x {spec.hidden}", f"{latency[name] * 1e3:.2f}",
                f"{latency[name] / latency.get(DEFAULT_VERIFIER, float('nan')):.3f}", f"{info['steps']} steps, {info['train_seconds']:.0f}s"]
         row += [f"{task_accuracy(lm, t, n, temp):.2f}" for t in tasks for temp in temperatures]
         rows.append(row)
+    if DEFAULT_VERIFIER in models and (root / "drafter-mtp").exists():
+        rows.append(_head_row(root / "drafter-mtp", models[DEFAULT_VERIFIER], latency[DEFAULT_VERIFIER],
+                              len(tasks) * len(temperatures)))
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
     lines = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
     lines.append(f"(accuracy: mean utility over {n} held-out problems per task, autoregressive; "
-                 f"c_rel = model step latency / verifier step latency, measured now on this machine)")
+                 f"c_rel = model step latency / verifier step latency, measured now on this machine; an MTP "
+                 f"head's is its time per drafted token through the drafter protocol, and it cannot answer alone)")
     return "\n".join(lines)
+
+
+def _head_row(path: Path, verifier, verifier_latency: float, accuracy_columns: int) -> list[str]:
+    """The family table's row of an MTP head drafting for the built-in verifier."""
+    from relaxspec.models.drafters import load_drafter, measure_draft_latency
+
+    config = json.loads((path / "config.json").read_text())
+    latency = measure_draft_latency(load_drafter(str(path), verifier), verifier)
+    training = config["training"]
+    return [path.name, "MTP head", f"{config['params']:,}", f"{config['layers']} x {config['hidden']}",
+            f"{latency * 1e3:.2f}", f"{latency / verifier_latency:.3f}",
+            f"{training['steps']} steps, {training['train_seconds'] + training['data_seconds']:.0f}s"] + \
+        ["-"] * accuracy_columns

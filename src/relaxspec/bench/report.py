@@ -360,7 +360,7 @@ def _best(rows: list[dict], max_drop: float) -> list[str]:
         key = (b["settings_group"], b["verifier"], b["drafter"], b["task"])
         if key not in seen and b["undecidable"]:
             seen.add(key)
-            out.append(f"  {b['task']} / {b['drafter']}: {len(b['undecidable'])} cells undecidable (interval straddles"
-                       f" the budget) were left out: " + ", ".join(f"{_label(r)} N={r['draft_length']}"
+            out.append(f"  {b['task']} / {b['drafter']}: {len(b['undecidable'])} cells undecidable at this "
+                       f"budget (their interval of the drop straddles it, narrow ones included) were left out: " + ", ".join(f"{_label(r)} N={r['draft_length']}"
                                                                   for r in b["undecidable"]))
     return out
