@@ -76,5 +76,5 @@ def test_family_table_lists_each_kind_with_its_cost():
     assert set(rows) == {"verifier", "drafter-strong", "drafter-weak", "drafter-mtp"}
     assert rows["verifier"][1] == "verifier" and rows["drafter-weak"][1] == "LM"
     assert rows["drafter-mtp"][1:3] == ["MTP", "head"] and rows["drafter-mtp"][-1] == "-"
-    c_rel = float(rows["drafter-mtp"][7])  # kind takes two words for the head
+    c_rel = float(rows["drafter-mtp"][8])  # name, kind (two words), params, "1 x 128", ms/step, c_rel
     assert 0 < c_rel < 1.5
