@@ -78,7 +78,7 @@ def cell_config(spec: CellSpec, config: BenchConfig, versions: dict) -> dict:
     }
 
 
-def _generate(spec: CellSpec, prompts: list[str], seeds: list[int], verifier, drafter, config: BenchConfig,
+def generate_samples(spec: CellSpec, prompts: list[str], seeds: list[int], verifier, drafter, config: BenchConfig,
               pivot_fn):
     from relaxspec.engine import generate
     extra = {"pivot_fn": pivot_fn} if needs_classifier(spec.method) else {}
@@ -95,7 +95,7 @@ def run_samples(spec: CellSpec, task, repeats: range, verifier, drafter, config:
     rows, parts = [], []
     for start in range(0, len(jobs), config.batch_size):
         chunk = jobs[start:start + config.batch_size]
-        out = _generate(spec, [task.examples[i].prompt for i, _ in chunk],
+        out = generate_samples(spec, [task.examples[i].prompt for i, _ in chunk],
                         [derive_seed(spec.seed, i, r) for i, r in chunk], verifier, drafter, config, pivot_fn)
         parts.append(out.stats.as_dict())
         for (i, r), res in zip(chunk, out.results):
@@ -121,7 +121,7 @@ def time_batch1(spec: CellSpec, task, verifier, drafter, config: BenchConfig, pi
     for i in range(n):
         for cell in (ar, spec) if i % 2 == 0 else (spec, ar):
             t0 = time.perf_counter()
-            out = _generate(cell, [task.examples[i].prompt], [derive_seed(spec.seed, i, 0)], verifier,
+            out = generate_samples(cell, [task.examples[i].prompt], [derive_seed(spec.seed, i, 0)], verifier,
                             drafter, config, pivot_fn)
             per_token[cell.method].append((time.perf_counter() - t0) / max(1, len(out.results[0].token_ids)))
     ar_s, method_s = statistics.median(per_token[AR]), statistics.median(per_token[spec.method])
@@ -141,7 +141,7 @@ class RunSummary:
     out: str = ""
 
 
-def _pad_classifier(config: BenchConfig):
+def pad_classifier(config: BenchConfig):
     """(pivot_fn, version, spec) or (None, reason, None)."""
     try:
         import relaxspec.pivot as pivot
@@ -152,7 +152,7 @@ def _pad_classifier(config: BenchConfig):
         return None, f"{type(e).__name__}: {e}", None
 
 
-def _pad_applies(cell: CellSpec, spec: dict, explicit: bool) -> bool:
+def pad_applies(cell: CellSpec, spec: dict, explicit: bool) -> bool:
     """The built-in classifier was trained for one pair: use it only there. An explicit one is used as given."""
     if explicit:
         return True
@@ -170,7 +170,7 @@ def model_options(config: BenchConfig) -> dict:
     return {k: v for k, v in (("device", config.device), ("dtype", config.dtype)) if v is not None}
 
 
-class _Worker:
+class CellRunner:
     """Models, tasks and the PAD classifier of a process that runs cells (the driver itself, or a pool worker)."""
 
     def __init__(self, config: BenchConfig, pivot_fn=None):
@@ -201,23 +201,23 @@ class _Worker:
         return {"rows": rows, "parts": parts, "sample_wall_s": sample_wall, "batch1": batch1}
 
 
-_WORKER: _Worker | None = None
+_RUNNER: CellRunner | None = None
 
 
 def _init_worker(config: BenchConfig, threads: int) -> None:
     import torch
-    global _WORKER
+    global _RUNNER
     torch.set_num_threads(threads)
     needed = any(needs_classifier(m) for m, _ in config.method_specs())
-    _WORKER = _Worker(config, _pad_classifier(config)[0] if needed else None)
+    _RUNNER = CellRunner(config, pad_classifier(config)[0] if needed else None)
 
 
 def _run_in_worker(job: tuple) -> tuple:
     spec, key, done, target = job
-    return spec, key, _WORKER.run(spec, done, target)
+    return spec, key, _RUNNER.run(spec, done, target)
 
 
-def _latencies(models: dict, cells: list[CellSpec]) -> dict:
+def speed_constants(models: dict, cells: list[CellSpec]) -> dict:
     """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step) per
     speculative cell's (verifier, drafter, N), measured once before any cell runs."""
     from relaxspec.models import measure_step_latency
@@ -255,27 +255,27 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     versions = {"code": code_version()}
     pivot_fn = None
     if any(needs_classifier(c.method) for c in cells):
-        pivot_fn, info, clf_spec = _pad_classifier(config)
+        pivot_fn, info, clf_spec = pad_classifier(config)
         if pivot_fn is None:
             skipped = [c for c in cells if needs_classifier(c.method)]
             reason = f"no PAD classifier available ({info})"
         else:
             versions["pad_classifier"] = info
             skipped = [c for c in cells if needs_classifier(c.method)
-                       and not _pad_applies(c, clf_spec, bool(config.pad_classifier))]
+                       and not pad_applies(c, clf_spec, bool(config.pad_classifier))]
             reason = (f"the built-in PAD classifier is for verifier {clf_spec.get('verifier')!r} + drafter "
                       f"{clf_spec.get('drafter')!r}; pass --pad-classifier for other pairs")
         if skipped:
             warnings.warn(f"bench: skipping {len(skipped)} pad cells: {reason}", stacklevel=2)
             summary.unavailable = [c.label for c in skipped]
             cells = [c for c in cells if all(c is not s for s in skipped)]
-    worker = _Worker(config, pivot_fn)
+    worker = CellRunner(config, pivot_fn)
     versions.update({name: model_version(name) for name in worker.models})  # hashed next to loading them
     store = Store(config.out)
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
     key_of = {c.label: k for c, k in keyed}
     strict_key = {k: key_of.get(c.strict.label) for c, k in keyed if c.method not in (AR, STRICT)}
-    speed = _latencies(worker.models, cells)
+    speed = speed_constants(worker.models, cells)
     run_id = uuid.uuid4().hex[:12]
     pool = ray_pool = None
     if executor is not None and executor.kind == "ray":
@@ -378,4 +378,5 @@ def _store_look(store: Store, spec: CellSpec, key: str, result: dict, look: int,
     return metrics
 
 
-__all__ = ["CellSpec", "RunSummary", "run_grid", "plan", "cell_config", "run_samples", "time_batch1"]
+__all__ = ["CellSpec", "CellRunner", "RunSummary", "run_grid", "plan", "cell_config", "run_samples", "time_batch1",
+           "generate_samples", "speed_constants", "pad_classifier", "pad_applies"]

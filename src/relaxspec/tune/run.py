@@ -23,8 +23,15 @@ from dataclasses import dataclass, field
 from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classifier
 from relaxspec.bench.metrics import cell_metrics, merge_engine_stats
 from relaxspec.bench.names import AR
-from relaxspec.bench.runner import CellSpec, _generate, _latencies, _pad_applies, _pad_classifier, _Worker, \
-    cell_config
+from relaxspec.bench.runner import (
+    CellRunner,
+    CellSpec,
+    cell_config,
+    generate_samples,
+    pad_applies,
+    pad_classifier,
+    speed_constants,
+)
 from relaxspec.bench.stats import Interval, paired_diff_interval
 from relaxspec.bench.store import Row, Store, cell_key, token_hash
 from relaxspec.bench.versions import code_version, model_version
@@ -114,13 +121,13 @@ class Cells:
             self.versions[name] = model_version(name)
         self.pivot_fn, self.pad_fits = None, False
         if config.methods is None or any(m.split(":")[0].strip() == "pad" for m in config.methods):
-            self.pivot_fn, info, spec = _pad_classifier(bench)
+            self.pivot_fn, info, spec = pad_classifier(bench)
             probe = CellSpec(self.verifier, self.drafter, config.task, "pad", {}, 1, config.seed)
-            self.pad_fits = self.pivot_fn is not None and _pad_applies(probe, spec, bool(config.pad_classifier))
+            self.pad_fits = self.pivot_fn is not None and pad_applies(probe, spec, bool(config.pad_classifier))
             if self.pad_fits:
                 self.versions["pad_classifier"] = info
         self.store = Store(config.out)
-        self.grid = _Worker(bench, self.pivot_fn)  # the bench's models and tasks of one process
+        self.grid = CellRunner(bench, self.pivot_fn)  # the bench's models and tasks of one process
         self._speed = {}
         self.all_examples = self.grid.task(config.task).examples
         if len(self.all_examples) < config.search_prompts + config.heldout_prompts:
@@ -157,7 +164,7 @@ class Cells:
             pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
             t0 = time.perf_counter()
             with torch.inference_mode():
-                out = _generate(spec, [self.all_examples[i].prompt for i, _ in todo],
+                out = generate_samples(spec, [self.all_examples[i].prompt for i, _ in todo],
                                 [derive_seed(spec.seed, i, r) for i, r in todo], verifier, drafter, bench, pivot_fn)
             wall = time.perf_counter() - t0
             rows = []
@@ -201,7 +208,7 @@ class Cells:
             return {}
         key = (spec.verifier, spec.drafter, spec.draft_length)
         if key not in self._speed:
-            self._speed.update(_latencies(self.grid.models, [spec]))
+            self._speed.update(speed_constants(self.grid.models, [spec]))
         return self._speed[key]
 
     def speed_constants(self, config: Config) -> tuple[float, float]:
