@@ -135,7 +135,7 @@ class RunSummary:
     skipped: list[str] = field(default_factory=list)  # keys whose first look was already stored
     unavailable: list[str] = field(default_factory=list)  # labels of cells that could not run (e.g. no classifier)
     looks_run: int = 0
-    failed: list[str] = field(default_factory=list)  # "label: error" of cells that raised on Ray (not stored)
+    failed: list[str] = field(default_factory=list)  # "label: error" of cells that raised (not stored)
     out_of_time: list[str] = field(default_factory=list)  # labels of cells a later look could not extend in time
     wall_s: float = 0.0
     out: str = ""
@@ -212,9 +212,18 @@ def _init_worker(config: BenchConfig, threads: int) -> None:
     _RUNNER = CellRunner(config, pad_classifier(config)[0] if needed else None)
 
 
-def _run_in_worker(job: tuple) -> tuple:
+def _run_job(runner: CellRunner, job: tuple) -> tuple:
+    """(spec, key, result) of a look of a cell; a cell that raises for a reason of its own (e.g. a parameter
+    out of range) gives its one-line error as the result instead, so the rest of the grid goes on."""
     spec, key, done, target = job
-    return spec, key, _RUNNER.run(spec, done, target)
+    try:
+        return spec, key, runner.run(spec, done, target)
+    except Exception as e:  # noqa: BLE001 - reported per cell, never stored
+        return spec, key, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _run_in_worker(job: tuple) -> tuple:
+    return _run_job(_RUNNER, job)
 
 
 def speed_constants(models: dict, cells: list[CellSpec]) -> dict:
@@ -298,13 +307,16 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
                 results = ray_results(ray_pool, jobs, config, versions, summary.failed)
             else:
                 results = pool.imap_unordered(_run_in_worker, jobs) if pool else \
-                    ((spec, key, worker.run(spec, done, target)) for spec, key, done, target in jobs)
+                    (_run_job(worker, job) for job in jobs)
             bar = tqdm(results, total=len(jobs), desc=f"bench look {look}/{config.looks}", unit="cell",
                        disable=not progress, dynamic_ncols=True)
             if ray_pool is not None:
                 ray_pool.on_change = lambda: bar.set_postfix_str(status_line(ray_pool.status), refresh=True)
             try:
                 for spec, key, result in bar:
+                    if isinstance(result, str):  # the cell raised: reported, not stored
+                        summary.failed.append(f"{spec.label}: {result}")
+                        continue
                     metrics = _store_look(store, spec, key, result, look, speed, config, versions, run_id)
                     bar.set_postfix_str(spec.label, refresh=False)
                     if key not in summary.ran:
