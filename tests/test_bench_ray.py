@@ -188,3 +188,20 @@ def test_local_executor_same_interface():
         ("a", ("a", 1), None), ("c", None, "ValueError: bad parameters in c"), ("d", ("d", 3), None)]
     with pytest.raises(ValueError, match="need --executor ray"):
         make_executor(ExecutorOptions(kind="local", gpus_per_cell=1))
+
+
+def test_tune_on_ray_stores_the_samples_of_a_local_tune(tmp_path, cluster):
+    """`relaxspec tune --executor ray`: each rung's samples run on Ray workers, the driver stores them; the
+    stored samples and the choice are those of the same tune run in this process."""
+    from relaxspec.bench.executors import ExecutorOptions
+    from relaxspec.tune.run import TuneConfig, run_tune
+
+    tiny = dict(methods=["cactus:delta=10", "mentored:alpha=0.5"], draft_lengths=[2], sizes=(2, 4), caps=(2,),
+                search_prompts=4, heldout_prompts=2, heldout_repeats=1, max_new_tokens=16, budget_minutes=30.0,
+                c_rel=0.3, c_block=1.2)
+    local = run_tune(TuneConfig(out=str(tmp_path / "local"), **tiny), progress=False)
+    on_ray = run_tune(TuneConfig(out=str(tmp_path / "ray"), **tiny), progress=False,
+                      executor=ExecutorOptions(kind="ray", ray_address=cluster))
+    assert on_ray.choice == local.choice and on_ray.search_samples == local.search_samples > 0
+    assert on_ray.remote_samples == on_ray.search_samples and local.remote_samples == 0  # the search ran on Ray
+    assert dump(tmp_path / "ray") == dump(tmp_path / "local")

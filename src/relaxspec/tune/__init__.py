@@ -8,14 +8,15 @@ import types
 
 
 def tune(verifier: str | None = None, drafter: str | None = None, task: str = "arithmetic",
-         max_drop: float = 0.02, progress: bool = False, plots: bool = True, **settings):
+         max_drop: float = 0.02, progress: bool = False, plots: bool = True, executor=None, **settings):
     """Run `relaxspec tune` from Python; returns a TuneResult (its .choice, .race, .confirmation, .toml_path).
     `settings`: any TuneConfig field (objective, c_rel, c_block, methods, draft_lengths, budget_minutes, out,
-    search_prompts, heldout_prompts, heldout_repeats, sizes, caps, seed, temperature, top_k, top_p, ...)."""
+    search_prompts, heldout_prompts, heldout_repeats, sizes, caps, seed, temperature, top_k, top_p, ...).
+    `executor`: a relaxspec.bench.executors.ExecutorOptions (kind "ray" runs each rung's samples on Ray)."""
     from relaxspec.tune.report import write_outputs
     from relaxspec.tune.run import TuneConfig, run_tune
     result = run_tune(TuneConfig(verifier=verifier, drafter=drafter, task=task, max_drop=max_drop, **settings),
-                      progress=progress)
+                      progress=progress, executor=executor)
     write_outputs(result, plots=plots)
     return result
 

@@ -75,6 +75,8 @@ def register(subparsers) -> None:
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     t.add_argument("--no-plots", action="store_true")
     t.add_argument("--no-progress", action="store_true")
+    from relaxspec.bench.executors import add_executor_arguments
+    add_executor_arguments(t)
     t.set_defaults(func=cmd_tune)
 
 
@@ -98,7 +100,8 @@ def cmd_tune(args) -> int:
         if getattr(args, flag) is not None:
             setattr(config, name, tuple(getattr(args, flag)) if name != "draft_lengths" else getattr(args, flag))
     try:
-        result = run_tune(config, progress=not args.no_progress)
+        from relaxspec.bench.executors import executor_options
+        result = run_tune(config, progress=not args.no_progress, executor=executor_options(args))
     except KeyboardInterrupt:
         print(f"\ntune: interrupted; every finished sample is stored in {args.out / 'results.sqlite'}; re-run the "
               "same command to resume", file=sys.stderr)

@@ -84,11 +84,13 @@ def race(configs: list, evaluate: Callable[[Hashable, int], Arm], max_drop: floa
          is_reference: Callable[[Hashable], bool], sizes=DEFAULT_SIZES, caps=DEFAULT_CAPS, alpha: float = ALPHA,
          fits: Callable[[list, int], bool] = lambda alive, n: True,
          on_rung: Callable[[int, list], None] | None = None,
-         reference_of: Callable[[Hashable], Hashable | None] = lambda c: None) -> Race:
+         reference_of: Callable[[Hashable], Hashable | None] = lambda c: None,
+         prefetch: Callable[[list, int], None] | None = None) -> Race:
     """Run the race (see the module doc). `fits(alive, n)` says whether the next rung fits the budget (the
     first rung always runs); `on_rung(rung, alive)` is called after each rung's decisions; `reference_of(c)`
     names the reference c is compared with (strict at its N), which `evaluate` samples with c: it rejoins the
-    race whenever c is alive, at no cost."""
+    race whenever c is alive, at no cost. `prefetch(alive, n)`, if given, is called before each rung's
+    evaluations (e.g. to run all their samples at once on an executor)."""
     validate_schedule(sizes, caps)
     if not configs:
         raise ValueError("tune: nothing to search")
@@ -108,6 +110,8 @@ def race(configs: list, evaluate: Callable[[Hashable, int], Arm], max_drop: floa
             if ref is not None and ref in result.records and ref not in alive:
                 result.records[ref].dropped = None
                 alive.append(ref)
+        if prefetch is not None:
+            prefetch(alive, n)
         arms = {c: evaluate(c, n) for c in alive}
         result.rungs_run = rung + 1
         for c in alive:

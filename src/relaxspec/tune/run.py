@@ -109,11 +109,55 @@ def heldout_jobs(search_prompts: int, heldout_prompts: int, repeats: int) -> lis
     return [(search_prompts + i, r) for r in range(repeats) for i in range(heldout_prompts)]
 
 
+@dataclass
+class SampleJob:
+    """Samples (prompt, repeat) of one tune cell, as an executor job (bench.executors: Ray workers keep a
+    CellRunner with the pair loaded across jobs); returns (GenerationOutput, seconds), which the driver alone
+    scores and stores."""
+    spec: CellSpec
+    key: str  # the cell's key in the store
+    todo: list  # (prompt index, repeat) of each sample
+    prompts: list
+    bench: BenchConfig
+    versions: dict
+    with_pad: bool
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+    @property
+    def affinity(self) -> tuple:
+        return self.spec.verifier, self.spec.drafter
+
+    @staticmethod
+    def cache_key(bench: BenchConfig, with_pad: bool) -> str:
+        return repr((bench.verifiers, bench.drafters, bench.device, bench.dtype, bench.pad_classifier, with_pad))
+
+    def run(self, cache: dict):
+        import torch
+        from relaxspec.engine import derive_seed
+        if cache.get("tune") != self.cache_key(self.bench, self.with_pad):  # a fresh worker: load the pair
+            from relaxspec.bench.cell_job import check_versions
+            check_versions(self.versions, self.bench)
+            cache["runner"] = CellRunner(self.bench, pad_classifier(self.bench)[0] if self.with_pad else None)
+            cache["tune"] = self.cache_key(self.bench, self.with_pad)
+        runner, spec = cache["runner"], self.spec
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = generate_samples(spec, self.prompts, [derive_seed(spec.seed, i, r) for i, r in self.todo],
+                                   runner.models[spec.verifier], runner.models[spec.drafter] if spec.drafter else None,
+                                   self.bench, runner.pivot_fn if needs_classifier(spec.method) else None)
+        return out, time.perf_counter() - t0
+
+
 class Cells:
     """Tune's cells in the bench store: run the samples a cell lacks, read what it has."""
 
-    def __init__(self, config: TuneConfig):
+    def __init__(self, config: TuneConfig, executor=None):
         self.config = config
+        self.executor = executor  # None: every sample runs in this process
+        self.remote_samples = 0  # samples run on the executor's workers
         bench = config.bench_config(config.search_prompts + config.heldout_prompts)
         self.verifier, self.drafter = bench.verifiers[0], bench.drafters[0]
         self.versions = {"code": code_version()}
@@ -128,6 +172,7 @@ class Cells:
                 self.versions["pad_classifier"] = info
         self.store = Store(config.out)
         self.grid = CellRunner(bench, self.pivot_fn)  # the bench's models and tasks of one process
+        self.cache = {"tune": SampleJob.cache_key(bench, self.pad_fits), "runner": self.grid}  # SampleJob's, here
         self._speed = {}
         self.all_examples = self.grid.task(config.task).examples
         if len(self.all_examples) < config.search_prompts + config.heldout_prompts:
@@ -151,45 +196,65 @@ class Cells:
             config["prompts"] = f"held-out {c.search_prompts}..{c.search_prompts + c.heldout_prompts - 1}"
         return cell_key(config), config, bench
 
-    def ensure(self, spec: CellSpec, jobs: list[tuple[int, int]], heldout: bool = False) -> dict:
-        """Run the jobs (prompt, repeat) the cell lacks, store them; return all its rows {(prompt, repeat): Row}."""
-        import torch
-        from relaxspec.engine import derive_seed
+    def _todo(self, spec: CellSpec, jobs: list[tuple[int, int]], heldout: bool):
+        """(key, cell config, bench config, the jobs (prompt, repeat) the cell lacks)."""
         key, cell_conf, bench = self.key(spec, heldout)
         have = self.store.utilities(key)
-        todo = [j for j in jobs if j not in have]
-        if todo:
-            verifier = self.grid.models[spec.verifier]
-            drafter = self.grid.models[spec.drafter] if spec.drafter else None
-            pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                out = generate_samples(spec, [self.all_examples[i].prompt for i, _ in todo],
-                                [derive_seed(spec.seed, i, r) for i, r in todo], verifier, drafter, bench, pivot_fn)
-            wall = time.perf_counter() - t0
-            rows = []
-            for (i, r), res in zip(todo, out.results):
-                ex = self.all_examples[i]
-                rows.append(Row(prompt_index=i, repeat=r, prompt=ex.prompt, reference=ex.reference,
-                                response=res.text, utility=self.grid.task(self.config.task).score(res.text,
-                                                                                                  ex.reference),
-                                tokens=len(res.token_ids),
-                                stats={"mean_acceptance_length": res.stats.mean_acceptance_length,
-                                       "truncated": len(res.token_ids) >= bench.max_new_tokens},
-                                token_hash=token_hash(res.token_ids)))
-            old = self.store.get(key)
-            parts = (old.metrics["engine_stats"] if old else []) + [out.stats.as_dict()]
-            batch1 = self._batch1(spec, old, bench)
-            all_rows = self.store.rows(key) + rows
-            metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
-                                   merge_engine_stats(parts), {**self.speed(spec), **batch1})
-            metrics.update(engine_stats=parts, batch1=batch1, run_id=self.run_id, tune=True,
-                           sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0) + wall)
-            self.store.put(key, cell_conf, metrics, rows)
-            self.sample_seconds += wall
-            self.samples_run += len(rows)
-            self.tokens_run += sum(r.tokens for r in rows)
+        return key, cell_conf, bench, [j for j in jobs if j not in have]
+
+    def _job(self, spec: CellSpec, key: str, todo: list[tuple[int, int]], bench: BenchConfig) -> "SampleJob":
+        return SampleJob(spec, key, todo, [self.all_examples[i].prompt for i, _ in todo], bench, self.versions,
+                         self.pad_fits)
+
+    def ensure(self, spec: CellSpec, jobs: list[tuple[int, int]], heldout: bool = False) -> dict:
+        """Run the jobs (prompt, repeat) the cell lacks, store them; return all its rows {(prompt, repeat): Row}."""
+        key, cell_conf, bench, todo = self._todo(spec, jobs, heldout)
+        if todo:  # in this process, with the models already loaded
+            self._store(spec, key, cell_conf, bench, todo, *self._job(spec, key, todo, bench).run(self.cache))
         return {(r.prompt_index, r.repeat): r for r in self.store.rows(key)}
+
+    def prefetch(self, wanted: list[tuple[CellSpec, list[tuple[int, int]], bool]]) -> None:
+        """Run the samples the given cells lack on the executor (Ray workers), all at once; the driver stores
+        each cell's samples as they come back. Without an executor, `ensure` runs them one cell at a time."""
+        if self.executor is None:
+            return
+        pending = {}
+        for spec, jobs, heldout in wanted:
+            key, cell_conf, bench, todo = self._todo(spec, jobs, heldout)
+            if todo and key not in pending:
+                pending[key] = (spec, cell_conf, bench, todo)
+        jobs = [self._job(spec, key, todo, bench) for key, (spec, _, bench, todo) in pending.items()]
+        for done in self.executor.run(jobs):
+            if done.error is not None:
+                raise ValueError(f"tune: cell {done.job.label} failed on a worker: {done.error}")
+            spec, cell_conf, bench, todo = pending[done.job.key]
+            self._store(spec, done.job.key, cell_conf, bench, todo, *done.result)
+            self.remote_samples += len(todo)
+
+    def _store(self, spec: CellSpec, key: str, cell_conf: dict, bench: BenchConfig, todo: list, out, wall: float):
+        """Score the samples of `todo` (a GenerationOutput in their order) and store them with the cell's metrics."""
+        rows = []
+        for (i, r), res in zip(todo, out.results):
+            ex = self.all_examples[i]
+            rows.append(Row(prompt_index=i, repeat=r, prompt=ex.prompt, reference=ex.reference,
+                            response=res.text, utility=self.grid.task(self.config.task).score(res.text,
+                                                                                              ex.reference),
+                            tokens=len(res.token_ids),
+                            stats={"mean_acceptance_length": res.stats.mean_acceptance_length,
+                                   "truncated": len(res.token_ids) >= bench.max_new_tokens},
+                            token_hash=token_hash(res.token_ids)))
+        old = self.store.get(key)
+        parts = (old.metrics["engine_stats"] if old else []) + [out.stats.as_dict()]
+        batch1 = self._batch1(spec, old, bench)
+        all_rows = self.store.rows(key) + rows
+        metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
+                               merge_engine_stats(parts), {**self.speed(spec), **batch1})
+        metrics.update(engine_stats=parts, batch1=batch1, run_id=self.run_id, tune=True,
+                       sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0) + wall)
+        self.store.put(key, cell_conf, metrics, rows)
+        self.sample_seconds += wall
+        self.samples_run += len(rows)
+        self.tokens_run += sum(r.tokens for r in rows)
 
     def _batch1(self, spec: CellSpec, old, bench: BenchConfig) -> dict:
         if old is not None:
@@ -281,6 +346,7 @@ class TuneResult:
     confirm_samples: int
     confirm_tokens: int
     wall_s: float
+    remote_samples: int = 0  # of the search's samples, those run on executor (Ray) workers
     toml_path: str = ""
     plot_path: str = ""
 
@@ -295,13 +361,17 @@ def best_strict(result: Race) -> Config | None:
     return max(strict, key=lambda r: r.speed.mean).config if strict else None
 
 
-def run_tune(config: TuneConfig, progress: bool = True) -> TuneResult:
-    """Search, then confirm on held-out prompts (see the module doc). Interrupting it loses only the cell call
-    in flight; re-running the same command resumes from the store."""
+def run_tune(config: TuneConfig, progress: bool = True, executor=None) -> TuneResult:
+    """Search, then confirm on held-out prompts (see the module doc). Interrupting it loses only the cell calls
+    in flight; re-running the same command resumes from the store. `executor` (bench.executors.ExecutorOptions,
+    kind "ray"): each rung's missing samples run on Ray workers at once, the driver storing them."""
     from tqdm import tqdm
+
+    from relaxspec.bench.executors import make_executor
     config.validate()
     t0 = time.perf_counter()
-    cells = Cells(config)
+    pool = make_executor(executor) if executor is not None and executor.kind != "local" else None
+    cells = Cells(config, pool)
     try:
         space = search_space(config.methods, config.draft_lengths, with_classifier=cells.pad_fits)
         if config.methods is None and not cells.pad_fits:
@@ -323,6 +393,14 @@ def run_tune(config: TuneConfig, progress: bool = True) -> TuneResult:
             new = n * (len(alive) + len(refs) + 1)
             return time.perf_counter() - t0 + per_sample * new <= budget_s
 
+        def prefetch(alive: list, n: int) -> None:
+            jobs = search_jobs(n, L)
+            configs = list(dict.fromkeys([*alive, *(c.strict for c in alive if not c.is_strict)]))
+            wanted = [(cells.spec(c), jobs, False) for c in configs]
+            if config.objective == "length-adjusted":
+                wanted.append((cells.spec(None), jobs, False))
+            cells.prefetch(wanted)
+
         def on_rung(rung: int, alive: list) -> None:
             if rung + 1 < len(config.sizes):
                 bar.reset(total=len(alive))
@@ -331,15 +409,17 @@ def run_tune(config: TuneConfig, progress: bool = True) -> TuneResult:
         bar.reset(total=len(space))
         bar.set_description(f"tune rung 1/{len(config.sizes)}")
         result = race(space, evaluate, config.max_drop, lambda c: c.is_strict, sizes=config.sizes, caps=config.caps,
-                      alpha=ALPHA, fits=fits, on_rung=on_rung, reference_of=lambda c: c.strict)
+                      alpha=ALPHA, fits=fits, on_rung=on_rung, reference_of=lambda c: c.strict, prefetch=prefetch)
         bar.close()
         search_samples, search_tokens = cells.samples_run, cells.tokens_run
         confirmation = confirm(cells, result, config) if result.choice is not None else None
         return TuneResult(config, space, result, confirmation, search_samples, search_tokens,
                           cells.samples_run - search_samples, cells.tokens_run - search_tokens,
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, cells.remote_samples)
     finally:
         cells.close()
+        if pool is not None:
+            pool.close()
 
 
 def confirm(cells: Cells, result: Race, config: TuneConfig) -> Confirmation:
