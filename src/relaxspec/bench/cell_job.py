@@ -17,14 +17,11 @@ from relaxspec.bench.config import BenchConfig
 from relaxspec.bench.runner import CellSpec
 
 
-@dataclass
-class CellJob:
+class SpecJob:
+    """What the executors read of a job about one cell (`self.spec`): its label, and its model pair, so a
+    worker that has the pair loaded gets it."""
+
     spec: CellSpec
-    key: str
-    done: int  # repeats already stored
-    target: int  # repeats after this look
-    config: BenchConfig
-    versions: dict  # code and model versions in the cells' keys
 
     @property
     def label(self) -> str:
@@ -33,6 +30,16 @@ class CellJob:
     @property
     def affinity(self) -> tuple:
         return self.spec.verifier, self.spec.drafter
+
+
+@dataclass
+class CellJob(SpecJob):
+    spec: CellSpec
+    key: str
+    done: int  # repeats already stored
+    target: int  # repeats after this look
+    config: BenchConfig
+    versions: dict  # code and model versions in the cells' keys
 
     def run(self, cache: dict) -> dict:
         import torch
@@ -66,4 +73,4 @@ def ray_results(pool, jobs: list[tuple], config: BenchConfig, versions: dict, fa
             yield done.job.spec, done.job.key, done.result
 
 
-__all__ = ["CellJob", "check_versions", "ray_results"]
+__all__ = ["CellJob", "SpecJob", "check_versions", "ray_results"]

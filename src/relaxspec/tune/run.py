@@ -20,6 +20,7 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 
+from relaxspec.bench.cell_job import SpecJob, check_versions
 from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classifier
 from relaxspec.bench.metrics import cell_metrics, merge_engine_stats
 from relaxspec.bench.names import AR
@@ -110,7 +111,7 @@ def heldout_jobs(search_prompts: int, heldout_prompts: int, repeats: int) -> lis
 
 
 @dataclass
-class SampleJob:
+class SampleJob(SpecJob):
     """Samples (prompt, repeat) of one tune cell, as an executor job (bench.executors: Ray workers keep a
     CellRunner with the pair loaded across jobs); returns (GenerationOutput, seconds), which the driver alone
     scores and stores."""
@@ -122,14 +123,6 @@ class SampleJob:
     versions: dict
     with_pad: bool
 
-    @property
-    def label(self) -> str:
-        return self.spec.label
-
-    @property
-    def affinity(self) -> tuple:
-        return self.spec.verifier, self.spec.drafter
-
     @staticmethod
     def cache_key(bench: BenchConfig, with_pad: bool) -> str:
         return repr((bench.verifiers, bench.drafters, bench.device, bench.dtype, bench.pad_classifier, with_pad))
@@ -138,7 +131,6 @@ class SampleJob:
         import torch
         from relaxspec.engine import derive_seed
         if cache.get("tune") != self.cache_key(self.bench, self.with_pad):  # a fresh worker: load the pair
-            from relaxspec.bench.cell_job import check_versions
             check_versions(self.versions, self.bench)
             cache["runner"] = CellRunner(self.bench, pad_classifier(self.bench)[0] if self.with_pad else None)
             cache["tune"] = self.cache_key(self.bench, self.with_pad)
