@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from relaxspec.engine import GenerationStats, generate
-from relaxspec.engine.generate import _Stream
+from relaxspec.models.drafters import Stream
 from relaxspec.models import CausalLM, load_model
 from relaxspec.tasks import synthetic
 
@@ -49,7 +49,7 @@ def test_rollback_leaves_logits_of_a_fresh_forward(builtin_pair):
     verifier, _ = builtin_pair
     ids = torch.tensor([verifier.tokenizer(_prompts(1)[0])["input_ids"]])
     prefix, block = ids[:, :-6], ids[:, -6:]
-    stream = _Stream(verifier)
+    stream = Stream(verifier)
     stream.prefill(prefix, torch.ones_like(prefix))
     stream.feed(block, torch.ones_like(block))
     stream.invalidate_tail(torch.tensor([2]), 6)  # keep 2 of the 6 slots
@@ -66,7 +66,7 @@ def test_rollback_with_a_hole_in_the_middle(builtin_pair):
     """Masked (rolled-back) slots in the middle of the cache are invisible to later tokens."""
     verifier, _ = builtin_pair
     ids = torch.tensor([verifier.tokenizer(_prompts(1)[0])["input_ids"]])
-    stream = _Stream(verifier)
+    stream = Stream(verifier)
     stream.prefill(ids[:, :-4], torch.ones_like(ids[:, :-4]))
     stream.feed(ids[:, -4:], torch.ones_like(ids[:, -4:]))
     stream.invalidate_tail(torch.tensor([1]), 4)
@@ -80,16 +80,20 @@ def test_left_padded_batch_gives_each_row_its_own_logits(builtin_pair):
     """A ragged batch (left padding, then rows of different lengths) scores every row exactly as that
     row alone: padding must not leak into the distribution AR or any rule samples from."""
     verifier, _ = builtin_pair
-    from relaxspec.engine.generate import _encode
+    from relaxspec.engine.generate import _left_pad
+    from relaxspec.models.prompts import encode_prompts
+
+    def _encode(tokenizer, texts):
+        return _left_pad(encode_prompts(tokenizer, texts), tokenizer)
 
     prompts = _prompts(2) + _prompts(2, "sorting")
     ids, mask = _encode(verifier.tokenizer, prompts)
     assert (mask == 0).any()  # really ragged
-    batch = _Stream(verifier)
+    batch = Stream(verifier)
     batch.prefill(ids, mask)
     singles = []
     for p in prompts:
-        one = _Stream(verifier)
+        one = Stream(verifier)
         one.prefill(*_encode(verifier.tokenizer, [p]))
         singles.append(one)
     steps = torch.tensor([[11, 12, 13], [14, 15, 16], [17, 18, 19], [20, 21, 22]])

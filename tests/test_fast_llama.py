@@ -1,6 +1,6 @@
 import torch
 
-from relaxspec.engine.generate import _Stream
+from relaxspec.models.drafters import Stream
 from relaxspec.models import load_model
 from relaxspec.tasks import synthetic
 
@@ -17,7 +17,7 @@ def test_fast_path_matches_transformers_logits_and_hidden_states_with_holes():
         batch[i, width - len(row):], mask[i, width - len(row):] = row, 1
     outs = []
     for lm in (fast, slow):
-        s = _Stream(lm)
+        s = Stream(lm)
         s.prefill(batch[:, :-4], mask[:, :-4])
         s.feed(batch[:, -4:], torch.ones((2, 4), dtype=torch.long))
         s.invalidate_tail(torch.tensor([1, 3]), 4)  # rows keep different numbers of slots: holes

@@ -43,8 +43,6 @@ from relaxspec.models.drafters import Drafter, Stream, as_drafter, model_device
 from relaxspec.models.hf import CausalLM
 from relaxspec.models.prompts import check_context, encode_prompts
 
-_Stream = Stream  # the name the engine's tests use
-
 AR = "ar"
 
 
@@ -81,12 +79,6 @@ def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int
         return logits.argmax(dim=-1), None
     probs = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     return draws.sample(probs, purpose, offset), probs
-
-
-def _encode(tokenizer, prompts: list[str], device=None, chat_template="auto", system=None):
-    """Left-padded prompt ids and mask on `device` (see `encode_prompts` for the chat template)."""
-    return _left_pad(encode_prompts(tokenizer, prompts, chat_template=chat_template, system=system),
-                     tokenizer, device)
 
 
 def _left_pad(encoded: list[list[int]], tokenizer, device=None) -> tuple[torch.Tensor, torch.Tensor]:
