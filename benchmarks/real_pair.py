@@ -1,0 +1,219 @@
+"""Speed of a real verifier / drafter pair on this machine, batch 1: relaxspec's engine vs Hugging Face generate.
+
+    python benchmarks/real_pair.py [--verifier smollm2] [--drafter smollm2-drafter] [--prompts 20]
+        [--max-new-tokens 64] [--threads 1 2] [--draft-lengths 3 5 8] [--temperatures 0 0.7]
+
+Configurations, at every thread count and temperature (T > 0 samples with top-p 0.95):
+* ours AR: `relaxspec.engine.generate(method="ar")`;
+* ours strict + the drafter (`--drafter`) and ours strict + `ngram` (prompt lookup), at every N;
+* HF AR: the same verifier as a `transformers` model, plain `model.generate`;
+* HF prompt lookup: `model.generate(prompt_lookup_num_tokens=N, max_matching_ngram_size=3)`, the same
+  drafter kind as our `ngram` (which also matches up to 3 tokens);
+* HF assisted with the drafter as `assistant_model`, only when the drafter is a standalone causal LM:
+  transformers cannot run an MTP head.
+The prompts are the held-out chat prompts (`relaxspec.tasks.chat.HELDOUT`, through the chat template), run
+interleaved: for each prompt every configuration runs once, in an order that rotates from prompt to prompt,
+so a change in the machine's load hits every configuration alike. ms/token is the median over prompts of one
+call's wall time (prefill included) over the tokens it generated; speed-ups are ratios of those medians to
+our AR at the same threads and temperature. tau is the engine's mean accepted drafts + 1 per round; c_rel (the
+drafter's time per drafted token through the drafter protocol / a verifier step) and c_block (the verifier's
+(N+1)-token block / a one-token step) are measured before the run at each thread count; "modelled" is the
+block-aware model tau / (c_block + N * c_rel) (bench/speedup.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from relaxspec.acceptance import get_rule
+from relaxspec.bench.speedup import block_aware_speedup
+from relaxspec.engine import GenerationStats, generate
+from relaxspec.models import load_model, measure_step_latency
+from relaxspec.models.drafters import LMDrafter, load_drafter, measure_draft_latency
+from relaxspec.models.fast_llama import FastLlama
+from relaxspec.models.hf import CausalLM
+from relaxspec.models.prompts import encode_prompts
+from relaxspec.tasks import chat
+
+OURS, HF = "ours", "HF"
+NGRAM = "ngram"
+TOP_P = 0.95
+HF_NGRAM_SIZE = 3  # our ngram drafter matches up to 3 tokens; HF's default is 2
+NO_MTP_IN_HF = "transformers cannot run an MTP head as an assistant: HF's drafter here is prompt lookup"
+
+
+@dataclass(frozen=True)
+class Config:
+    system: str  # OURS or HF
+    method: str  # "ar", "strict", "prompt lookup" or "assisted"
+    drafter: str  # "" for AR
+    n: int  # draft length, 0 for AR
+    threads: int
+    temperature: float
+
+
+def configurations(drafter: str, hf_can_assist: bool, threads, draft_lengths, temperatures) -> list[Config]:
+    out = []
+    for th in threads:
+        for t in temperatures:
+            out += [Config(OURS, "ar", "", 0, th, t), Config(HF, "ar", "", 0, th, t)]
+            for n in draft_lengths:
+                out += [Config(OURS, "strict", drafter, n, th, t), Config(OURS, "strict", NGRAM, n, th, t),
+                        Config(HF, "prompt lookup", NGRAM, n, th, t)]
+                if hf_can_assist:
+                    out.append(Config(HF, "assisted", drafter, n, th, t))
+    return out
+
+
+def pair_constants(verifier: CausalLM, drafter, draft_lengths) -> dict:
+    """c_rel of the drafter and c_block at every N + 1, at the current thread count."""
+    step = measure_step_latency(verifier)
+    return {"step_ms": step * 1e3, "c_rel": measure_draft_latency(drafter, verifier) / step,
+            "c_block": {n + 1: measure_step_latency(verifier, block=n + 1) / step for n in draft_lengths}}
+
+
+def _run_ours(cfg: Config, verifier, drafters, prompt, max_new_tokens, seed):
+    out = generate(verifier, drafters.get(cfg.drafter), [prompt], method=cfg.method, draft_length=max(cfg.n, 1),
+                   max_new_tokens=max_new_tokens, temperature=cfg.temperature,
+                   top_p=TOP_P if cfg.temperature > 0 else None, seed=seed, chat_template="auto")
+    return len(out.results[0].token_ids), out.stats
+
+
+@torch.inference_mode()
+def _run_hf(cfg: Config, verifier, drafters, prompt, max_new_tokens, seed):
+    ids = torch.tensor(encode_prompts(verifier.tokenizer, [prompt], chat_template="auto"), device=verifier.device)
+    kwargs = {}
+    if cfg.method == "prompt lookup":
+        kwargs = {"prompt_lookup_num_tokens": cfg.n, "max_matching_ngram_size": HF_NGRAM_SIZE}
+    elif cfg.method == "assisted":
+        kwargs = {"assistant_model": drafters[cfg.drafter].lm.model, "num_assistant_tokens": cfg.n,
+                  "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+    sampling = {"do_sample": True, "temperature": cfg.temperature, "top_p": TOP_P, "top_k": 0} \
+        if cfg.temperature > 0 else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    torch.manual_seed(seed)
+    eos = verifier.eos_token_id
+    out = verifier.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                  eos_token_id=eos, pad_token_id=eos, **sampling, **kwargs)
+    return out.shape[1] - ids.shape[1], None
+
+
+def measure(verifier: CausalLM, drafter: str, prompts: list[str], *, threads=(1, 2), draft_lengths=(3, 5, 8),
+            temperatures=(0.0, 0.7), max_new_tokens: int = 64, progress: bool = True) -> dict:
+    """Every configuration on every prompt, interleaved prompt by prompt (see the module doc).
+    `verifier`: a CausalLM whose `model` is a transformers model (HF runs it) and whose `fast` path, if
+    any, our engine runs. Returns {"configs", "ms" {config: [ms/token per prompt]}, "stats" {config:
+    GenerationStats}, "constants" {threads: pair_constants}, "hf_can_assist"}."""
+    from tqdm import tqdm
+
+    drafters = {drafter: load_drafter(drafter, verifier), NGRAM: load_drafter(NGRAM, verifier)}
+    hf_can_assist = isinstance(drafters[drafter], LMDrafter)
+    configs = configurations(drafter, hf_can_assist, threads, draft_lengths, temperatures)
+    constants = {}
+    for th in threads:
+        torch.set_num_threads(th)
+        constants[th] = pair_constants(verifier, drafters[drafter], draft_lengths)
+    ms = {c: [] for c in configs}
+    stats = {c: [] for c in configs}
+    bar = tqdm(total=len(prompts) * len(configs), desc="real pair", disable=not progress)
+    for i, prompt in enumerate(prompts):
+        shift = i % len(configs)
+        for cfg in configs[shift:] + configs[:shift]:
+            torch.set_num_threads(cfg.threads)
+            run = _run_ours if cfg.system == OURS else _run_hf
+            t = time.perf_counter()
+            tokens, st = run(cfg, verifier, drafters, prompt, max_new_tokens, seed=i)
+            ms[cfg].append((time.perf_counter() - t) * 1e3 / max(tokens, 1))
+            if st is not None:
+                stats[cfg].append(st)
+            bar.update()
+    bar.close()
+    merged = {c: GenerationStats.merge(s) for c, s in stats.items() if s}
+    return {"configs": configs, "ms": ms, "stats": merged, "constants": constants, "hf_can_assist": hf_can_assist}
+
+
+def rows(result: dict) -> list[dict]:
+    """One dict per configuration: its median ms/token, speed-ups and, for our strict, the model's figures."""
+    med = {c: statistics.median(v) for c, v in result["ms"].items()}
+    extra = get_rule("strict").extra_draft_passes
+    out = []
+    for c in result["configs"]:
+        base = med[Config(OURS, "ar", "", 0, c.threads, c.temperature)]
+        row = {"config": c, "ms": med[c], "speedup": base / med[c], "tau": None, "c_rel": None, "c_block": None,
+               "modelled": None, "vs_hf": None}
+        if c.system == OURS and c.method == "strict":
+            const = result["constants"][c.threads]
+            row["tau"] = result["stats"][c].mean_acceptance_length
+            row["c_rel"] = 0.0 if c.drafter == NGRAM else const["c_rel"]
+            row["c_block"] = const["c_block"][c.n + 1]
+            row["modelled"] = block_aware_speedup(row["tau"], c.n, row["c_rel"], row["c_block"], extra)
+            same = Config(HF, "assisted", c.drafter, c.n, c.threads, c.temperature)
+            hf = same if same in med else Config(HF, "prompt lookup", NGRAM, c.n, c.threads, c.temperature)
+            row["vs_hf"] = med[hf] / med[c]
+        out.append(row)
+    return out
+
+
+def _f(x, digits=2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def table(result: dict) -> str:
+    """The markdown table of `rows(result)`, with the pair's constants and what HF could run."""
+    lines = ["| threads | T | system | method | drafter | N | ms/token | x our AR | tau | c_rel | c_block | "
+             "modelled | measured/modelled | x HF (same N) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows(result):
+        c = r["config"]
+        ratio = None if r["modelled"] is None else r["speedup"] / r["modelled"]
+        lines.append(f"| {c.threads} | {c.temperature:g} | {c.system} | {c.method} | {c.drafter or '-'} | "
+                     f"{c.n or '-'} | {r['ms']:.1f} | {r['speedup']:.2f} | {_f(r['tau'])} | {_f(r['c_rel'], 3)} | "
+                     f"{_f(r['c_block'])} | {_f(r['modelled'])} | {_f(ratio)} | {_f(r['vs_hf'])} |")
+    notes = []
+    for th, const in result["constants"].items():
+        blocks = ", ".join(f"{b} tokens {v:.2f}" for b, v in const["c_block"].items())
+        notes.append(f"{th} thread(s): verifier step {const['step_ms']:.1f} ms, drafter c_rel {const['c_rel']:.3f}, "
+                     f"c_block {blocks}")
+    notes.append("x HF (same N): HF's ms/token over ours, HF with the same drafter (prompt lookup for `ngram`, "
+                 "assisted generation for a causal LM drafter), else HF prompt lookup.")
+    if not result["hf_can_assist"]:
+        notes.append(NO_MTP_IN_HF + " (the same kind as our `ngram`).")
+    return "\n".join(lines + [""] + [f"- {n}" for n in notes])
+
+
+def load_pair_verifier(name: str) -> CausalLM:
+    """The verifier loaded once as a transformers model (HF generate runs it), with our fast path over the
+    same weights where the architecture allows (what load_model's backend 'auto' gives on a CPU)."""
+    base = load_model(name, device="cpu", dtype="float32", backend="transformers")
+    fast = FastLlama(base.model) if FastLlama.supports(base.model) else None
+    return CausalLM(base.name, base.model, base.tokenizer, fast)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--verifier", default="smollm2", help="any load_model name (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--drafter", default="smollm2-drafter", help="any load_drafter name")
+    ap.add_argument("--prompts", type=int, default=20, help=f"held-out chat prompts (at most {len(chat.HELDOUT)})")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--draft-lengths", type=int, nargs="+", default=[3, 5, 8])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args()
+    if not 1 <= args.prompts <= len(chat.HELDOUT):
+        ap.error(f"--prompts must be between 1 and {len(chat.HELDOUT)}")
+    verifier = load_pair_verifier(args.verifier)
+    result = measure(verifier, args.drafter, chat.HELDOUT[:args.prompts], threads=args.threads,
+                     draft_lengths=args.draft_lengths, temperatures=args.temperatures,
+                     max_new_tokens=args.max_new_tokens, progress=not args.no_progress)
+    print(f"verifier {args.verifier}, drafter {args.drafter}, {args.prompts} held-out chat prompts, "
+          f"max {args.max_new_tokens} new tokens, batch 1, top-p {TOP_P} when T > 0")
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()

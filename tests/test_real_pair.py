@@ -1,0 +1,53 @@
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_pair.py"
+
+
+@pytest.fixture(scope="module")
+def real_pair():
+    spec = importlib.util.spec_from_file_location("real_pair", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_real_pair_measures_every_configuration_on_the_builtin_pair(real_pair):
+    verifier = real_pair.load_pair_verifier("verifier")
+    assert verifier.backend == "fast"  # our engine runs the fast path, HF the same weights as transformers
+    result = real_pair.measure(verifier, "drafter-strong", real_pair.chat.HELDOUT[:2], threads=(1,),
+                               draft_lengths=(2,), temperatures=(0.0, 0.7), max_new_tokens=8, progress=False)
+    assert result["hf_can_assist"]  # an LM drafter: HF runs it as assistant_model
+    rows = real_pair.rows(result)
+    # per temperature: ours AR, HF AR, ours strict + drafter, ours strict + ngram, HF prompt lookup, HF assisted
+    assert len(rows) == 2 * 6
+    assert {(r["config"].system, r["config"].method, r["config"].drafter) for r in rows} == {
+        ("ours", "ar", ""), ("HF", "ar", ""), ("ours", "strict", "drafter-strong"), ("ours", "strict", "ngram"),
+        ("HF", "prompt lookup", "ngram"), ("HF", "assisted", "drafter-strong")}
+    for r in rows:
+        c = r["config"]
+        assert len(result["ms"][c]) == 2  # one run per prompt
+        assert 0.1 < r["ms"] < 2000, r  # milliseconds per token of a tiny model
+        if (c.system, c.method) == ("ours", "ar"):
+            assert r["speedup"] == 1.0
+        if c.method == "strict":
+            assert 1.0 <= r["tau"] <= c.n + 1
+            assert r["c_block"] > 0 and r["modelled"] > 0 and r["vs_hf"] > 0
+            assert (r["c_rel"] == 0.0) == (c.drafter == "ngram")
+            assert result["stats"][c].sequences == 2
+        else:
+            assert r["tau"] is None and r["modelled"] is None
+    text = real_pair.table(result)
+    assert len([line for line in text.splitlines() if line.startswith("| 1 |")]) == len(rows)
+    assert "c_block 3 tokens" in text and real_pair.NO_MTP_IN_HF not in text
+
+
+def test_an_mtp_drafter_gets_no_hf_assisted_rows(real_pair):
+    configs = real_pair.configurations("drafter-mtp", False, [1, 2], [3, 5, 8], [0.0, 0.7])
+    assert len(configs) == 2 * 2 * (2 + 3 * 3)
+    assert not any(c.method == "assisted" for c in configs)
+    assert len(real_pair.configurations("drafter-strong", True, [1], [3], [0.0])) == 6
