@@ -63,8 +63,8 @@ def configurations(drafter: str, hf_can_assist: bool, threads, draft_lengths, te
         for t in temperatures:
             out += [Config(OURS, "ar", "", 0, th, t), Config(HF, "ar", "", 0, th, t)]
             for n in draft_lengths:
-                out += [Config(OURS, "strict", drafter, n, th, t), Config(OURS, "strict", NGRAM, n, th, t),
-                        Config(HF, "prompt lookup", NGRAM, n, th, t)]
+                out += [Config(OURS, "strict", d, n, th, t) for d in dict.fromkeys([drafter, NGRAM])]
+                out.append(Config(HF, "prompt lookup", NGRAM, n, th, t))
                 if hf_can_assist:
                     out.append(Config(HF, "assisted", drafter, n, th, t))
     return out

@@ -51,3 +51,4 @@ def test_an_mtp_drafter_gets_no_hf_assisted_rows(real_pair):
     assert len(configs) == 2 * 2 * (2 + 3 * 3)
     assert not any(c.method == "assisted" for c in configs)
     assert len(real_pair.configurations("drafter-strong", True, [1], [3], [0.0])) == 6
+    assert len(real_pair.configurations("ngram", False, [1], [3], [0.0])) == 4  # no duplicate ngram rows
