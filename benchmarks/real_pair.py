@@ -44,7 +44,8 @@ OURS, HF = "ours", "HF"
 NGRAM = "ngram"
 TOP_P = 0.95
 HF_NGRAM_SIZE = 3  # our ngram drafter matches up to 3 tokens; HF's default is 2
-NO_MTP_IN_HF = "transformers cannot run an MTP head as an assistant: HF's drafter here is prompt lookup"
+NO_HF_ASSIST = "transformers cannot run a drafter of kind {kind!r} (an MTP head) as an assistant: HF's drafter " \
+    "here is prompt lookup, the same kind as our `ngram`"
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def measure(verifier: CausalLM, drafter: str, prompts: list[str], *, threads=(1,
     """Every configuration on every prompt, interleaved prompt by prompt (see the module doc).
     `verifier`: a CausalLM whose `model` is a transformers model (HF runs it) and whose `fast` path, if
     any, our engine runs. Returns {"configs", "ms" {config: [ms/token per prompt]}, "stats" {config:
-    GenerationStats}, "constants" {threads: pair_constants}, "hf_can_assist"}."""
+    GenerationStats}, "constants" {threads: pair_constants}, "hf_can_assist", "drafter_kind"}."""
     from tqdm import tqdm
 
     drafters = {drafter: load_drafter(drafter, verifier), NGRAM: load_drafter(NGRAM, verifier)}
@@ -133,7 +134,8 @@ def measure(verifier: CausalLM, drafter: str, prompts: list[str], *, threads=(1,
             bar.update()
     bar.close()
     merged = {c: GenerationStats.merge(s) for c, s in stats.items() if s}
-    return {"configs": configs, "ms": ms, "stats": merged, "constants": constants, "hf_can_assist": hf_can_assist}
+    return {"configs": configs, "ms": ms, "stats": merged, "constants": constants, "hf_can_assist": hf_can_assist,
+            "drafter_kind": drafters[drafter].kind}
 
 
 def rows(result: dict) -> list[dict]:
@@ -180,8 +182,8 @@ def table(result: dict) -> str:
                      f"c_block {blocks}")
     notes.append("x HF (same N): HF's ms/token over ours, HF with the same drafter (prompt lookup for `ngram`, "
                  "assisted generation for a causal LM drafter), else HF prompt lookup.")
-    if not result["hf_can_assist"]:
-        notes.append(NO_MTP_IN_HF + " (the same kind as our `ngram`).")
+    if result["drafter_kind"] not in ("lm", NGRAM):
+        notes.append(NO_HF_ASSIST.format(kind=result["drafter_kind"]) + ".")
     return "\n".join(lines + [""] + [f"- {n}" for n in notes])
 
 
