@@ -1,7 +1,7 @@
 """Speed of a real verifier / drafter pair on this machine, batch 1: relaxspec's engine vs Hugging Face generate.
 
     python benchmarks/real_pair.py [--verifier smollm2] [--drafter smollm2-drafter] [--prompts 20]
-        [--max-new-tokens 64] [--threads 1 2] [--draft-lengths 3 5 8] [--temperatures 0 0.7]
+        [--max-new-tokens 32] [--threads 1 2] [--draft-lengths 3 5 8] [--temperatures 0 0.7]
 
 Configurations, at every thread count and temperature (T > 0 samples with top-p 0.95):
 * ours AR: `relaxspec.engine.generate(method="ar")`;
@@ -104,7 +104,7 @@ def _run_hf(cfg: Config, verifier, drafters, prompt, max_new_tokens, seed):
 
 
 def measure(verifier: CausalLM, drafter: str, prompts: list[str], *, threads=(1, 2), draft_lengths=(3, 5, 8),
-            temperatures=(0.0, 0.7), max_new_tokens: int = 64, progress: bool = True) -> dict:
+            temperatures=(0.0, 0.7), max_new_tokens: int = 32, progress: bool = True) -> dict:
     """Every configuration on every prompt, interleaved prompt by prompt (see the module doc).
     `verifier`: a CausalLM whose `model` is a transformers model (HF runs it) and whose `fast` path, if
     any, our engine runs. Returns {"configs", "ms" {config: [ms/token per prompt]}, "stats" {config:
@@ -200,7 +200,8 @@ def main() -> None:
     ap.add_argument("--verifier", default="smollm2", help="any load_model name (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--drafter", default="smollm2-drafter", help="any load_drafter name")
     ap.add_argument("--prompts", type=int, default=20, help=f"held-out chat prompts (at most {len(chat.HELDOUT)})")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=32,
+                    help="default 32 (not 128): a full default run then takes ~25 min on a quiet 2-core CPU")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--draft-lengths", type=int, nargs="+", default=[3, 5, 8])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
