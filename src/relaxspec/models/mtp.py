@@ -43,7 +43,7 @@ from relaxspec.models.family import BUILTIN_DIR
 from relaxspec.models.hf import CausalLM
 
 KIND = "mtp"
-BUILTIN_HEADS = ("drafter-mtp",)
+BUILTIN_HEADS = ("drafter-mtp", "smollm2-drafter")
 CHECKPOINT, DATA = "checkpoint.pt", "train_data.pt"
 
 
@@ -371,10 +371,12 @@ def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainCon
     data = {"tokens": [], "features": [], "answer_start": []}
     eos = verifier.eos_token_id
     encoded = encode_prompts(verifier.tokenizer, prompts, chat_template="auto")
-    draws = torch.Generator(device=verifier.device).manual_seed(cfg.seed)
+    draws = torch.Generator(device=verifier.device)
     bar = tqdm(total=len(prompts), desc="verifier answers", unit="answer", dynamic_ncols=True)
     for i in range(0, len(prompts), batch):
         chunk = encoded[i:i + batch]
+        # A batch's draws depend on its own prompts only: the data of a list is the union of its batches'.
+        draws.manual_seed(cfg.seed * 1_000_003 + int(hashlib.sha256(prompts[i].encode()).hexdigest()[:12], 16))
         ids, mask = _left_pad(chunk, verifier.tokenizer, verifier.device)
         stream = Stream(verifier)
         stream.prefill(ids[:, :0], mask[:, :0])
