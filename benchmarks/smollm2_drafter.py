@@ -60,9 +60,11 @@ def main() -> None:
         for n in a.n:
             t = time.perf_counter()
             out = generate(verifier, d, chat.HELDOUT, method="strict", draft_length=n, max_new_tokens=a.max_new_tokens)
+            tokens = torch.tensor([t for r in out.results for t in r.token_ids])
+            coverage = 1.0 if d.draft_vocab is None else float(torch.isin(tokens, d.draft_vocab).float().mean())
             print(f"  {label:9s} N={n}: tau {out.stats.mean_acceptance_length:.2f} "
-                  f"(acceptance rate {out.stats.acceptance_rate:.3f}, {out.stats.generated_tokens} tokens, "
-                  f"{time.perf_counter() - t:.0f} s)", flush=True)
+                  f"(acceptance rate {out.stats.acceptance_rate:.3f}, {len(tokens)} tokens, "
+                  f"{coverage:.1%} of them in the head's vocabulary, {time.perf_counter() - t:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -167,10 +167,12 @@ def answer_tokens(data: dict) -> torch.Tensor:
     return torch.cat([t[start:] for t, start in zip(data["tokens"], data["answer_start"])])
 
 
-def frequent_tokens(data: dict, k: int) -> torch.Tensor:
-    """The k token ids most frequent in the answers of self-distillation `data` (ascending ids)."""
-    counts = torch.bincount(answer_tokens(data), minlength=k)
-    return counts.topk(k).indices.sort().values
+def frequent_tokens(data: dict, k: int, vocab_size: int) -> torch.Tensor:
+    """The k token ids most frequent in the answers of self-distillation `data` (ascending ids). Ties (such
+    as tokens never seen, when k exceeds the distinct ones) go to the lower id: in a BPE vocabulary an
+    earlier merge, a token more common in the tokenizer's own training text."""
+    counts = torch.bincount(answer_tokens(data), minlength=vocab_size).double()
+    return (counts * vocab_size - torch.arange(vocab_size)).topk(k).indices.sort().values
 
 
 def verifier_fingerprint(verifier: CausalLM) -> str:
@@ -478,7 +480,7 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     if head_cfg.draft_vocab:
         if head_cfg.draft_vocab > embed.shape[0]:
             raise ValueError(f"draft vocabulary {head_cfg.draft_vocab} > the verifier's {embed.shape[0]} tokens")
-        head.draft_vocab.copy_(frequent_tokens(data, head_cfg.draft_vocab))
+        head.draft_vocab.copy_(frequent_tokens(data, head_cfg.draft_vocab, embed.shape[0]))
         log(f"draft vocabulary: the {head_cfg.draft_vocab} most frequent answer tokens cover "
             f"{torch.isin(answer_tokens(data), head.draft_vocab).float().mean():.2%} of the answers")
     lm_head = head_rows(head, lm_head)  # the loss compares p and q over the scored rows (renormalized there)
