@@ -433,17 +433,16 @@ def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll
         tokens[b, :n], features[b, :n], valid[b, :n] = data["tokens"][r], data["features"][r].float(), 1
         # Entry k drafts t_{k+1}; drafting starts at the entry of the last prompt token.
         scored[b, max(0, data["answer_start"][r] - 2): n - 2] = True
-    with torch.no_grad():
-        log_p = torch.log_softmax(features[:, 1:] @ lm_head.t(), dim=-1)  # [B, S-1, V]: targets of entries 1..S-1
+    with torch.no_grad():  # [M, V]: the targets of the scored entries (of entries 1..S-1); only those reach the LM head
+        log_p = torch.log_softmax(features[:, 1:][scored] @ lm_head.t(), dim=-1)
     embeddings = F.embedding(tokens[:, 1:], embed)
     positions = torch.arange(S - 1)[None].expand(B, -1)
     inputs = features[:, :-1]
     total = 0.0
     for _ in range(unroll):
         out, _ = head(head.entries(inputs, embeddings), valid[:, 1:], positions)
-        log_q = torch.log_softmax(out @ lm_head.t(), dim=-1)
-        kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)
-        total = total + kl[scored].mean()
+        log_q = torch.log_softmax(out[scored] @ lm_head.t(), dim=-1)
+        total = total + (log_p.exp() * (log_p - log_q)).sum(dim=-1).mean()
         inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)  # entry k now gets g_{k-1}
     return total / unroll
 
