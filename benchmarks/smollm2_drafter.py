@@ -1,7 +1,7 @@
 """The built-in `smollm2-drafter` against SmolLM2-135M-Instruct: strict greedy tau and c_rel, truncated
 vs full LM head.
 
-    PYTHONPATH=src python benchmarks/smollm2_drafter.py [--verifier smollm2] [--n 3 5 8] [--threads 1] [--full-tau]
+    PYTHONPATH=src python benchmarks/smollm2_drafter.py [--verifier smollm2] [--n 3 5 8] [--threads 1] [--full-n 5]
 
 tau: mean acceptance length (bonus included) of strict greedy decoding of the 20 held-out chat prompts
 (`tasks.chat.HELDOUT`, never trained on) through the chat template, 128 new tokens, one batch.
@@ -39,7 +39,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="*", default=[3, 5, 8], help="draft lengths")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--full-tau", action="store_true", help="also tau of the full-vocabulary head at each N")
+    ap.add_argument("--full-n", type=int, nargs="*", default=[], help="draft lengths at which to also measure the tau "
+                    "of the same head over the full vocabulary")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     verifier = load_model(a.verifier)
@@ -56,8 +57,8 @@ def main() -> None:
     step_again = measure_step_latency(verifier)
     print(f"  verifier step again {step_again * 1e3:.1f} ms (drift: the machine's load)")
     print(f"strict greedy on {len(chat.HELDOUT)} held-out chat prompts, {a.max_new_tokens} new tokens:")
-    for label, d in variants[:2 if a.full_tau else 1]:
-        for n in a.n:
+    for (label, d), lengths in zip(variants, [a.n, a.full_n]):
+        for n in lengths:
             t = time.perf_counter()
             out = generate(verifier, d, chat.HELDOUT, method="strict", draft_length=n, max_new_tokens=a.max_new_tokens)
             tokens = torch.tensor([t for r in out.results for t in r.token_ids])

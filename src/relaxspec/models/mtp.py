@@ -12,9 +12,14 @@ Rollback: the head's cache keeps only entries made from the verifier's features;
 step the accepted drafts' entries are re-fed with the verifier's features of that block (its
 guesses are dropped), so the state equals that of a fresh run on the accepted prefix (tested).
 
-Full LM head, not a truncated vocabulary: measured on the built-in verifier (vocab 714, hidden 128)
-the LM head matmul takes ~12 us of a ~0.5 ms draft step (~2%), which is per-op overhead bound on a
-CPU; truncation (FR-Spec) pays off for large vocabularies (SmolLM2's 49152 x 576 head, ~20% of a step).
+LM head: the verifier's full one, or a truncated vocabulary (FR-Spec; `HeadConfig.draft_vocab` = K):
+the K tokens most frequent in the verifier's own training answers, whose ids are stored with the
+weights (their rows still come from the verifier at load time); q is exactly zero outside them, so
+strict stays lossless (a token the head cannot propose is reached through the residual). The
+built-in `drafter-mtp` keeps the full head: on its verifier (vocab 714, hidden 128) the LM-head
+matmul is ~12 us of a ~0.5 ms draft step (~2%, per-op overhead bound). `smollm2-drafter` truncates:
+SmolLM2's 49152 x 576 head costs more than the decoder layer itself; see its config.json for the
+measured cost and coverage behind K.
 
 Training (`relaxspec drafter train --kind mtp`): self-distillation. The verifier answers the
 training prompts with relaxspec's own engine (sampled, T=0.7), one forward over each prompt +
