@@ -13,7 +13,7 @@ from relaxspec.cli import main
 from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.models.drafters import LMDrafter, NgramDrafter, load_drafter, measure_draft_latency, parse_ngram
-from relaxspec.models.mtp import TrainConfig, load_mtp_drafter, train_head, training_prompts
+from relaxspec.models.mtp import HeadConfig, TrainConfig, load_mtp_drafter, train_head, training_prompts
 from relaxspec.tasks import synthetic
 from test_engine import strict_vs_ar_by_position
 
@@ -37,6 +37,19 @@ def mtp_dir(tmp_path_factory, builtin_pair):
     out = tmp_path_factory.mktemp("mtp")
     train_head(verifier, training_prompts(["arithmetic", "sorting"], 8), out,
                cfg=TrainConfig(steps=15, batch_size=8, max_new_tokens=40), log=lambda *a: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def truncated_mtp_dir(tmp_path_factory, builtin_pair):
+    """A truncated-vocabulary head: q over the verifier's 64 most frequent answer tokens only (of 714),
+    so the verifier often wants a token the head cannot propose (strict's residual path outside q's
+    support is exercised). Saved in float16."""
+    verifier, _ = builtin_pair
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("mtp-k64")
+    train_head(verifier, training_prompts(["arithmetic", "sorting"], 8), out, HeadConfig(hidden=128, draft_vocab=64),
+               cfg=TrainConfig(steps=15, batch_size=8, max_new_tokens=40, save_dtype="float16"), log=lambda *a: None)
     return out
 
 
@@ -69,6 +82,49 @@ def test_sampled_strict_with_the_mtp_head_matches_ar_sampling(builtin_pair, mtp_
                                           temperature=1.0)
     assert 0.1 < sd.stats.acceptance_rate < 0.95  # both accept and reject paths are exercised
     assert min(spread) < 0.7  # not a deterministic position: the comparison has teeth
+
+
+def test_truncated_head_q_is_zero_outside_its_vocabulary_and_sums_to_one(builtin_pair, truncated_mtp_dir):
+    verifier, _ = builtin_pair
+    config = json.loads((truncated_mtp_dir / "config.json").read_text())
+    assert config["draft_vocab"] == 64 and config["dtype"] == "float16" and "64 tokens most frequent" in config["lm_head"]
+    # float16 weights plus the 64 int64 token ids; the LM-head rows are the verifier's, not stored.
+    assert (truncated_mtp_dir / "model.safetensors").stat().st_size < 2 * config["params"] + 8 * 64 + 10_000
+    drafter = load_mtp_drafter(truncated_mtp_dir, verifier)
+    kept = drafter.draft_vocab
+    assert len(set(kept.tolist())) == 64 and int(kept.max()) < verifier.vocab_size
+    outside = torch.ones(verifier.vocab_size, dtype=torch.bool)
+    outside[kept] = False
+    rows = [verifier.tokenizer(p)["input_ids"] for p in (_prompts(1)[0], _prompts(1, "sorting")[0])]
+    ids, mask, hidden = _verifier_prefix_hidden(verifier, [r[:-1] for r in rows])
+    drafter.prefill(ids, mask, hidden)
+
+    def sample(logits, i):  # temperature and top-p processing, as the engine's sampler does
+        q = torch.softmax(logits / 0.7, dim=-1)
+        return torch.multinomial(q, 1)[:, 0], q
+
+    torch.manual_seed(0)
+    proposal = drafter.propose(torch.tensor([r[-1] for r in rows]), 4, 1, sample)
+    for q in (torch.softmax(proposal.logits, dim=-1), proposal.probs):
+        assert (q[..., outside] == 0).all() and (q[..., kept] > 0).all()
+        assert torch.allclose(q.sum(dim=-1), torch.ones(q.shape[:-1]), atol=1e-5)
+    assert torch.isin(proposal.tokens, kept).all()
+
+
+def test_truncated_head_keeps_strict_lossless(builtin_pair, truncated_mtp_dir):
+    verifier, _ = builtin_pair
+    drafter = load_mtp_drafter(truncated_mtp_dir, verifier)
+    prompts = _prompts(3) + _prompts(2, "sorting")
+    ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
+    sd = generate(verifier, drafter, prompts, method="strict", draft_length=4, max_new_tokens=40)
+    assert [r.token_ids for r in sd.results] == [r.token_ids for r in ar.results]
+    assert 0 < sd.stats.drafts_accepted < sd.stats.drafts_proposed
+    outside = set(range(verifier.vocab_size)) - set(drafter.draft_vocab.tolist())
+    assert any(t in outside for r in ar.results for t in r.token_ids)  # the verifier does leave the head's vocabulary
+    sampled, spread = strict_vs_ar_by_position(verifier, drafter, prompts[2:4], 250, (0, 3, 7), max_new_tokens=8,
+                                               temperature=1.0)
+    assert 0.1 < sampled.stats.acceptance_rate < 0.95
+    assert min(spread) < 0.7
 
 
 def _verifier_prefix_hidden(verifier, rows):

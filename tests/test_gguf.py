@@ -10,9 +10,12 @@ import torch
 from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.models.fast_llama import FastLlama
-from relaxspec.models.gguf import smollm2_gguf_path, split_gguf
+from relaxspec.models.drafters import load_drafter
+from relaxspec.models.gguf import save_dequantized, smollm2_gguf_path, split_gguf
 from relaxspec.models.hf import CausalLM
+from relaxspec.models.mtp import verifier_fingerprint
 from relaxspec.models.prompts import encode_prompts
+from relaxspec.tasks import chat
 
 PROMPT = "What is the capital of France? Answer in one sentence."
 NEW_TOKENS = 20
@@ -81,3 +84,28 @@ def test_greedy_ar_equals_transformers_generate_and_strict_greedy_on_a_chat_prom
                       chat_template="auto")
     assert strict.results[0].token_ids == ours.token_ids
     assert strict.stats.drafts_accepted < strict.stats.drafts_proposed  # the drafter did get rejected
+
+
+def test_smollm2_drafter_is_lossless_for_smollm2_and_refused_for_another_verifier(smollm2):
+    drafter = load_drafter("smollm2-drafter", smollm2)
+    assert drafter.kind == "mtp" and drafter.draft_vocab is not None  # a truncated-vocabulary head
+    prompt = chat.HELDOUT[1]  # never trained on
+    ar = generate(smollm2, None, [prompt], method="ar", max_new_tokens=40)
+    strict = generate(smollm2, drafter, [prompt], method="strict", draft_length=5, max_new_tokens=40)
+    assert strict.results[0].token_ids == ar.results[0].token_ids and len(ar.results[0].token_ids) == 40
+    assert strict.stats.mean_acceptance_length > 1.5  # it really drafts the verifier's answer
+    with pytest.raises(ValueError, match="trained for verifier 'smollm2'"):
+        load_drafter("smollm2-drafter", load_model("verifier"))
+
+
+def test_an_hf_directory_saved_from_smollm2_is_the_same_verifier(smollm2, tmp_path):
+    """save_dequantized writes the GGUF model as a Hugging Face directory; loaded from there it has the
+    same fingerprint, so smollm2-drafter accepts it (the .gguf path forms load the same file)."""
+    hf = load_model(save_dequantized(smollm2, tmp_path / "smollm2-hf"))
+    assert hf.backend == smollm2.backend and verifier_fingerprint(hf) == verifier_fingerprint(smollm2)
+    drafter = load_drafter("smollm2-drafter", hf)
+    (ids,) = encode_prompts(hf.tokenizer, [PROMPT])
+    assert ids == encode_prompts(smollm2.tokenizer, [PROMPT])[0]  # the chat template came along
+    out = generate(hf, drafter, [PROMPT], method="strict", draft_length=3, max_new_tokens=NEW_TOKENS)
+    assert out.results[0].token_ids == generate(smollm2, None, [PROMPT], method="ar",
+                                                max_new_tokens=NEW_TOKENS).results[0].token_ids

@@ -25,16 +25,18 @@ def cmd_drafter(args) -> int:
     torch.set_num_threads(args.threads)
     verifier = load_model(args.verifier)
     prompts = training_prompts(args.task or [], args.n, args.prompts)
-    head = HeadConfig(hidden=verifier.model.config.hidden_size, heads=args.heads, ffn=args.ffn, layers=args.layers)
+    head = HeadConfig(hidden=verifier.model.config.hidden_size, heads=args.heads, ffn=args.ffn, layers=args.layers,
+                      draft_vocab=args.draft_vocab)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
-                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                      save_dtype=args.save_dtype)
     train_head(verifier, prompts, args.out, head, cfg, stop_after=args.stop_after)
     return 0
 
 
 def register(subparsers) -> None:
     from relaxspec.models.family import DEFAULT_VERIFIER
-    from relaxspec.models.mtp import HeadConfig, TrainConfig
+    from relaxspec.models.mtp import SAVE_DTYPES, HeadConfig, TrainConfig
 
     d = subparsers.add_parser("drafter", help="train drafters for a verifier (MTP head)")
     dsub = d.add_subparsers(dest="drafter_cmd", required=True)
@@ -44,7 +46,8 @@ def register(subparsers) -> None:
     src = t.add_mutually_exclusive_group()
     src.add_argument("--prompts", help="JSONL file with a 'prompt' per line")
     src.add_argument("--task", action="append", help="task whose prompts to use (repeatable; built-in synthetic "
-                                                     "tasks use their train split)")
+                                                     "tasks use their train split; 'chat': chat prompts "
+                                                     "disjoint from the held-out ones)")
     t.add_argument("--n", type=int, default=400, help="prompts per --task")
     t.add_argument("--out", type=Path, required=True, help="output directory (also holds the checkpoint)")
     defaults = TrainConfig()
@@ -59,6 +62,11 @@ def register(subparsers) -> None:
     t.add_argument("--heads", type=int, default=head.heads, help="attention heads of the head's decoder layer")
     t.add_argument("--ffn", type=int, default=head.ffn, help="MLP width of the head's decoder layer")
     t.add_argument("--layers", type=int, default=head.layers, help="decoder layers (EAGLE: 1)")
+    t.add_argument("--draft-vocab", type=int, default=head.draft_vocab, metavar="K",
+                   help="draft over the K tokens most frequent in the verifier's training answers only "
+                        "(a truncated LM head: cheaper for a large vocabulary; q is 0 elsewhere); 0: full vocabulary")
+    t.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default=defaults.save_dtype,
+                   help="dtype of the saved head weights")
     t.add_argument("--seed", type=int, default=defaults.seed)
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")

@@ -49,3 +49,18 @@ def check_gguf_packages() -> None:
     if missing:
         raise ValueError(f"loading a GGUF file needs the package(s) {', '.join(missing)}: "
                          f"pip install 'relaxspec[gguf]' (or pip install {' '.join(missing)})")
+
+
+def save_dequantized(lm, out_dir) -> Path:
+    """Save a model loaded from a GGUF file (`lm`, a CausalLM; its weights are already dequantized) and its
+    tokenizer as a Hugging Face directory that `load_model(out_dir)` reads. transformers refuses to
+    serialize a model that still carries its GGUF quantizer, which only describes the file it came from."""
+    out_dir = Path(out_dir)
+    quantizer = getattr(lm.model, "hf_quantizer", None)
+    lm.model.hf_quantizer = None
+    try:
+        lm.model.save_pretrained(out_dir)
+    finally:
+        lm.model.hf_quantizer = quantizer
+    lm.tokenizer.save_pretrained(out_dir)
+    return out_dir

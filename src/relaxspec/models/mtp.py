@@ -12,9 +12,14 @@ Rollback: the head's cache keeps only entries made from the verifier's features;
 step the accepted drafts' entries are re-fed with the verifier's features of that block (its
 guesses are dropped), so the state equals that of a fresh run on the accepted prefix (tested).
 
-Full LM head, not a truncated vocabulary: measured on the built-in verifier (vocab 714, hidden 128)
-the LM head matmul takes ~12 us of a ~0.5 ms draft step (~2%), which is per-op overhead bound on a
-CPU; truncation (FR-Spec) pays off for large vocabularies (SmolLM2's 49152 x 576 head, ~20% of a step).
+LM head: the verifier's full one, or a truncated vocabulary (FR-Spec; `HeadConfig.draft_vocab` = K):
+the K tokens most frequent in the verifier's own training answers, whose ids are stored with the
+weights (their rows still come from the verifier at load time); q is exactly zero outside them, so
+strict stays lossless (a token the head cannot propose is reached through the residual). The
+built-in `drafter-mtp` keeps the full head: on its verifier (vocab 714, hidden 128) the LM-head
+matmul is ~12 us of a ~0.5 ms draft step (~2%, per-op overhead bound). `smollm2-drafter` truncates:
+SmolLM2's 49152 x 576 head costs more than the decoder layer itself; see its config.json for the
+measured cost and coverage behind K.
 
 Training (`relaxspec drafter train --kind mtp`): self-distillation. The verifier answers the
 training prompts with relaxspec's own engine (sampled, T=0.7), one forward over each prompt +
@@ -43,7 +48,7 @@ from relaxspec.models.family import BUILTIN_DIR
 from relaxspec.models.hf import CausalLM
 
 KIND = "mtp"
-BUILTIN_HEADS = ("drafter-mtp",)
+BUILTIN_HEADS = ("drafter-mtp", "smollm2-drafter")
 CHECKPOINT, DATA = "checkpoint.pt", "train_data.pt"
 
 
@@ -55,6 +60,7 @@ class HeadConfig:
     layers: int = 1  # decoder layers (EAGLE: one)
     eps: float = 1e-6
     rope_theta: float = 10000.0
+    draft_vocab: int = 0  # K > 0: q over the K token ids in the head's `draft_vocab` buffer only; 0: full vocabulary
 
 
 _MASKED = -1e30  # additive mask: finite, so a query with no visible key stays NaN-free
@@ -111,6 +117,8 @@ class MTPHead(torch.nn.Module):
         head_dim = cfg.hidden // cfg.heads
         self.register_buffer("inv_freq", 1.0 / cfg.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim),
                              persistent=False)
+        if cfg.draft_vocab:  # the kept token ids (stored with the weights; their LM-head rows are the verifier's)
+            self.register_buffer("draft_vocab", torch.zeros(cfg.draft_vocab, dtype=torch.long))
 
     def _rotation(self, positions, dtype):
         """(cos, sin) [B, T, 1, D/2] of the positions, from a table grown on demand (the same values
@@ -154,6 +162,24 @@ def verifier_weights(verifier: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
     return verifier.model.get_input_embeddings().weight, verifier.model.get_output_embeddings().weight
 
 
+def head_rows(head: MTPHead, lm_head: torch.Tensor) -> torch.Tensor:
+    """The LM-head rows the head scores: the verifier's whole LM head, or its rows of the draft vocabulary."""
+    return lm_head[head.draft_vocab.to(lm_head.device)] if head.cfg.draft_vocab else lm_head
+
+
+def answer_tokens(data: dict) -> torch.Tensor:
+    """All answer tokens of self-distillation `data`, concatenated."""
+    return torch.cat([t[start:] for t, start in zip(data["tokens"], data["answer_start"])])
+
+
+def frequent_tokens(data: dict, k: int, vocab_size: int) -> torch.Tensor:
+    """The k token ids most frequent in the answers of self-distillation `data` (ascending ids). Ties (such
+    as tokens never seen, when k exceeds the distinct ones) go to the lower id: in a BPE vocabulary an
+    earlier merge, a token more common in the tokenizer's own training text."""
+    counts = torch.bincount(answer_tokens(data), minlength=vocab_size).double()
+    return (counts * vocab_size - torch.arange(vocab_size)).topk(k).indices.sort().values
+
+
 def verifier_fingerprint(verifier: CausalLM) -> str:
     """sha256 of the verifier's architecture (type, vocab, hidden size, layers) and of its embedding
     and LM head rounded to bfloat16 (the same whether it is loaded in float32, float16 or bfloat16)."""
@@ -180,7 +206,10 @@ class MTPDrafter(Drafter):
         self.head, self.name = head.eval(), name
         embed, lm_head = verifier_weights(verifier)
         self.embed = embed.detach()
-        self.lm_head_t = lm_head.detach().t().contiguous()  # x @ W^T with a row-major right operand
+        # x @ W^T with a row-major right operand; a truncated head's W is the rows of its draft vocabulary.
+        self.lm_head_t = head_rows(head, lm_head.detach()).t().contiguous()
+        self.vocab_size = lm_head.shape[0]
+        self.draft_vocab = head.draft_vocab.to(self.embed.device) if head.cfg.draft_vocab else None
         self.head.to(device=self.embed.device, dtype=self.embed.dtype)
         # `head.entries` split in two (same math): the embedding half becomes a per-token table, the
         # feature half one matmul with the norm weight folded in. A draft step is op-count bound.
@@ -224,7 +253,7 @@ class MTPDrafter(Drafter):
         for i in range(n + extra):
             if i:  # the head's own feature stands in for the verifier's
                 feature = self._feed(feature[:, None], token[:, None], ones)[:, 0]
-            logits = torch.mm(feature, self.lm_head_t).float()
+            logits = self._logits(feature)
             logits_rows.append(logits)
             if i < n:
                 token, p = sample(logits, i)
@@ -233,6 +262,15 @@ class MTPDrafter(Drafter):
         self._drafts, self._guessed = torch.stack(tokens, dim=1), n - 1 + extra
         return Proposal(self._drafts, torch.stack(logits_rows, dim=1),
                         None if probs[0] is None else torch.stack(probs, dim=1), forwards=n + extra)
+
+    def _logits(self, feature):
+        """Float32 logits [B, V] of features [B, H]; -inf outside a truncated head's draft vocabulary,
+        so that q is exactly zero there (strict sampling stays lossless: q only ever proposes)."""
+        logits = torch.mm(feature, self.lm_head_t).float()
+        if self.draft_vocab is None:
+            return logits
+        full = torch.full((logits.shape[0], self.vocab_size), float("-inf"), device=logits.device)
+        return full.index_copy_(1, self.draft_vocab, logits)
 
     def rollback(self, accepted, hidden=None) -> None:
         # Drop the entries made from the head's guesses; queue the accepted drafts' entries with the
@@ -272,16 +310,24 @@ def is_mtp(name: str | Path) -> bool:
         return False
 
 
-def save_head(head: MTPHead, verifier: CausalLM, out: Path, training: dict) -> None:
+SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+def save_head(head: MTPHead, verifier: CausalLM, out: Path, training: dict, dtype: str = "float32") -> None:
+    """config.json + model.safetensors (weights in `dtype`; a truncated head's token ids as int64)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
+    lm_head = ("the verifier's (full vocabulary)" if not head.cfg.draft_vocab else
+               f"the verifier's rows of the {head.cfg.draft_vocab} tokens most frequent in its training answers "
+               f"(ids stored with the weights as draft_vocab; q is zero outside them)")
     config = {"relaxspec_kind": KIND, **asdict(head.cfg),
-              "params": sum(p.numel() for p in head.parameters()),
+              "params": sum(p.numel() for p in head.parameters()), "dtype": dtype,
               "verifier": {"name": verifier.name, "fingerprint": verifier_fingerprint(verifier),
                            "vocab_size": verifier.vocab_size},
-              "lm_head": "the verifier's (full vocabulary)", "training": training}
-    save_file({k: v.detach().float().contiguous() for k, v in head.state_dict().items()}, out / "model.safetensors")
+              "lm_head": lm_head, "training": training}
+    save_file({k: v.detach().to(v.dtype if k == "draft_vocab" else SAVE_DTYPES[dtype]).contiguous()
+               for k, v in head.state_dict().items()}, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -297,7 +343,7 @@ def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
                          f"{expected['fingerprint']}); verifier {verifier.name!r} is a different model "
                          f"(fingerprint {verifier_fingerprint(verifier)}): train a head for it with "
                          f"`relaxspec drafter train --verifier {verifier.name} --kind mtp`")
-    head = MTPHead(HeadConfig(**{k: config[k] for k in HeadConfig.__dataclass_fields__}))
+    head = MTPHead(HeadConfig(**{k: config[k] for k in HeadConfig.__dataclass_fields__ if k in config}))
     head.load_state_dict(load_file(path / "model.safetensors"))
     return MTPDrafter(head, verifier, name=str(name))
 
@@ -314,31 +360,60 @@ class TrainConfig:
     max_new_tokens: int = 160  # length of the verifier's generations
     temperature: float = 0.7  # sampling temperature of the verifier's generations
     seed: int = 0
+    save_dtype: str = "float32"  # of the saved weights ("float16" halves the file)
 
 
-def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig, batch: int = 64) -> dict:
-    """The verifier's own answers to `prompts` (relaxspec's engine, sampled at cfg.temperature), and one
-    forward over each prompt + answer (+ EOS when it stopped): per sequence its token ids [S], its
-    last hidden states [S, H] (float16) and where its answer starts."""
+def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig, batch: int = 32) -> dict:
+    """The verifier's own answers to `prompts` (through its chat template when it has one; sampled at
+    cfg.temperature, greedy at 0), generated in batches of `batch` with the last hidden state of every
+    token taken as it is fed (one pass: no second forward over prompt + answer). Per sequence: its token
+    ids [S] (prompt + answer + EOS when it stopped), features [S, H] (float16; the last token's, never
+    fed nor needed, is zero) and where its answer starts."""
     from tqdm import tqdm
 
-    from relaxspec.engine import generate
+    from relaxspec.engine.generate import _left_pad
+    from relaxspec.models.drafters import Stream
+    from relaxspec.models.prompts import encode_prompts
 
     data = {"tokens": [], "features": [], "answer_start": []}
     eos = verifier.eos_token_id
-    for i in tqdm(range(0, len(prompts), batch), desc="verifier answers", unit="batch", dynamic_ncols=True):
-        chunk = prompts[i:i + batch]
-        out = generate(verifier, None, chunk, method="ar", max_new_tokens=cfg.max_new_tokens,
-                       temperature=cfg.temperature, seed=[cfg.seed * 1_000_003 + i + j for j in range(len(chunk))])
-        for r in out.results:
-            prompt_ids = verifier.tokenizer(r.prompt)["input_ids"]
-            answer = r.token_ids + ([eos] if eos is not None and len(r.token_ids) < cfg.max_new_tokens else [])
-            ids = torch.tensor([prompt_ids + answer])
-            _, hidden = verifier.forward(ids, verifier.new_cache(), torch.ones_like(ids),
-                                         torch.arange(ids.shape[1])[None], hidden_layer=-1)
-            data["tokens"].append(ids[0])
-            data["features"].append(hidden[0].to(torch.float16))
+    encoded = encode_prompts(verifier.tokenizer, prompts, chat_template="auto")
+    draws = torch.Generator(device=verifier.device)
+    bar = tqdm(total=len(prompts), desc="verifier answers", unit="answer", dynamic_ncols=True)
+    for i in range(0, len(prompts), batch):
+        chunk = encoded[i:i + batch]
+        # A batch's draws depend on its own prompts only: the data of a list is the union of its batches'.
+        draws.manual_seed(cfg.seed * 1_000_003 + int(hashlib.sha256(prompts[i].encode()).hexdigest()[:12], 16))
+        ids, mask = _left_pad(chunk, verifier.tokenizer, verifier.device)
+        stream = Stream(verifier)
+        stream.prefill(ids[:, :0], mask[:, :0])
+        logits, hidden = stream.feed(ids, mask, hidden_layer=-1)
+        features = [list(h[m.bool()]) for h, m in zip(hidden, mask)]
+        answers = [[] for _ in chunk]
+        live = list(range(len(chunk)))  # chunk index of each row still generating
+        for step in range(cfg.max_new_tokens):
+            last = logits[:, -1]
+            token = (last.argmax(dim=-1) if cfg.temperature == 0 else
+                     torch.multinomial(torch.softmax(last / cfg.temperature, dim=-1), 1, generator=draws)[:, 0])
+            for r, t in zip(live, token.tolist()):
+                answers[r].append(t)
+            going = token != eos if eos is not None else torch.ones_like(token, dtype=torch.bool)
+            if step == cfg.max_new_tokens - 1 or not bool(going.any()):
+                break
+            if not bool(going.all()):
+                rows = going.nonzero()[:, 0]
+                stream.select(rows)
+                live, token = [live[r] for r in rows.tolist()], token[rows]
+            logits, hidden = stream.feed(token[:, None], hidden_layer=-1)
+            for r, h in zip(live, hidden[:, 0]):
+                features[r].append(h)
+        for prompt_ids, answer, feats in zip(chunk, answers, features):
+            data["tokens"].append(torch.tensor(prompt_ids + answer))
+            data["features"].append(torch.cat([torch.stack(feats), torch.zeros_like(feats[0])[None]]).to(
+                "cpu", torch.float16))
             data["answer_start"].append(len(prompt_ids))
+        bar.update(len(chunk))
+    bar.close()
     return data
 
 
@@ -348,8 +423,9 @@ def _lr(step: int, cfg: TrainConfig) -> float:
 
 
 def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll: int) -> torch.Tensor:
-    """Mean KL(verifier || head) over the answer entries of sequences `rows`, averaged over `unroll`
-    passes: pass 1 feeds entry k the verifier's feature f_{k-1} (as after a verify step), pass m the
+    """Mean KL(verifier || head) over the answer entries of sequences `rows` (over the vocabulary of
+    `lm_head`'s rows: the verifier's whole LM head, or a truncated head's rows, where both
+    distributions are renormalized), averaged over `unroll` passes: pass 1 feeds entry k the verifier's feature f_{k-1} (as after a verify step), pass m the
     head's own output g_{k-1} of pass m - 1 (as m - 1 draft steps into a round)."""
     S = max(len(data["tokens"][r]) for r in rows)
     B, H = len(rows), embed.shape[1]
@@ -362,17 +438,16 @@ def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll
         tokens[b, :n], features[b, :n], valid[b, :n] = data["tokens"][r], data["features"][r].float(), 1
         # Entry k drafts t_{k+1}; drafting starts at the entry of the last prompt token.
         scored[b, max(0, data["answer_start"][r] - 2): n - 2] = True
-    with torch.no_grad():
-        log_p = torch.log_softmax(features[:, 1:] @ lm_head.t(), dim=-1)  # [B, S-1, V]: targets of entries 1..S-1
+    with torch.no_grad():  # [M, V]: the targets of the scored entries (of entries 1..S-1); only those reach the LM head
+        log_p = torch.log_softmax(features[:, 1:][scored] @ lm_head.t(), dim=-1)
     embeddings = F.embedding(tokens[:, 1:], embed)
     positions = torch.arange(S - 1)[None].expand(B, -1)
     inputs = features[:, :-1]
     total = 0.0
     for _ in range(unroll):
         out, _ = head(head.entries(inputs, embeddings), valid[:, 1:], positions)
-        log_q = torch.log_softmax(out @ lm_head.t(), dim=-1)
-        kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)
-        total = total + kl[scored].mean()
+        log_q = torch.log_softmax(out[scored] @ lm_head.t(), dim=-1)
+        total = total + (log_p.exp() * (log_p - log_q)).sum(dim=-1).mean()
         inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)  # entry k now gets g_{k-1}
     return total / unroll
 
@@ -406,6 +481,13 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
 
     torch.manual_seed(cfg.seed)
     head = MTPHead(head_cfg)
+    if head_cfg.draft_vocab:
+        if head_cfg.draft_vocab > embed.shape[0]:
+            raise ValueError(f"draft vocabulary {head_cfg.draft_vocab} > the verifier's {embed.shape[0]} tokens")
+        head.draft_vocab.copy_(frequent_tokens(data, head_cfg.draft_vocab, embed.shape[0]))
+        log(f"draft vocabulary: the {head_cfg.draft_vocab} most frequent answer tokens cover "
+            f"{torch.isin(answer_tokens(data), head.draft_vocab).float().mean():.2%} of the answers")
+    lm_head = head_rows(head, lm_head)  # the loss compares p and q over the scored rows (renormalized there)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     step, seconds = 0, 0.0
     checkpoint = out / CHECKPOINT
@@ -452,7 +534,7 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     training = {"prompts": len(prompts), "tokens": sum(map(len, data["tokens"])), **asdict(cfg),
                 "train_seconds": round(seconds, 1), "data_seconds": round(t_start - t0, 1),
                 "final_kl": None if loss_ema is None else round(loss_ema, 4)}
-    save_head(head.eval(), verifier, out, training)
+    save_head(head.eval(), verifier, out, training, dtype=cfg.save_dtype)
     checkpoint.unlink()
     data_file.unlink()
     log(f"mtp head: {sum(p.numel() for p in head.parameters()):,} params, {cfg.steps} steps in {seconds:.0f}s "
@@ -462,7 +544,8 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
 
 def training_prompts(tasks: list[str], n: int, prompts_file: str | None = None) -> list[str]:
     """Prompts to distil on: a JSONL file's 'prompt's, or n per task (built-in synthetic tasks: their
-    train split, disjoint from the held-out test problems)."""
+    train split, disjoint from the held-out test problems; 'chat': `tasks.chat.training_prompts`,
+    disjoint from the held-out chat prompts `chat.HELDOUT`)."""
     if prompts_file is not None:
         lines = Path(prompts_file).read_text(encoding="utf-8").splitlines()
         try:
@@ -472,11 +555,13 @@ def training_prompts(tasks: list[str], n: int, prompts_file: str | None = None) 
         if not prompts:
             raise ValueError(f"{prompts_file}: no prompts")
         return prompts
-    from relaxspec.tasks import get_task, synthetic
+    from relaxspec.tasks import chat, get_task, synthetic
 
     prompts = []
     for task in tasks:
-        if task in synthetic.GENERATORS:
+        if task == "chat":  # template x subject chat prompts, disjoint from chat.HELDOUT
+            prompts += chat.training_prompts(n)
+        elif task in synthetic.GENERATORS:
             prompts += [e.prompt for e in synthetic.examples(task, "train", n)]
         else:
             prompts += get_task(task, limit=n).prompts
