@@ -4,8 +4,10 @@
 
 One byte-level BPE tokenizer (digits kept single) is trained on task text,
 then each model is a Llama-style `transformers` model trained on
-prompt + worked response with the loss on the response only. Weights are
-saved as fp16 safetensors in Hugging Face format.
+prompt + worked response with the loss on the response only. A model whose
+spec names a teacher (drafter-strong) starts from some of the teacher's layers
+and adds KL(teacher || model) to the loss; the teacher comes first in FAMILY.
+Weights are saved as fp16 safetensors in Hugging Face format.
 """
 
 from __future__ import annotations
@@ -210,6 +212,8 @@ if __name__ == "__main__":
         from transformers import AutoTokenizer
 
         spec = dataclasses.replace(FAMILY[a.only[0]], steps=a.steps, lr=a.lr or FAMILY[a.only[0]].lr)
-        train_model(spec, AutoTokenizer.from_pretrained(a.continue_from), a.out / spec.name, init_from=a.continue_from)
+        teacher = load_teacher(spec, a.continue_from.parent) if spec.teacher else None
+        train_model(spec, AutoTokenizer.from_pretrained(a.continue_from), a.out / spec.name, init_from=a.continue_from,
+                    teacher=teacher)
     else:
         train_family(a.out, scale=a.scale, only=a.only, tokenizer_from=a.tokenizer_from)
