@@ -24,6 +24,9 @@ class ModelSpec:
     # truncation), and add KL(teacher || model) on the response tokens to the loss.
     teacher: str | None = None
     teacher_layers: tuple[int, ...] = ()
+    # Warm restarts, (steps, lr) each: continue from the saved weights with a fresh optimiser, schedule
+    # and data stream (as `python -m relaxspec.models.train --continue-from`).
+    restarts: tuple[tuple[int, float], ...] = ()
 
 
 FAMILY = {
@@ -35,6 +38,7 @@ FAMILY = {
         # maps to the LM head: 68% greedy agreement before training, against 50% for layers 0-2), then
         # cross-entropy + KL to the verifier. Half the verifier's depth, so c_rel about 0.5.
         ModelSpec("drafter-strong", layers=3, hidden=128, heads=4, ffn=512, steps=800, batch_size=32, lr=1.5e-3,
+                  restarts=((600, 1e-3),),
                   role="drafter: competent smaller LM, distilled from the verifier's first two and last layers",
                   teacher="verifier", teacher_layers=(0, 1, 5)),
         # Two layers let the tiny drafter copy numbers from the question (an induction head needs two).

@@ -190,6 +190,9 @@ def train_family(out: Path, seed: int = 0, scale: float = 1.0, only=None, log=pr
             continue
         teacher = load_teacher(spec, out) if spec.teacher else None
         infos[name] = train_model(spec, tokenizer, out / name, seed=seed, scale=scale, log=log, teacher=teacher)
+        for i, (steps, lr) in enumerate(spec.restarts):
+            infos[name] = train_model(dataclasses.replace(spec, steps=steps, lr=lr), tokenizer, out / name, seed=seed + i,
+                                      scale=scale, log=log, init_from=out / name, teacher=teacher)
     return infos
 
 
