@@ -121,14 +121,18 @@ def test_training_script_runs_end_to_end_on_a_tiny_budget(tmp_path, capsys):
                  "--tasks", "arithmetic"]) == 0
     table = capsys.readouterr().out
     assert "arithmetic T=0" in table  # the final accuracy table, over the freshly trained models
+    assert f"trained {', '.join(FAMILY)} in " in table  # and the training time
     for name in FAMILY:
         info = json.loads((tmp_path / name / "relaxspec.json").read_text())
         lm = load_model(tmp_path / name)
         assert lm.num_parameters() == info["params"]
         assert (tmp_path / name / "model.safetensors").exists()
         assert name in table
-    distilled = json.loads((tmp_path / "drafter-strong" / "relaxspec.json").read_text())["distilled_from"]
-    assert distilled == {"teacher": "verifier", "layers": list(FAMILY["drafter-strong"].teacher_layers)}
+    strong = json.loads((tmp_path / "drafter-strong" / "relaxspec.json").read_text())
+    assert strong["distilled_from"] == {"teacher": "verifier", "layers": list(FAMILY["drafter-strong"].teacher_layers)}
+    # Its warm restart continued the first stage's saved weights.
+    assert len(FAMILY["drafter-strong"].restarts) == 1 and strong["continued_from"]["continued_from"] is None
+    assert strong["continued_from"]["distilled_from"] == strong["distilled_from"]
 
 
 def test_family_table_lists_each_kind_with_its_cost():

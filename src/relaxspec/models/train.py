@@ -184,7 +184,7 @@ def train_family(out: Path, seed: int = 0, scale: float = 1.0, only=None, log=pr
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
     else:
         tokenizer = train_tokenizer(out / "tokenizer", seed=seed)
-    infos = {}
+    infos, start = {}, time.perf_counter()
     for name, spec in FAMILY.items():
         if only and name not in only:
             continue
@@ -193,6 +193,7 @@ def train_family(out: Path, seed: int = 0, scale: float = 1.0, only=None, log=pr
         for i, (steps, lr) in enumerate(spec.restarts):
             infos[name] = train_model(dataclasses.replace(spec, steps=steps, lr=lr), tokenizer, out / name, seed=seed + i,
                                       scale=scale, log=log, init_from=out / name, teacher=teacher)
+    log(f"trained {', '.join(infos)} in {time.perf_counter() - start:.0f}s")
     return infos
 
 
