@@ -35,7 +35,7 @@ def family_table(tasks=("arithmetic", "sorting"), n: int = 50, temperatures=(0.0
         spec = FAMILY[name]
         info = json.loads((root / name / "relaxspec.json").read_text())
         row = [name, "verifier" if name == DEFAULT_VERIFIER else "LM", f"{lm.num_parameters():,}", f"{spec.layers} x {spec.hidden}", f"{latency[name] * 1e3:.2f}",
-               f"{latency[name] / latency.get(DEFAULT_VERIFIER, float('nan')):.3f}", f"{info['steps']} steps, {info['train_seconds']:.0f}s"]
+               f"{latency[name] / latency.get(DEFAULT_VERIFIER, float('nan')):.3f}", _training_cost(info)]
         row += [f"{task_accuracy(lm, t, n, temp):.2f}" for t in tasks for temp in temperatures]
         rows.append(row)
     if DEFAULT_VERIFIER in models and (root / "drafter-mtp").exists():
@@ -48,6 +48,14 @@ def family_table(tasks=("arithmetic", "sorting"), n: int = 50, temperatures=(0.0
                  f"c_rel = model step latency / verifier step latency, measured now on this machine; an MTP "
                  f"head's is its time per drafted token through the drafter protocol, and it cannot answer alone)")
     return "\n".join(lines)
+
+
+def _training_cost(info: dict) -> str:
+    """Steps and seconds of a model's training, over its warm restarts (`continued_from`) too."""
+    steps, seconds = 0, 0.0
+    while info:
+        steps, seconds, info = steps + info["steps"], seconds + info["train_seconds"], info.get("continued_from")
+    return f"{steps} steps, {seconds:.0f}s"
 
 
 def _head_row(path: Path, verifier, verifier_latency: float, accuracy_columns: int) -> list[str]:
