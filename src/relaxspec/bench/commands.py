@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from relaxspec.bench.executors import add_executor_arguments, executor_options, print_failed
+from relaxspec.bench.findings import FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
                                     DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, RUN_PRESETS, SAMPLING_PRESETS, BenchConfig,
@@ -105,10 +106,17 @@ def register(subparsers) -> None:
     r = subparsers.add_parser("report", help="table, CSV and plots from a bench output directory")
     r.add_argument("dir", type=Path, nargs="?", default=Path(DEFAULT_OUT))
     r.add_argument("--csv", type=Path, help="write the CSV here (default DIR/results.csv)")
-    r.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP,
-                   help=f"utility drop vs strict allowed for decisions and 'best rule' (default {DEFAULT_MAX_DROP:g})")
+    r.add_argument("--max-drop", type=float,
+                   help=f"utility drop vs strict allowed for decisions and 'best rule' (default {DEFAULT_MAX_DROP:g}; "
+                        f"with --findings {FINDINGS_MAX_DROP:g})")
     r.add_argument("--all", action="store_true", help="every settings group, not only the latest run's")
     r.add_argument("--no-plots", action="store_true")
+    r.add_argument("--findings", action="store_true",
+                   help="instead of the table: each finding of the investigation with this run's evidence and a "
+                        "verdict (for a `bench --preset paper` run; the tests are printed with the verdicts)")
+    r.add_argument("--c-rel", type=float,
+                   help="with --findings: the speed-up at this c_rel of the bench's grid (default: the pair's "
+                        "measured c_rel)")
     r.set_defaults(func=cmd_report)
 
 
@@ -170,7 +178,28 @@ def cmd_bench(args) -> int:
 
 
 def cmd_report(args) -> int:
-    return _report(args.dir, args.csv, args.max_drop, not args.no_plots, everything=args.all)
+    if args.findings:
+        return _findings(args.dir, FINDINGS_MAX_DROP if args.max_drop is None else args.max_drop, args.c_rel)
+    if args.c_rel is not None:
+        raise ValueError("--c-rel is an option of --findings")
+    return _report(args.dir, args.csv, DEFAULT_MAX_DROP if args.max_drop is None else args.max_drop,
+                   not args.no_plots, everything=args.all)
+
+
+def _findings(out_dir: Path, max_drop: float, c_rel: float | None) -> int:
+    from relaxspec.bench.findings import check_findings, format_findings, speed_column
+    from relaxspec.bench.report import build_rows
+    from relaxspec.bench.store import Store
+
+    speed_column(c_rel)  # an invalid --c-rel fails before the store is read
+    with Store.open_existing(out_dir) as store:
+        rows = build_rows(store, "latest")
+        if not rows:
+            print("no finished cells")
+            return 0
+        findings = check_findings(store, rows, max_drop, c_rel)
+    print(format_findings(findings, rows, max_drop, c_rel))
+    return 0
 
 
 def _report(out_dir: Path, csv_path, max_drop: float, plots: bool, everything: bool) -> int:
