@@ -41,6 +41,7 @@ FINDINGS_MAX_DROP = 0.1
 SHARE_LOSES = 0.5  # (2) "loses utility": at least this share of the group's cells beyond the budget
 SHARE_CLOSE = 0.25  # (2) "stays close": at most this share beyond the budget
 SHARE_LONGER = 0.25  # (4) at least this share of the weak drafter's relaxed cells significantly longer
+LENGTH_MARGIN = 0.05  # (4) "not longer": the length difference's upper end <= 5% of max_new_tokens
 SPEED_GAIN = 1.05  # (3) a relaxed speed-up: at least 5% above strict's best over N
 COMPARABLE = 0.9  # (5) strict's best over N reaches 90% of the best eligible speed-up; (6) transfer within 95%
 TRANSFER = 0.95
@@ -287,24 +288,25 @@ def finding_weak_lengths(store, rows: list[dict], roles: dict, column: str, conf
     f = Finding("4", "weak drafters under relaxation lengthen responses (length-adjusted speed-up below the plain one)",
                 f"weak LM drafter: >= {SHARE_LONGER:.0%} of its relaxed cells give significantly longer responses "
                 "than strict (paired interval of the length difference, as a share of max_new_tokens, above 0), "
-                "and at least twice as many as give significantly shorter ones")
+                "at least twice as many as give significantly shorter ones (interval below 0); a cell whose "
+                f"interval ends below +{LENGTH_MARGIN:g} is decided not longer")
     weak = roles["weak"]
     if weak is None:
         f.verdict, f.reason = _both_ways(False, False, "two LM drafters (strong and weak)")
         return f
     counts = {}
     for d in [weak] + [x for x in (roles["strong"], roles["mtp"]) if x]:
-        longer, shorter, undecided, ratios = length_changes(store, rows, d, confidence)
-        counts[d] = (len(longer), len(shorter), len(undecided))
+        longer, shorter, not_longer, undecided, ratios = length_changes(store, rows, d, confidence)
+        counts[d] = (len(longer), len(shorter), len(undecided), len(longer) + len(not_longer) + len(undecided))
         ratio = statistics.fmean(ratios) if ratios else math.nan
-        f.evidence.append(f"{d}: of {sum(counts[d])} relaxed cells, {len(longer)} significantly longer than strict, "
-                          f"{len(shorter)} shorter, {len(undecided)} undecided; mean S_len / S {_f(ratio)}")
+        f.evidence.append(f"{d}: of {counts[d][3]} relaxed cells, {len(longer)} significantly longer than strict, "
+                          f"{len(not_longer)} not longer ({len(shorter)} of them shorter), {len(undecided)} undecided; "
+                          f"mean S_len / S {_f(ratio)}")
         if d == weak:
             for r, i in sorted(longer, key=lambda x: -x[1].mean)[:3]:
                 f.evidence.append(f"  {_label(r)}: length {r['mean_response_length']:.0f} tokens, difference vs strict "
                                   f"{_ci(i)} of max_new_tokens; S {_f(r[_plain_column(column)])}, S_len {_f(r[column])}")
-    n_long, n_short, n_und = counts[weak]
-    total = n_long + n_short + n_und
+    n_long, n_short, n_und, total = counts[weak]
     if not total:
         f.verdict, f.reason = _both_ways(False, False, "relaxed cells with a strict reference for the weak drafter")
         return f
@@ -317,12 +319,13 @@ def finding_weak_lengths(store, rows: list[dict], roles: dict, column: str, conf
 
 
 def length_changes(store, rows: list[dict], drafter: str, confidence: float):
-    """The drafter's training-free relaxed cells whose response lengths are longer / shorter than strict's at the
-    same N (paired Tango interval of the difference of tokens / max_new_tokens above / below 0) or undecided;
-    and each cell's S_len / S (= L_AR / L_method)."""
+    """The drafter's training-free relaxed cells, by their response lengths against strict's at the same N (paired
+    Tango interval of the difference of tokens / max_new_tokens): (longer: above 0, shorter: below 0, not longer:
+    upper end <= LENGTH_MARGIN (shorter ones included), undecided: the rest), each as (row, interval); and each
+    cell's S_len / S (= L_AR / L_method)."""
     strict = {(r["task"], r["draft_length"], r["seed"]): r for r in rows if r["drafter"] == drafter
               and r["method"] == STRICT}
-    longer, shorter, undecided, ratios = [], [], [], []
+    longer, shorter, not_longer, undecided, ratios = [], [], [], [], []
     for r in rows:
         ref = strict.get((r["task"], r["draft_length"], r["seed"]))
         if r["drafter"] != drafter or not _training_free(r) or ref is None:
@@ -330,10 +333,12 @@ def length_changes(store, rows: list[dict], drafter: str, confidence: float):
         scale = float(r["max_new_tokens"])
         lengths = lambda key: {(x.prompt_index, x.repeat): min(1.0, x.tokens / scale) for x in store.rows(key)}  # noqa: E731
         i = compare(lengths(r["key"]), lengths(ref["key"]), confidence)
-        (longer if i.low > 0 else shorter if i.high < 0 else undecided).append((r, i))
+        (longer if i.low > 0 else not_longer if i.high <= LENGTH_MARGIN else undecided).append((r, i))
+        if i.high < 0:
+            shorter.append((r, i))
         if r["modelled_speedup_measured_c_rel"] and not math.isnan(r["length_adjusted_speedup_measured_c_rel"]):
             ratios.append(r["length_adjusted_speedup_measured_c_rel"] / r["modelled_speedup_measured_c_rel"])
-    return longer, shorter, undecided, ratios
+    return longer, shorter, not_longer, undecided, ratios
 
 
 def finding_tune_n(rows: list[dict], column: str) -> Finding:
@@ -411,12 +416,13 @@ def finding_transfer(rows: list[dict], column: str) -> Finding:
     return f
 
 
-def finding_pad(store, rows: list[dict], column: str, confidence: float) -> Finding:
+def finding_pad(store, rows: list[dict], column: str, confidence: float, max_drop: float) -> Finding:
     f = Finding("PAD", "PAD keeps more utility than the training-free rules at matched length-adjusted speed-up",
                 f"each PAD cell vs each training-free cell of the same drafter, task and N whose S lies within "
-                f"{MATCH:.0%} of it (coupled paired interval of the utility difference): PAD better in more "
-                "comparisons than worse, and in at least a quarter of them")
-    better, worse, tied = [], [], []
+                f"{MATCH:.0%} of it (coupled paired interval of the utility difference: better above 0, worse below "
+                f"0, equivalent within +-budget, else undecided): PAD better in more comparisons than worse, and "
+                "in at least a quarter of them")
+    found = {"better": [], "worse": [], "equivalent": [], "undecided": []}
     for p in rows:
         if not (_relaxed(p) and is_classifier_rule(p["method"])) or math.isnan(p[column]):
             continue
@@ -426,22 +432,23 @@ def finding_pad(store, rows: list[dict], column: str, confidence: float) -> Find
                     or math.isnan(r[column]) or abs(r[column] / p[column] - 1) > MATCH:
                 continue
             i = compare(store.utilities(p["key"]), store.utilities(r["key"]), confidence)
-            (better if i.low > 0 else worse if i.high < 0 else tied).append((p, r, i))
-    total = len(better) + len(worse) + len(tied)
+            kind = "better" if i.low > 0 else "worse" if i.high < 0 else \
+                "equivalent" if -max_drop <= i.low and i.high <= max_drop else "undecided"
+            found[kind].append((p, r, i))
+    total = sum(len(v) for v in found.values())
     if not total:
         f.verdict, f.reason = _both_ways(False, False, "PAD cells with training-free cells at a matched speed-up")
         return f
-    f.evidence.append(f"{total} matched comparisons: PAD better in {len(better)}, worse in {len(worse)}, no "
-                      f"difference shown in {len(tied)}")
-    for p, r, i in (better + worse)[:4]:
+    f.evidence.append(f"{total} matched comparisons: PAD " + ", ".join(f"{k} in {len(v)}" for k, v in found.items()))
+    for p, r, i in (found["better"] + found["worse"])[:4]:
         f.evidence.append(f"  {_label(p)} ({_f(p[column])}x) - {method_label(r['method'], json.loads(r['params']))} "
                           f"({_f(r[column])}x): {_ci(i)}")
 
-    def holds(b: int, w: int) -> bool:
-        return b > w and b >= total / 4
+    def holds(better: int, worse: int) -> bool:
+        return better > worse and better >= total / 4
 
-    f.verdict, f.reason = _both_ways(holds(len(better), len(worse) + len(tied)), holds(len(better) + len(tied),
-                                                                                        len(worse)))
+    better, worse, undecided = len(found["better"]), len(found["worse"]), len(found["undecided"])
+    f.verdict, f.reason = _both_ways(holds(better, worse + undecided), holds(better + undecided, worse))
     return f
 
 
@@ -457,7 +464,7 @@ def check_findings(store, rows: list[dict], max_drop: float = FINDINGS_MAX_DROP,
     confidence = decision_confidence(looks)
     return [finding_capability(rows), finding_mtp(rows, roles), finding_strong(rows, roles, column),
             finding_weak_lengths(store, rows, roles, column, confidence), finding_tune_n(rows, column),
-            finding_transfer(rows, column), finding_pad(store, rows, column, confidence)]
+            finding_transfer(rows, column), finding_pad(store, rows, column, confidence, max_drop)]
 
 
 def format_findings(findings: list[Finding], rows: list[dict], max_drop: float, c_rel: float | None) -> str:
