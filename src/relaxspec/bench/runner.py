@@ -10,7 +10,9 @@ re-run continues every cell where it stopped and loses at most the look in fligh
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import statistics
 import time
 import uuid
@@ -39,6 +41,11 @@ class CellSpec:
     def label(self) -> str:
         n = f" N={self.draft_length}" if self.method != AR else ""
         return f"{self.task} {method_label(self.method, self.params)}{n} seed={self.seed}"
+
+    @property
+    def identity(self) -> str:
+        """Every field (the label leaves out the models)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @property
     def strict(self) -> "CellSpec":
@@ -299,8 +306,8 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     versions.update({name: model_version(name) for name in [*worker.models, *config.drafters]})  # next to loading
     store = Store(config.out)
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
-    key_of = {c.label: k for c, k in keyed}
-    strict_key = {k: key_of.get(c.strict.label) for c, k in keyed if c.method not in (AR, STRICT)}
+    key_of = {c.identity: k for c, k in keyed}  # not the label: it does not name the pair
+    strict_key = {k: key_of.get(c.strict.identity) for c, k in keyed if c.method not in (AR, STRICT)}
     speed = speed_constants(worker, cells)
     run_id = uuid.uuid4().hex[:12]
     pool = ray_pool = None
