@@ -167,7 +167,7 @@ def cmd_bench(args) -> int:
     print(f"bench: ran {len(summary.ran)} cells, skipped {len(summary.skipped)} finished ones, "
           f"in {summary.wall_s:.1f} s")
     if summary.unavailable:
-        print(f"bench: {len(summary.unavailable)} pad cells not run (no PAD classifier)")
+        print(f"bench: {len(summary.unavailable)} pad cells not run (no PAD classifier for their pair; see the warning above)")
     print(f"bench: {summary.looks_run} of {config.looks} looks run")
     print_failed(summary.failed)
     if summary.out_of_time:
