@@ -261,7 +261,9 @@ def finding_strong(rows: list[dict], roles: dict, column: str) -> Finding:
     c_rel = {d: statistics.fmean(r["c_rel_measured"] for r in rows if r["drafter"] == d and r["method"] == STRICT)
              for d in (strong, mtp)}
     higher = c_rel[strong] > c_rel[mtp]
-    f.evidence.append(f"measured c_rel: {strong} {c_rel[strong]:.3f}, {mtp} {c_rel[mtp]:.3f} (higher: {higher})")
+    f.evidence.append(f"measured c_rel: {strong} {c_rel[strong]:.3f}, {mtp} {c_rel[mtp]:.3f} (higher: {higher}; as "
+                      "`models list` measures them: an LM's one-token step, a head's time per drafted token through "
+                      "the drafter protocol, over the verifier's step)")
     gains = {True: [], False: []}  # undecided cells eligible?
     for task in _tasks(rows):
         cells = _speculative(rows, strong, task)
