@@ -160,6 +160,11 @@ def test_the_paper_preset_is_the_grid_the_issue_names():
                         want |= {(name, tuple(sorted(zip(grids, combo)))) for combo in itertools.product(*grids.values())}
                 assert got == want
     assert len(cells) == 2 * (1 + 3 * 3 * 31)  # PAD cells run only where the classifier fits (the runner skips)
+    # A partial run covers every drafter and task at N=3 before any N=5 cell: AR, then N by N.
+    order = [(c.draft_length, c.task, c.drafter) for c in cells[2:]]
+    assert order == sorted(order, key=lambda o: (o[0], ("arithmetic", "sorting").index(o[1]),
+                                                 config.drafters.index(o[2])))
+    assert cells[2].method == "strict" and cells[2].draft_length == 3
 
 
 def test_flags_and_config_keys_override_the_preset(tmp_path):

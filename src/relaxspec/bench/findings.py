@@ -479,8 +479,8 @@ def format_findings(findings: list[Finding], rows: list[dict], max_drop: float, 
            f"same N is >= -{max_drop:g}, beyond it when the upper end is < -{max_drop:g}, undecided otherwise "
            f"(coupled Tango paired intervals at {confidence:.1%}). S: length-adjusted modelled speed-up {speed}.",
            f"Drafters: MTP {roles['mtp'] or '-'}; strong LM {roles['strong'] or '-'}, weak LM {roles['weak'] or '-'} "
-           f"(strict acceptance rate: " + ", ".join(f"{d} {a:.2f}" for d, a in sorted(roles["agreement"].items()))
-           + ")",
+           f"(strict acceptance rate: " + (", ".join(f"{d} {a:.2f}" for d, a in sorted(roles["agreement"].items()))
+                                            or "no LM drafter") + ")",
            "Verdict: the finding's test counted with the undecided cells against it and in its favour: confirmed "
            "if it holds both ways, not confirmed if it fails both ways, inconclusive otherwise or with evidence "
            "missing.", ""]

@@ -54,17 +54,16 @@ class CellSpec:
 
 
 def plan(config: BenchConfig) -> list[CellSpec]:
-    """All cells in run order: per (verifier, task, seed), AR first, then each drafter's cells."""
+    """All cells in run order: per (verifier, seed), AR on every task first, then per draft length, task and
+    drafter the cells of every method, strict first. A run stopped part-way has then covered every drafter and
+    task at the first draft lengths (what most comparisons need) rather than one task or drafter wholly."""
     specs = config.method_specs()
     cells = []
-    for verifier, task, seed in itertools.product(config.verifiers, config.tasks, config.seeds):
+    for verifier, seed in itertools.product(config.verifiers, config.seeds):
         if any(m == AR for m, _ in specs):
-            cells.append(CellSpec(verifier, None, task, AR, {}, 0, seed))
-        for drafter in config.drafters:
-            for n in config.draft_lengths:
-                for m, params in specs:
-                    if m != AR:
-                        cells.append(CellSpec(verifier, drafter, task, m, dict(params), n, seed))
+            cells.extend(CellSpec(verifier, None, task, AR, {}, 0, seed) for task in config.tasks)
+        for n, task, drafter in itertools.product(config.draft_lengths, config.tasks, config.drafters):
+            cells.extend(CellSpec(verifier, drafter, task, m, dict(params), n, seed) for m, params in specs if m != AR)
     return cells
 
 
