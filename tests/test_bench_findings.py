@@ -14,7 +14,8 @@ import pytest
 from relaxspec.acceptance import RULES
 from relaxspec.bench.commands import config_from_args, register
 from relaxspec.bench.config import BenchConfig, needs_classifier
-from relaxspec.bench.findings import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, check_findings, format_findings
+from relaxspec.bench.findings import (CONFIRMED, FINDINGS_MAX_DROP, INCONCLUSIVE, NOT_CONFIRMED, check_findings,
+                                      format_findings)
 from relaxspec.bench.report import build_rows
 from relaxspec.bench.runner import plan, run_grid
 from relaxspec.bench.store import Row, Store
@@ -139,6 +140,7 @@ def test_the_paper_preset_is_the_grid_the_issue_names():
     cells = plan(config)
     assert config.drafters == ["drafter-mtp", "drafter-strong", "drafter-weak"]
     assert (config.temperature, config.top_k, config.top_p) == (0.6, 20, 0.95)  # the investigation's sampling
+    assert config.max_drop == FINDINGS_MAX_DROP  # later looks serve the findings' budget
     assert {(c.drafter, c.task, c.draft_length) for c in cells if c.drafter} == \
         {(d, t, n) for d in config.drafters for t in ("arithmetic", "sorting") for n in (3, 5, 10)}
     assert [(c.task, c.method) for c in cells if c.method == "ar"] == [("arithmetic", "ar"), ("sorting", "ar")]

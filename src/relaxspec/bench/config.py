@@ -18,6 +18,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from relaxspec.bench.findings import FINDINGS_MAX_DROP
 from relaxspec.bench.names import AR
 
 DEFAULT_OUT = "relaxspec-results"
@@ -39,7 +40,7 @@ SAMPLING_PRESETS = {"paper": {"temperature": 0.6, "top_k": 20, "top_p": 0.95}}  
 RUN_PRESETS = {
     "paper": {"drafters": ["drafter-mtp", "drafter-strong", "drafter-weak"], "tasks": ["arithmetic", "sorting"],
               "draft_lengths": [3, 5, 10], "methods": None, "sampling": "paper", "limit": 80, "repeats": 1,
-              "looks": 2, "speed_prompts": 0, "time_budget_s": 3600.0},
+              "looks": 2, "speed_prompts": 0, "time_budget_s": 3600.0, "max_drop": FINDINGS_MAX_DROP},
 }
 # Measured on this project's 2-core machine with the built-in family (busy, load ~5): one sample of a batched
 # cell (prompts x repeats, <= 160 new tokens) and one prompt timed at batch 1 (the method's run and AR's).
