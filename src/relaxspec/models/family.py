@@ -20,6 +20,10 @@ class ModelSpec:
     batch_size: int
     lr: float
     role: str
+    # Distillation: start from the teacher's embedding, final norm and these decoder layers (layer
+    # truncation), and add KL(teacher || model) on the response tokens to the loss.
+    teacher: str | None = None
+    teacher_layers: tuple[int, ...] = ()
 
 
 FAMILY = {
@@ -27,8 +31,12 @@ FAMILY = {
     for spec in [
         ModelSpec("verifier", layers=6, hidden=128, heads=4, ffn=512, steps=3600, batch_size=32, lr=2.5e-3,
                   role="verifier: the strongest of the family"),
-        ModelSpec("drafter-strong", layers=2, hidden=128, heads=2, ffn=512, steps=1500, batch_size=32, lr=2e-3,
-                  role="drafter: smaller LM, knows the format, agrees with the verifier more often than drafter-weak"),
+        # Layer truncation + distillation: the verifier's embedding and layers 0, 1 and 5 (the last layer
+        # maps to the LM head: 68% greedy agreement before training, against 50% for layers 0-2), then
+        # cross-entropy + KL to the verifier. Half the verifier's depth, so c_rel about 0.5.
+        ModelSpec("drafter-strong", layers=3, hidden=128, heads=4, ffn=512, steps=800, batch_size=32, lr=1.5e-3,
+                  role="drafter: competent smaller LM, distilled from the verifier's first two and last layers",
+                  teacher="verifier", teacher_layers=(0, 1, 5)),
         # Two layers let the tiny drafter copy numbers from the question (an induction head needs two).
         ModelSpec("drafter-weak", layers=2, hidden=64, heads=2, ffn=192, steps=2000, batch_size=32, lr=3e-3,
                   role="drafter: tiny LM, knows the format, weak at the arithmetic"),

@@ -4,8 +4,10 @@
 
 One byte-level BPE tokenizer (digits kept single) is trained on task text,
 then each model is a Llama-style `transformers` model trained on
-prompt + worked response with the loss on the response only. Weights are
-saved as fp16 safetensors in Hugging Face format.
+prompt + worked response with the loss on the response only. A model whose
+spec names a teacher (drafter-strong) starts from some of the teacher's layers
+and adds KL(teacher || model) to the loss; the teacher comes first in FAMILY.
+Weights are saved as fp16 safetensors in Hugging Face format.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from relaxspec.tasks import synthetic
 
 EOS, PAD = "<|eos|>", "<|pad|>"
 VOCAB_SIZE = 1024
+BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
 MAX_POSITIONS = 512
 
 
@@ -89,11 +92,41 @@ def _length_bucketed_batches(stream, batch_size: int, rng: random.Random, pool: 
         yield from chunks
 
 
+def _copy_from_teacher(model, teacher, layers: tuple[int, ...]) -> None:
+    """Layer truncation: the teacher's embedding (tied LM head), final norm and decoder `layers` in order."""
+    model.model.embed_tokens.load_state_dict(teacher.model.embed_tokens.state_dict())
+    model.model.norm.load_state_dict(teacher.model.norm.state_dict())
+    for mine, theirs in zip(model.model.layers, layers, strict=True):
+        mine.load_state_dict(teacher.model.layers[theirs].state_dict())
+
+
+def _distill_loss(logits, teacher_logits, labels):
+    """KL(teacher || model) per response token (the positions whose next-token label counts)."""
+    keep = labels[:, 1:] != -100
+    log_q = torch.log_softmax(logits[:, :-1][keep].float(), dim=-1)
+    log_p = torch.log_softmax(teacher_logits[:, :-1][keep].float(), dim=-1)
+    return torch.nn.functional.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+
+
+def load_teacher(spec: ModelSpec, family_dir: Path):
+    """The family model `spec` distils from, trained earlier into the same family directory."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(family_dir) / spec.teacher
+    if not (path / "model.safetensors").exists():
+        raise ValueError(f"{spec.name} distils from {spec.teacher}, which is not in {family_dir}: train it in the "
+                         f"same run (--only {spec.teacher} {spec.name}) or copy it there first")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+
+
 def train_model(spec: ModelSpec, tokenizer, out_dir: Path, seed: int = 0, scale: float = 1.0, log=print,
-                init_from: Path | None = None):
-    """Train `spec` from scratch, or (init_from) continue from saved weights with a fresh schedule."""
+                init_from: Path | None = None, teacher=None):
+    """Train `spec` from scratch (from `teacher`'s layers when the spec distils), or (init_from) continue
+    from saved weights with a fresh schedule."""
     if init_from is None:
         model = build_model(spec, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
+        if teacher is not None:
+            _copy_from_teacher(model, teacher, spec.teacher_layers)
     else:
         from transformers import AutoModelForCausalLM
 
@@ -112,9 +145,15 @@ def train_model(spec: ModelSpec, tokenizer, out_dir: Path, seed: int = 0, scale:
     loss_ema = None
     for _ in bar:
         ids, labels, mask = _batch(tokenizer, next(batches))
-        # bf16 autocast roughly halves the step time on CPUs with avx512_bf16; master weights stay fp32.
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        # bf16 autocast roughly halves the step time on CPUs with avx512_bf16 (and is ~6x slower on an
+        # AVX2-only CPU, where the run stays fp32); master weights stay fp32.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=BF16):
+            out = model(input_ids=ids, attention_mask=mask, labels=labels)
+            loss = out.loss
+            if teacher is not None:
+                with torch.no_grad():
+                    teacher_logits = teacher(input_ids=ids, attention_mask=mask).logits
+                loss = loss + _distill_loss(out.logits, teacher_logits, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -130,7 +169,8 @@ def train_model(spec: ModelSpec, tokenizer, out_dir: Path, seed: int = 0, scale:
     previous = json.loads((Path(init_from) / "relaxspec.json").read_text()) if init_from else None
     info = {"name": spec.name, "role": spec.role, "params": sum(p.numel() for p in model.parameters()),
             "steps": steps, "batch_size": spec.batch_size, "seed": seed, "train_seconds": round(seconds, 1),
-            "final_loss": round(loss_ema, 4), "continued_from": previous}
+            "final_loss": round(loss_ema, 4), "continued_from": previous,
+            "distilled_from": None if teacher is None else {"teacher": spec.teacher, "layers": list(spec.teacher_layers)}}
     (out_dir / "relaxspec.json").write_text(json.dumps(info, indent=2) + "\n")
     log(f"{spec.name}: {info['params']:,} params, {steps} steps in {seconds:.0f}s, loss {loss_ema:.3f}")
     return info
@@ -148,7 +188,8 @@ def train_family(out: Path, seed: int = 0, scale: float = 1.0, only=None, log=pr
     for name, spec in FAMILY.items():
         if only and name not in only:
             continue
-        infos[name] = train_model(spec, tokenizer, out / name, seed=seed, scale=scale, log=log)
+        teacher = load_teacher(spec, out) if spec.teacher else None
+        infos[name] = train_model(spec, tokenizer, out / name, seed=seed, scale=scale, log=log, teacher=teacher)
     return infos
 
 
@@ -171,6 +212,8 @@ if __name__ == "__main__":
         from transformers import AutoTokenizer
 
         spec = dataclasses.replace(FAMILY[a.only[0]], steps=a.steps, lr=a.lr or FAMILY[a.only[0]].lr)
-        train_model(spec, AutoTokenizer.from_pretrained(a.continue_from), a.out / spec.name, init_from=a.continue_from)
+        teacher = load_teacher(spec, a.continue_from.parent) if spec.teacher else None
+        train_model(spec, AutoTokenizer.from_pretrained(a.continue_from), a.out / spec.name, init_from=a.continue_from,
+                    teacher=teacher)
     else:
         train_family(a.out, scale=a.scale, only=a.only, tokenizer_from=a.tokenizer_from)
