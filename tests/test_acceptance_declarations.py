@@ -270,3 +270,44 @@ def test_verify_result_has_no_num_emitted():
     res = verify("strict", target, draft, torch.zeros(2, 2, dtype=torch.long))
     assert not hasattr(res, "num_emitted")
     assert math.isclose(float((res.tokens >= 0).sum()), float((res.num_accepted + 1).sum()))
+
+
+# ---------------------------------------------------------------- what the acceptance test trusts
+
+
+def _grid_points(method):
+    """Each point of the rule's paper grid over its numeric parameters (choice parameters at their defaults)."""
+    import itertools
+    axes = [(n, s.grid) for n, s in RULES[method].params.items() if s.grid and not isinstance(s.default, str)]
+    return [dict(zip([n for n, _ in axes], combo)) for combo in itertools.product(*[g for _, g in axes])] or [{}]
+
+
+@pytest.mark.parametrize("method", list(RULES))
+def test_trusts_q_declaration_matches_behaviour(method):
+    """A rule trusts q iff at some point of its grid it accepts, with positive probability, a draft the verifier
+    gives probability 0 (here q is close to p elsewhere and more peaked, so every gate on q passes)."""
+    target = torch.tensor([[2.0, 2.0, 1.0, 1.0, 0.0, -INF]] * 2)[None]  # [1, N+1 = 2, V = 6]
+    draft = torch.tensor([[2.5, 2.0, 1.0, 1.0, 0.0, -3.0]] * 2)[None]
+    x = torch.tensor([[5]])
+    accepted = 0.0
+    for point in _grid_points(method):
+        kw = {"pivot_prob": torch.zeros(1, 1)} if "pivot_prob" in RULES[method].inputs else {}
+        tg = relaxed_targets(method, target, draft, x, temperature=1.0, **point, **kw)
+        accepted = max(accepted, float(tg.accept_prob[0, 0]))
+    assert (accepted > 0) == RULES[method].trusts_q, (method, accepted)
+
+
+@pytest.mark.parametrize("method", list(RULES))
+def test_accepts_at_least_strict_declaration_matches_behaviour(method):
+    """A rule that declares it accepts every draft at least as often as strict does so at every grid point (drafts
+    sampled from q, random pivot probabilities); a rule that does not declare it falls below strict somewhere."""
+    from test_acceptance_support import sample_drafts
+    target, draft = random_block(seed=43, B=256, N=3, V=12, scale=2.5, bonus_draft=True)
+    lowest = INF
+    for sampling in (dict(temperature=1.0), SAMPLING):
+        x = sample_drafts(draft, 3, sampling, seed=5)
+        strict = relaxed_targets("strict", target, draft[:, :3], x, **sampling).accept_prob
+        for point in _grid_points(method):
+            tg = relaxed_targets(method, target, draft, x, **sampling, **point, **_inputs(method, (256, 3)))
+            lowest = min(lowest, float((tg.accept_prob - strict).min()))
+    assert (lowest >= -1e-6) == RULES[method].accepts_at_least_strict, (method, lowest)

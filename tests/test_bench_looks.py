@@ -111,3 +111,17 @@ def test_an_interrupted_look_resumes_without_losing_samples(tmp_path, monkeypatc
         for cell in whole:  # same keys, same coupled samples
             assert resumed.utilities(cell.key) == whole.utilities(cell.key)
             assert resumed.get(cell.key).metrics["n_samples"] == cell.metrics["n_samples"]
+
+
+def test_later_looks_pair_each_relaxed_cell_with_its_own_drafters_strict(tmp_path):
+    """With several drafters, a relaxed cell's reference is strict with the same drafter (cells' labels do not name
+    the drafter): the first drafter's undecided cells are extended with their own strict, none runs out of time."""
+    config = BenchConfig(drafters=["drafter-weak", "drafter-strong"], methods=["ar", "strict", "ensemble:weight=0.8"],
+                         draft_lengths=[2], limit=2, repeats=1, looks=2, speed_prompts=0, max_new_tokens=8, workers=1,
+                         time_budget_s=600, out=str(tmp_path))
+    summary = run_grid(config, progress=False, log=lambda *a: None)
+    assert summary.out_of_time == [] and summary.looks_run == 2
+    with Store(tmp_path) as store:
+        done = {(c.config["drafter"], c.config["method"]): store.repeats_done(c.key) for c in store.cells()}
+    for drafter in config.drafters:  # 2 samples cannot decide anything: every relaxed cell is extended
+        assert done[(drafter, "ensemble")] == 2 and done[(drafter, "strict")] == 2

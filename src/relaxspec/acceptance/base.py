@@ -252,6 +252,15 @@ class Rule:
       proposal. `one_hot_q` says what the rule becomes then; a rule whose acceptance would no
       longer be controlled by the verifier is refused by `check_one_hot_q`.
     * `at_greedy`: what the rule does at temperature 0 (p and q one-hot), for the listing.
+
+    What a rule's acceptance test trusts, read by the findings report (bench.findings) to group rules:
+
+    * `trusts_q`: the rule can accept a draft on the drafter's word alone: at some setting it accepts, with
+      positive probability, a drafted token the verifier gives probability 0 (a divergence gate, a cascade
+      deferral, a mixture with q). The investigation's "rules that trust q".
+    * `accepts_at_least_strict`: at every setting of its numeric parameters (choice parameters at their
+      defaults) it accepts every draft at least as often as strict, min(1, p(x)/q(x)): it only loosens
+      strict's test.
     """
 
     name: str = ""
@@ -264,6 +273,8 @@ class Rule:
     valid_with_one_hot_q: bool = True
     one_hot_q: str = "accept min(1, p(x)): lossless for a deterministic drafter"
     at_greedy: str = "argmax matching: exactly strict"
+    trusts_q: bool = False
+    accepts_at_least_strict: bool = False
 
     # --- the math (pure; no sampling) ---
 

@@ -23,6 +23,7 @@ def cactus_h(p_x: torch.Tensor, delta: float) -> torch.Tensor:
 class CactusRule(Rule):
     name = "cactus"
     description = "CACTUS: boost p(x) to h = p(x)+sqrt(2δp(x)(1-p(x))), rescale the rest of p."
+    accepts_at_least_strict = True  # h(x) >= p(x)
     params = {
         "delta": ParamSpec(
             "delta", 1.0, low=0.0, high=math.inf, high_inclusive=False, strict_value=0.0, grid=(0.1, 0.25, 1.0, 10.0),

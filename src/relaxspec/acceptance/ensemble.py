@@ -19,6 +19,8 @@ from relaxspec.acceptance.processing import capped_ratio
 class EnsembleRule(Rule):
     name = "ensemble"
     description = "Static ensemble: output law w·p + (1-w)·q; accept min(1, (1-w) + w·p(x)/q(x))."
+    trusts_q = True  # the draft is kept with probability 1-w whatever p(x)
+    accepts_at_least_strict = True
     params = {
         "weight": ParamSpec(
             "weight", 0.9, low=0.0, high=1.0, strict_value=1.0, grid=(0.0, 0.8, 0.9, 0.95),

@@ -17,6 +17,7 @@ from relaxspec.acceptance.processing import jsd
 class FuzzyRule(Rule):
     name = "fuzzy"
     description = "FSD: accept iff JSD(p,q) < T, else resample from p."
+    trusts_q = True  # the JSD gate accepts any draft, p(x) = 0 included
     params = {
         "threshold": ParamSpec(
             "threshold", 0.2, low=0.0, high=math.inf, grid=(0.05, 0.2, 0.3),

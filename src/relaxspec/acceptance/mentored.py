@@ -14,6 +14,7 @@ from relaxspec.acceptance.processing import capped_ratio
 class MentoredRule(Rule):
     name = "mentored"
     description = "Mentored decoding: accept min(1, p(x)/((1-α)q(x))), residual (p-q)+."
+    accepts_at_least_strict = True  # p / ((1-α) q) >= p / q
     params = {
         "alpha": ParamSpec(
             "alpha", 0.7, low=0.0, high=1.0, high_inclusive=False, strict_value=0.0,

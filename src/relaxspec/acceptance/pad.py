@@ -31,6 +31,7 @@ def _at_draft(probs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 class PadRule(Rule):
     name = "pad"
     description = "PAD: strict test, or accept when the pivot classifier says the token is harmless."
+    accepts_at_least_strict = True  # with the default floor ('classifier'), not with 'authors'
     params = {
         "threshold": ParamSpec(
             "threshold", 0.5, low=0.0, high=1.0, strict_value=0.0, grid=(0.3, 0.5, 0.7),

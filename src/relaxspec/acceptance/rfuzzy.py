@@ -18,6 +18,8 @@ from relaxspec.acceptance.processing import accept_or_strict, jsd
 class RFuzzyRule(Rule):
     name = "r-fuzzy"
     description = "r-fuzzy: accept if JSD(p,q) <= T, else the strict test."
+    trusts_q = True  # the JSD gate accepts any draft, p(x) = 0 included
+    accepts_at_least_strict = True
     params = {
         "threshold": ParamSpec(
             "threshold", 0.2, low=0.0, high=math.inf, strict_value=0.0, grid=(0.05, 0.2, 0.3),

@@ -21,6 +21,8 @@ from relaxspec.acceptance.processing import accept_or_strict, total_variation
 class SpecCascOptRule(Rule):
     name = "spec-casc-opt"
     description = "Speculative cascade (opt): keep the draft if max q >= max p - α·TV(p,q), else strict."
+    trusts_q = True  # deferring to q accepts any draft, p(x) = 0 included
+    accepts_at_least_strict = True
     params = {
         "alpha": ParamSpec(
             "alpha", 0.0, low=-math.inf, high=math.inf, low_inclusive=False, high_inclusive=False,

@@ -11,5 +11,6 @@ from relaxspec.acceptance.base import Rule, register
 class StrictRule(Rule):
     name = "strict"
     description = "Lossless speculative sampling: accept min(1, p(x)/q(x)), residual (p-q)+, bonus p."
+    accepts_at_least_strict = True
     greedy_closed_form = True
     at_greedy = "argmax matching, in closed form (vLLM's greedy path)"

@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 from relaxspec.bench.executors import add_executor_arguments, executor_options, print_failed
+from relaxspec.bench.findings import FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
-                                    DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, SAMPLING_PRESETS, BenchConfig, load_toml,
-                                    sampling_preset)
+                                    DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, RUN_PRESETS, SAMPLING_PRESETS, BenchConfig,
+                                    estimate_minutes, load_toml, sampling_preset)
 
 BENCH_EPILOG = f"""\
 Default grid (no --methods / config): ar; strict; every training-free rule at each value of its paper
@@ -27,6 +28,14 @@ doubles the repeats of the relaxed cells (and of strict at their N) whose interv
 strict still straddles the budget --max-drop with a half-width above it, while the --time-budget allows.
 Intervals vs strict are at 1 - 0.05/looks (Bonferroni over the looks). Each speculative cell also times
 --speed-prompts prompts one at a time (batch 1), AR and the method taking turns.
+
+--preset paper: the investigation's findings checked on the built-in family (`relaxspec report DIR
+--findings`): drafters drafter-mtp, drafter-strong, drafter-weak x the default grid above (PAD only with the
+drafter its classifier was trained for) x N in {{3, 5, 10}} x tasks arithmetic and sorting, --sampling paper,
+80 prompts, 1 repeat in the first look, at most 2 looks (the second for cells undecided at the findings'
+budget, --max-drop 0.1), no batch-1 timing (the findings use the modelled speed-ups at the measured c_rel), a
+60-minute time budget: 524 cells, about an hour on 2 idle CPU cores (the estimate is printed). Explicit flags
+(and a --config's keys) override the preset's settings, --sampling its sampling.
 
 --methods takes a comma-separated list of NAME (its paper grid) or NAME:PARAM=V1/V2[;PARAM=V]
 (e.g. --methods ar,strict,'cactus:delta=0.5/2','typical:epsilon=0.1;delta=0.2').
@@ -72,6 +81,8 @@ def register(subparsers) -> None:
                    help=f"prompts timed at batch 1 per speculative cell (default {DEFAULT_SPEED_PROMPTS}; 0: none)")
     b.add_argument("--workers", type=int,
                    help=f"processes running cells (default {DEFAULT_WORKERS}; the store is written by the driver)")
+    b.add_argument("--preset", choices=sorted(RUN_PRESETS),
+                   help="run preset (paper: the findings' grid, see below); explicit flags override it")
     b.add_argument("--sampling", choices=sorted(SAMPLING_PRESETS),
                    help="sampling preset (paper: temperature 0.6, top_k 20, top_p 0.95); explicit flags override it")
     b.add_argument("--temperature", type=float, help="default 0.7")
@@ -95,10 +106,17 @@ def register(subparsers) -> None:
     r = subparsers.add_parser("report", help="table, CSV and plots from a bench output directory")
     r.add_argument("dir", type=Path, nargs="?", default=Path(DEFAULT_OUT))
     r.add_argument("--csv", type=Path, help="write the CSV here (default DIR/results.csv)")
-    r.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP,
-                   help=f"utility drop vs strict allowed for decisions and 'best rule' (default {DEFAULT_MAX_DROP:g})")
+    r.add_argument("--max-drop", type=float,
+                   help=f"utility drop vs strict allowed for decisions and 'best rule' (default {DEFAULT_MAX_DROP:g}; "
+                        f"with --findings {FINDINGS_MAX_DROP:g})")
     r.add_argument("--all", action="store_true", help="every settings group, not only the latest run's")
     r.add_argument("--no-plots", action="store_true")
+    r.add_argument("--findings", action="store_true",
+                   help="instead of the table: each finding of the investigation with this run's evidence and a "
+                        "verdict (for a `bench --preset paper` run; the tests are printed with the verdicts)")
+    r.add_argument("--c-rel", type=float,
+                   help="with --findings: the speed-up at this c_rel of the bench's grid (default: the pair's "
+                        "measured c_rel)")
     r.set_defaults(func=cmd_report)
 
 
@@ -113,6 +131,8 @@ _FLAG_TO_FIELD = {"verifier": "verifiers", "drafter": "drafters", "tasks": "task
 
 def config_from_args(args) -> BenchConfig:
     data = load_toml(args.config) if getattr(args, "config", None) else {}
+    if getattr(args, "preset", None):
+        data["preset"] = args.preset
     config = BenchConfig.from_dict(data)
     if getattr(args, "sampling", None):
         for name, value in sampling_preset(args.sampling).items():
@@ -128,13 +148,16 @@ def config_from_args(args) -> BenchConfig:
 def cmd_bench(args) -> int:
     import torch
 
-    from relaxspec.bench.runner import run_grid
+    from relaxspec.bench.runner import plan, run_grid
 
     import warnings
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
     config = config_from_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
+    cells = len(plan(config))
+    print(f"bench: {cells} cells; the first look takes about {estimate_minutes(config, cells):.0f} min on 2 CPU cores "
+          f"with the built-in family; later looks only within the time budget ({config.time_budget_s / 60:g} min)")
     try:
         summary = run_grid(config, progress=not args.no_progress, executor=executor_options(args))
     except KeyboardInterrupt:
@@ -144,7 +167,7 @@ def cmd_bench(args) -> int:
     print(f"bench: ran {len(summary.ran)} cells, skipped {len(summary.skipped)} finished ones, "
           f"in {summary.wall_s:.1f} s")
     if summary.unavailable:
-        print(f"bench: {len(summary.unavailable)} pad cells not run (no PAD classifier)")
+        print(f"bench: {len(summary.unavailable)} pad cells not run (no PAD classifier for their pair; see the warning above)")
     print(f"bench: {summary.looks_run} of {config.looks} looks run")
     print_failed(summary.failed)
     if summary.out_of_time:
@@ -155,7 +178,28 @@ def cmd_bench(args) -> int:
 
 
 def cmd_report(args) -> int:
-    return _report(args.dir, args.csv, args.max_drop, not args.no_plots, everything=args.all)
+    if args.findings:
+        return _findings(args.dir, FINDINGS_MAX_DROP if args.max_drop is None else args.max_drop, args.c_rel)
+    if args.c_rel is not None:
+        raise ValueError("--c-rel is an option of --findings")
+    return _report(args.dir, args.csv, DEFAULT_MAX_DROP if args.max_drop is None else args.max_drop,
+                   not args.no_plots, everything=args.all)
+
+
+def _findings(out_dir: Path, max_drop: float, c_rel: float | None) -> int:
+    from relaxspec.bench.findings import check_findings, format_findings, speed_column
+    from relaxspec.bench.report import build_rows
+    from relaxspec.bench.store import Store
+
+    speed_column(c_rel)  # an invalid --c-rel fails before the store is read
+    with Store.open_existing(out_dir) as store:
+        rows = build_rows(store, "latest")
+        if not rows:
+            print("no finished cells")
+            return 0
+        findings = check_findings(store, rows, max_drop, c_rel)
+    print(format_findings(findings, rows, max_drop, c_rel))
+    return 0
 
 
 def _report(out_dir: Path, csv_path, max_drop: float, plots: bool, everything: bool) -> int:

@@ -18,6 +18,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from relaxspec.bench.findings import FINDINGS_MAX_DROP
 from relaxspec.bench.names import AR
 
 DEFAULT_OUT = "relaxspec-results"
@@ -32,6 +33,19 @@ DEFAULT_TIME_BUDGET_S = 840.0  # 15 minutes less a minute for the report and plo
 DEFAULT_SPEED_PROMPTS = 8  # 20 cost ~6 s per cell on this 2-core machine; 8 keep the default bench in 15 min
 DEFAULT_WORKERS = 2  # the bench uses both cores of a 2-core machine
 SAMPLING_PRESETS = {"paper": {"temperature": 0.6, "top_k": 20, "top_p": 0.95}}  # the seed investigation's
+# Run presets (`--preset NAME`, `preset = "NAME"` in a TOML config): whole bench settings by name, a sampling
+# preset among them; a config's keys and explicit flags override them. "paper": the investigation's drafter
+# kinds x the default grid (AR, strict, every training-free rule at its paper grid, PAD where its classifier
+# fits) x N in {3, 5, 10} x two tasks, sized to run in about an hour on 2 CPU cores (see estimate_minutes).
+RUN_PRESETS = {
+    "paper": {"drafters": ["drafter-mtp", "drafter-strong", "drafter-weak"], "tasks": ["arithmetic", "sorting"],
+              "draft_lengths": [3, 5, 10], "methods": None, "sampling": "paper", "limit": 80, "repeats": 1,
+              "looks": 2, "speed_prompts": 0, "time_budget_s": 3600.0, "max_drop": FINDINGS_MAX_DROP},
+}
+# Measured on this project's 2-core machine with the built-in family (busy, load ~5): one sample of a batched
+# cell (prompts x repeats, <= 160 new tokens) and one prompt timed at batch 1 (the method's run and AR's).
+SECONDS_PER_SAMPLE = 0.16
+SECONDS_PER_TIMED_PROMPT = 1.5
 CLASSIFIER_INPUT = "pivot_prob"  # a rule with this tensor input needs a pivot classifier (pivot_fn)
 
 
@@ -102,17 +116,19 @@ class BenchConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "BenchConfig":
-        """Settings by name (TOML keys); 'sampling = "paper"' applies a preset that explicit keys override."""
+        """Settings by name (TOML keys). 'preset = "paper"' applies a run preset and 'sampling = "paper"' a
+        sampling preset (over the run preset's); explicit keys override both."""
         aliases = {"verifier": "verifiers", "drafter": "drafters", "task": "tasks", "draft_length": "draft_lengths",
                    "seed": "seeds", "method": "methods"}
         known = {f.name for f in fields(cls)}
         data = dict(data)
-        kwargs = dict(sampling_preset(data.pop("sampling")) if "sampling" in data else {})
+        kwargs = run_preset(data.pop("preset")) if "preset" in data else {}
+        kwargs.update(sampling_preset(data.pop("sampling")) if "sampling" in data else {})
         for key, value in data.items():
             name = aliases.get(key, key).replace("-", "_")
             if name not in known:
                 raise ValueError(f"bench config: unknown setting {key!r}; known: {', '.join(sorted(known))}, "
-                                 "sampling")
+                                 "preset, sampling")
             if name in ("verifiers", "drafters", "tasks", "draft_lengths", "seeds", "methods", "pad_thresholds") \
                     and not isinstance(value, list):
                 value = [value]
@@ -124,6 +140,22 @@ def sampling_preset(name: str) -> dict:
     if name not in SAMPLING_PRESETS:
         raise ValueError(f"unknown sampling preset {name!r}; known: {', '.join(SAMPLING_PRESETS)}")
     return dict(SAMPLING_PRESETS[name])
+
+
+def run_preset(name: str) -> dict:
+    """A run preset's settings as BenchConfig fields (its sampling preset expanded)."""
+    if name not in RUN_PRESETS:
+        raise ValueError(f"unknown run preset {name!r}; known: {', '.join(RUN_PRESETS)}")
+    settings = dict(RUN_PRESETS[name])
+    return {**sampling_preset(settings.pop("sampling")), **settings} if "sampling" in settings else settings
+
+
+def estimate_minutes(config: "BenchConfig", cells: int) -> float:
+    """Minutes of the first look of `cells` cells on the project's 2-core machine with the built-in family
+    (SECONDS_PER_SAMPLE, SECONDS_PER_TIMED_PROMPT); later looks run while config.time_budget_s allows."""
+    per_cell = (config.limit or DEFAULT_LIMIT) * config.repeats * SECONDS_PER_SAMPLE + \
+        config.speed_prompts * SECONDS_PER_TIMED_PROMPT
+    return cells * per_cell / min(config.workers, 2) / 60
 
 
 def _default_model(attr: str) -> str:

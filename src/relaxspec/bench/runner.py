@@ -10,7 +10,9 @@ re-run continues every cell where it stopped and loses at most the look in fligh
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import statistics
 import time
 import uuid
@@ -41,23 +43,27 @@ class CellSpec:
         return f"{self.task} {method_label(self.method, self.params)}{n} seed={self.seed}"
 
     @property
+    def identity(self) -> str:
+        """Every field (the label leaves out the models)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @property
     def strict(self) -> "CellSpec":
         """The strict cell at the same pair, task, N and seed (its coupled reference)."""
         return CellSpec(self.verifier, self.drafter, self.task, STRICT, {}, self.draft_length, self.seed)
 
 
 def plan(config: BenchConfig) -> list[CellSpec]:
-    """All cells in run order: per (verifier, task, seed), AR first, then each drafter's cells."""
+    """All cells in run order: per (verifier, seed), AR on every task first, then per draft length, task and
+    drafter the cells of every method, strict first. A run stopped part-way has then covered every drafter and
+    task at the first draft lengths (what most comparisons need) rather than one task or drafter wholly."""
     specs = config.method_specs()
     cells = []
-    for verifier, task, seed in itertools.product(config.verifiers, config.tasks, config.seeds):
+    for verifier, seed in itertools.product(config.verifiers, config.seeds):
         if any(m == AR for m, _ in specs):
-            cells.append(CellSpec(verifier, None, task, AR, {}, 0, seed))
-        for drafter in config.drafters:
-            for n in config.draft_lengths:
-                for m, params in specs:
-                    if m != AR:
-                        cells.append(CellSpec(verifier, drafter, task, m, dict(params), n, seed))
+            cells.extend(CellSpec(verifier, None, task, AR, {}, 0, seed) for task in config.tasks)
+        for n, task, drafter in itertools.product(config.draft_lengths, config.tasks, config.drafters):
+            cells.extend(CellSpec(verifier, drafter, task, m, dict(params), n, seed) for m, params in specs if m != AR)
     return cells
 
 
@@ -175,9 +181,16 @@ class CellRunner:
 
     def __init__(self, config: BenchConfig, pivot_fn=None):
         from relaxspec.models import load_model
+        from relaxspec.models.drafters import load_drafter
         self.config, self.pivot_fn, self.tasks = config, pivot_fn, {}
-        self.models = {name: load_model(name, **model_options(config))
-                       for name in dict.fromkeys([*config.verifiers, *config.drafters])}
+        self.models = {name: load_model(name, **model_options(config)) for name in dict.fromkeys(config.verifiers)}
+        # Drafters of any kind (LM, MTP head, prompt lookup), loaded for each verifier: a head is bound to its own.
+        self.drafters = {(v, d): load_drafter(d, self.models[v]) for v in self.models
+                         for d in dict.fromkeys(config.drafters)}
+
+    def pair(self, spec: CellSpec) -> tuple:
+        """(verifier, drafter or None for AR) of a cell."""
+        return self.models[spec.verifier], self.drafters[(spec.verifier, spec.drafter)] if spec.drafter else None
 
     def task(self, name: str):
         from relaxspec.tasks import get_task
@@ -189,8 +202,7 @@ class CellRunner:
         """Repeats [done, target) of the cell, and its batch-1 timing when it has no samples yet."""
         import torch
         task = self.task(spec.task)
-        verifier = self.models[spec.verifier]
-        drafter = self.models[spec.drafter] if spec.drafter else None
+        verifier, drafter = self.pair(spec)
         pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
         with torch.inference_mode():
             wall0 = time.perf_counter()
@@ -226,21 +238,32 @@ def _run_in_worker(job: tuple) -> tuple:
     return _run_job(_RUNNER, job)
 
 
-def speed_constants(models: dict, cells: list[CellSpec]) -> dict:
+def speed_constants(runner: CellRunner, cells: list[CellSpec]) -> dict:
     """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step) per
-    speculative cell's (verifier, drafter, N), measured once before any cell runs."""
+    speculative cell's (verifier, drafter, N), measured once before any cell runs. A drafter's step is an LM
+    drafter's one-token step, or the time per drafted token through the drafter protocol for other kinds (as
+    `relaxspec models list` measures them)."""
     from relaxspec.models import measure_step_latency
+    from relaxspec.models.drafters import measure_draft_latency
     lat = {}
 
     def latency(name, block):
         if (name, block) not in lat:
-            lat[(name, block)] = measure_step_latency(models[name], block=block)
+            lat[(name, block)] = measure_step_latency(runner.models[name], block=block)
         return lat[(name, block)]
+
+    def draft_latency(verifier, name):
+        if (verifier, name) not in lat:
+            drafter = runner.drafters[(verifier, name)]
+            lm = getattr(drafter, "lm", None)
+            lat[(verifier, name)] = measure_step_latency(lm) if lm is not None else \
+                measure_draft_latency(drafter, runner.models[verifier])
+        return lat[(verifier, name)]
 
     out = {}
     for c in cells:
         if c.method != AR and (c.verifier, c.drafter, c.draft_length) not in out:
-            lat_v, lat_d = latency(c.verifier, 1), latency(c.drafter, 1)
+            lat_v, lat_d = latency(c.verifier, 1), draft_latency(c.verifier, c.drafter)
             out[(c.verifier, c.drafter, c.draft_length)] = {
                 "c_rel_measured": lat_d / lat_v, "c_block_measured": latency(c.verifier, c.draft_length + 1) / lat_v,
                 "latency_verifier_s": lat_v, "latency_drafter_s": lat_d}
@@ -279,12 +302,12 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
             summary.unavailable = [c.label for c in skipped]
             cells = [c for c in cells if all(c is not s for s in skipped)]
     worker = CellRunner(config, pivot_fn)
-    versions.update({name: model_version(name) for name in worker.models})  # hashed next to loading them
+    versions.update({name: model_version(name) for name in [*worker.models, *config.drafters]})  # next to loading
     store = Store(config.out)
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
-    key_of = {c.label: k for c, k in keyed}
-    strict_key = {k: key_of.get(c.strict.label) for c, k in keyed if c.method not in (AR, STRICT)}
-    speed = speed_constants(worker.models, cells)
+    key_of = {c.identity: k for c, k in keyed}  # not the label: it does not name the pair
+    strict_key = {k: key_of.get(c.strict.identity) for c, k in keyed if c.method not in (AR, STRICT)}
+    speed = speed_constants(worker, cells)
     run_id = uuid.uuid4().hex[:12]
     pool = ray_pool = None
     if executor is not None and executor.kind == "ray":

@@ -138,7 +138,7 @@ class SampleJob(SpecJob):
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = generate_samples(spec, self.prompts, [derive_seed(spec.seed, i, r) for i, r in self.todo],
-                                   runner.models[spec.verifier], runner.models[spec.drafter] if spec.drafter else None,
+                                   *runner.pair(spec),
                                    self.bench, runner.pivot_fn if needs_classifier(spec.method) else None)
         return out, time.perf_counter() - t0
 
@@ -256,8 +256,7 @@ class Cells:
         from relaxspec.bench.runner import time_batch1
         import torch
         with torch.inference_mode():
-            return time_batch1(spec, self.grid.task(self.config.task), self.grid.models[spec.verifier],
-                               self.grid.models[spec.drafter], bench, self.pivot_fn)
+            return time_batch1(spec, self.grid.task(self.config.task), *self.grid.pair(spec), bench, self.pivot_fn)
 
     def speed(self, spec: CellSpec) -> dict:
         """The bench's measured c_rel / c_block of the cell's (verifier, drafter, N), measured once."""
@@ -265,7 +264,7 @@ class Cells:
             return {}
         key = (spec.verifier, spec.drafter, spec.draft_length)
         if key not in self._speed:
-            self._speed.update(speed_constants(self.grid.models, [spec]))
+            self._speed.update(speed_constants(self.grid, [spec]))
         return self._speed[key]
 
     def speed_constants(self, config: Config) -> tuple[float, float]:

@@ -1,0 +1,207 @@
+"""`relaxspec report --findings` and `relaxspec bench --preset paper`.
+
+The verdict logic runs on real stores written through the store's API, with cells whose utilities, lengths,
+speed-ups and acceptance rates are chosen so that every finding comes out confirmed in one world ("paper") and
+not confirmed in the other ("contrary"); the CLI runs on a tiny real bench run."""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relaxspec.acceptance import RULES
+from relaxspec.bench.commands import config_from_args, register
+from relaxspec.bench.config import BenchConfig, needs_classifier
+from relaxspec.bench.findings import (CONFIRMED, FINDINGS_MAX_DROP, INCONCLUSIVE, NOT_CONFIRMED, check_findings,
+                                      format_findings)
+from relaxspec.bench.report import build_rows
+from relaxspec.bench.runner import plan, run_grid
+from relaxspec.bench.store import Row, Store
+
+N_SAMPLES = 200
+STRICT_U = [0.0] * 20 + [1.0] * 180
+LOSE_U = [0.0] * 80 + [1.0] * 120  # -0.3 vs strict: beyond a 0.1 budget
+SLIGHT_U = [0.0] * 40 + [1.0] * 160  # -0.1 vs strict: its interval straddles -0.1 (undecided)
+MTP, STRONG, WEAK = "drafter-mtp", "lm-a", "lm-b"  # strong / weak are told apart by their strict acceptance
+TASKS = ("arithmetic", "sorting")
+SETTINGS = dict(limit=N_SAMPLES, temperature=0.6, top_k=20, top_p=0.95, max_new_tokens=64, batch_size=200,
+                device=None, dtype=None, chat_template="auto", system=None, code_version="test")
+# (rule, weaker setting, stronger setting): two q-trusting rules, two verifier-bounded ones.
+FAMILIES = [("ensemble", {"weight": 0.95}, {"weight": 0.8}), ("r-fuzzy", {"threshold": 0.05}, {"threshold": 0.3}),
+            ("cactus", {"delta": 0.1}, {"delta": 10.0}), ("mentored", {"alpha": 0.3}, {"alpha": 0.95})]
+PAD = ("pad", {"threshold": 0.5})
+
+
+def put(store, drafter, task, method, params, n, utilities, tokens=40, s_len=1.0, acceptance=0.5, c_rel=0.2):
+    """A cell whose length-adjusted speed-up (vs AR's 40 tokens) is s_len at every c_rel."""
+    config = dict(SETTINGS, verifier="v", verifier_version="1", drafter=drafter, drafter_version="1", task=task,
+                  method=method, params=params, draft_length=n, seed=0)
+    plain = s_len * tokens / 40
+    metrics = {"n_prompts": len(utilities), "n_samples": len(utilities), "utility": sum(utilities) / len(utilities),
+               "utility_ci_low": 0.0, "utility_ci_high": 1.0, "mean_response_length": float(tokens),
+               "acceptance_rate": acceptance, "mean_acceptance_length": 2.0, "tokens_per_s": 100.0,
+               "c_rel_measured": c_rel, "c_block_measured": 1.0, "modelled_speedup_measured_c_rel": plain,
+               "block_aware_speedup_measured": plain, "looks": 1, "first_repeats": 1,
+               **{f"modelled_speedup_c{c:g}": plain for c in (0.05, 0.2, 0.5)}}
+    key = f"{drafter}|{task}|{method}|{sorted(params.items())}|{n}"
+    store.put(key, config, metrics, [Row(i, 0, "p", "1", "r", u, tokens, {}, token_hash="")
+                                     for i, u in enumerate(utilities)])
+
+
+def strict_speed(task: str, n: int, paper: bool) -> float:
+    """Strict's S: the best N differs between the tasks in the paper world (finding 6), not in the other."""
+    return {("arithmetic", 3): 1.5, ("arithmetic", 5): 2.0, ("sorting", 3): 2.0, ("sorting", 5): 1.5}[
+        (task if paper else "arithmetic", n)]
+
+
+def fill(store, world: str, tasks=TASKS, drafters=(MTP, STRONG, WEAK), mtp_trusting=None):
+    paper = world == "paper"
+    agreement = {MTP: 0.5, STRONG: 0.7, WEAK: 0.3}
+    c_rel = {MTP: 0.1, STRONG: 0.3, WEAK: 0.2} if paper else {MTP: 0.3, STRONG: 0.1, WEAK: 0.2}
+    for task in tasks:
+        put(store, None, task, "ar", {}, 0, STRICT_U)
+        for d in drafters:
+            for n in (3, 5):
+                s = strict_speed(task, n, paper)
+                put(store, d, task, "strict", {}, n, STRICT_U, s_len=s, acceptance=agreement[d], c_rel=c_rel[d])
+                for rule, weak_setting, strong_setting in FAMILIES:
+                    for strength, params in ((1, weak_setting), (2, strong_setting)):
+                        utilities, tokens, s_len = STRICT_U, 40, s * (1.5 if not paper else 1.0)
+                        if paper and RULES[rule].trusts_q and d == MTP and strength == 2 or \
+                                paper and rule == "r-fuzzy" and d == MTP:
+                            utilities = LOSE_U if mtp_trusting is None else mtp_trusting
+                        if paper and RULES[rule].trusts_q and d == WEAK:
+                            utilities = LOSE_U  # worse than PAD at a matched speed-up
+                        if paper and d == STRONG:
+                            s_len = 1.2 * s  # near-lossless relaxed speed-ups
+                        if paper and d == WEAK:
+                            tokens = 60  # longer responses
+                        put(store, d, task, rule, params, n, utilities, tokens, s_len,
+                            agreement[d] + 0.1 * strength, c_rel[d])
+                if d == WEAK:
+                    put(store, d, task, *PAD, n, STRICT_U if paper else LOSE_U, 40, s * (1.0 if paper else 1.5),
+                        agreement[d] + 0.2, c_rel[d])
+
+
+def verdicts(tmp_path, world: str, **kw) -> dict:
+    with Store(tmp_path / world) as store:
+        fill(store, world, **kw)
+        rows = build_rows(store)
+        found = check_findings(store, rows, max_drop=0.1)
+        text = format_findings(found, rows, 0.1, None)
+    assert all(f"({f.key})" in text and f"verdict: {f.verdict.upper()}" in text for f in found)
+    return {f.key: f for f in found}
+
+
+def test_every_finding_is_confirmed_in_the_paper_world(tmp_path):
+    found = verdicts(tmp_path, "paper")
+    assert {k: f.verdict for k, f in found.items()} == {k: CONFIRMED for k in ("1", "2", "3", "4", "5", "6", "PAD")}
+    assert "drafter-mtp, q-trusting (ensemble, r-fuzzy): 12 of 16 beyond" in "\n".join(found["2"].evidence)
+    assert "verifier-bounded (cactus, mentored): 0 of 16 beyond, 16 within" in "\n".join(found["2"].evidence)
+    assert "measured c_rel: lm-a 0.300, drafter-mtp 0.100" in found["3"].evidence[0]  # lm-a agrees most: strong
+    assert "lm-b: of 32 relaxed cells, 32 significantly longer" in found["4"].evidence[0]
+
+
+def test_every_finding_is_not_confirmed_in_the_contrary_world(tmp_path):
+    found = verdicts(tmp_path, "contrary")
+    assert {k: f.verdict for k, f in found.items()} == \
+        {k: NOT_CONFIRMED for k in ("1", "2", "3", "4", "5", "6", "PAD")}
+    assert "PAD better in 0, worse in 32, equivalent in 0, undecided in 0" in found["PAD"].evidence[0]
+
+
+def test_undecided_cells_make_a_finding_inconclusive(tmp_path):
+    """The MTP drafter's q-trusting cells at -0.1 (their interval straddles the budget): finding 2 could go
+    either way."""
+    found = verdicts(tmp_path, "paper", mtp_trusting=SLIGHT_U)
+    assert found["2"].verdict == INCONCLUSIVE and "undecided cells decide it" in found["2"].reason
+
+
+def test_missing_evidence_is_inconclusive_and_named(tmp_path):
+    found = verdicts(tmp_path, "paper", tasks=("arithmetic",), drafters=(STRONG, WEAK))
+    assert found["2"].verdict == INCONCLUSIVE and found["2"].reason == "missing an MTP drafter in this run"
+    assert found["3"].reason == "missing an MTP drafter"
+    assert found["6"].verdict == INCONCLUSIVE and found["6"].reason == "missing a second task"
+    assert found["1"].verdict == NOT_CONFIRMED  # without the MTP drafter no rule goes from within to beyond
+
+
+# ---------------------------------------------------------------- the preset
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["bench", *argv])
+
+
+def test_the_paper_preset_is_the_grid_the_issue_names():
+    config = config_from_args(_parse(["--preset", "paper"]))
+    cells = plan(config)
+    assert config.drafters == ["drafter-mtp", "drafter-strong", "drafter-weak"]
+    assert (config.temperature, config.top_k, config.top_p) == (0.6, 20, 0.95)  # the investigation's sampling
+    assert config.max_drop == FINDINGS_MAX_DROP  # later looks serve the findings' budget
+    assert {(c.drafter, c.task, c.draft_length) for c in cells if c.drafter} == \
+        {(d, t, n) for d in config.drafters for t in ("arithmetic", "sorting") for n in (3, 5, 10)}
+    assert [(c.task, c.method) for c in cells if c.method == "ar"] == [("arithmetic", "ar"), ("sorting", "ar")]
+    for d in config.drafters:
+        for task in ("arithmetic", "sorting"):
+            for n in (3, 5, 10):
+                got = {(c.method, tuple(sorted(c.params.items()))) for c in cells
+                       if (c.drafter, c.task, c.draft_length) == (d, task, n)}
+                want = {("strict", ())}
+                for name, rule in RULES.items():
+                    if name == "strict":
+                        continue
+                    if needs_classifier(name):
+                        want |= {(name, (("threshold", t),)) for t in config.pad_thresholds}
+                    else:
+                        grids = {p: s.grid for p, s in rule.params.items() if s.grid}
+                        assert len(grids) <= 2
+                        import itertools
+                        want |= {(name, tuple(sorted(zip(grids, combo)))) for combo in itertools.product(*grids.values())}
+                assert got == want
+    assert len(cells) == 2 * (1 + 3 * 3 * 31)  # PAD cells run only where the classifier fits (the runner skips)
+    # A partial run covers every drafter and task at N=3 before any N=5 cell: AR, then N by N.
+    order = [(c.draft_length, c.task, c.drafter) for c in cells[2:]]
+    assert order == sorted(order, key=lambda o: (o[0], ("arithmetic", "sorting").index(o[1]),
+                                                 config.drafters.index(o[2])))
+    assert cells[2].method == "strict" and cells[2].draft_length == 3
+
+
+def test_flags_and_config_keys_override_the_preset(tmp_path):
+    config = config_from_args(_parse(["--preset", "paper", "--limit", "5", "--temperature", "0.9",
+                                      "--draft-lengths", "3"]))
+    assert (config.limit, config.temperature, config.top_k, config.draft_lengths) == (5, 0.9, 20, [3])
+    assert config.drafters == ["drafter-mtp", "drafter-strong", "drafter-weak"]
+    toml = tmp_path / "b.toml"
+    toml.write_text('preset = "paper"\ntasks = ["arithmetic"]\nsampling = "paper"\ntop_k = 5\n')
+    config = config_from_args(_parse(["--config", str(toml)]))
+    assert (config.tasks, config.top_k, config.draft_lengths) == (["arithmetic"], 5, [3, 5, 10])
+    with pytest.raises(ValueError, match="unknown run preset 'nope'"):
+        BenchConfig.from_dict({"preset": "nope"})
+
+
+# ---------------------------------------------------------------- the CLI on a real run
+
+
+def test_report_findings_cli_on_a_tiny_real_run(tmp_path):
+    import torch
+    torch.set_num_threads(1)
+    config = BenchConfig(drafters=["drafter-mtp", "drafter-strong", "drafter-weak"], tasks=["arithmetic", "sorting"],
+                         methods=["ar", "strict", "ensemble:weight=0.8", "cactus:delta=1"], draft_lengths=[2],
+                         limit=2, repeats=1, looks=1, speed_prompts=0, max_new_tokens=8, workers=1, out=str(tmp_path))
+    run_grid(config, progress=False, log=lambda *a: None)
+    src = Path(__file__).resolve().parents[1] / "src"
+    out = subprocess.run([sys.executable, "-m", "relaxspec", "report", str(tmp_path), "--findings"],
+                         capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(src), "PATH": ""})
+    assert out.returncode == 0, out.stderr
+    for key in ("1", "2", "3", "4", "5", "6", "PAD"):
+        block = out.stdout.split(f"({key}) ", 1)[1].split("\n\n", 1)[0]
+        assert "    test: " in block
+        assert any(f"verdict: {v.upper()}: " in block for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE))
+    assert "Drafters: MTP drafter-mtp; strong LM drafter-" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "relaxspec", "report", str(tmp_path), "--findings", "--c-rel", "0.3"],
+                         capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(src), "PATH": ""})
+    assert bad.returncode != 0 and bad.stderr.strip() == \
+        "relaxspec: error: --c-rel must be one of 0.05, 0.2, 0.5 (the bench's grid), got 0.3"
