@@ -226,24 +226,29 @@ def _run_in_worker(job: tuple) -> tuple:
     return _run_job(_RUNNER, job)
 
 
-def speed_constants(models: dict, cells: list[CellSpec]) -> dict:
+SPEED_ROUNDS = 40  # interleaved measurement rounds of the speed constants
+
+
+def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROUNDS) -> dict:
     """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step) per
-    speculative cell's (verifier, drafter, N), measured once before any cell runs."""
-    from relaxspec.models import measure_step_latency
-    lat = {}
+    speculative cell's (verifier, drafter, N), measured once before any cell runs: every forward they need
+    (each verifier's step and blocks, each drafter's step) runs once per round, interleaved, and each constant
+    is the median over rounds of the ratio within a round, so a load that comes and goes cancels out."""
+    import statistics
 
-    def latency(name, block):
-        if (name, block) not in lat:
-            lat[(name, block)] = measure_step_latency(models[name], block=block)
-        return lat[(name, block)]
-
+    from relaxspec.models import measure_step_latencies, relative_costs
+    keys = list(dict.fromkeys((c.verifier, c.drafter, c.draft_length) for c in cells if c.method != AR))
+    if not keys:
+        return {}
+    steps = list(dict.fromkeys(step for v, d, n in keys for step in ((v, 1), (d, 1), (v, n + 1))))
+    times = measure_step_latencies([(models[name], block) for name, block in steps], rounds=rounds)
     out = {}
-    for c in cells:
-        if c.method != AR and (c.verifier, c.drafter, c.draft_length) not in out:
-            lat_v, lat_d = latency(c.verifier, 1), latency(c.drafter, 1)
-            out[(c.verifier, c.drafter, c.draft_length)] = {
-                "c_rel_measured": lat_d / lat_v, "c_block_measured": latency(c.verifier, c.draft_length + 1) / lat_v,
-                "latency_verifier_s": lat_v, "latency_drafter_s": lat_d}
+    for v, d, n in keys:
+        iv, idr, ib = steps.index((v, 1)), steps.index((d, 1)), steps.index((v, n + 1))
+        costs = relative_costs(times, reference=iv)
+        out[(v, d, n)] = {"c_rel_measured": costs[idr], "c_block_measured": costs[ib],
+                          "latency_verifier_s": statistics.median(t[iv] for t in times),
+                          "latency_drafter_s": statistics.median(t[idr] for t in times)}
     return out
 
 

@@ -18,7 +18,7 @@ import math
 import time
 import uuid
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from relaxspec.bench.cell_job import SpecJob, check_versions
 from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classifier
@@ -260,12 +260,14 @@ class Cells:
                                self.grid.models[spec.drafter], bench, self.pivot_fn)
 
     def speed(self, spec: CellSpec) -> dict:
-        """The bench's measured c_rel / c_block of the cell's (verifier, drafter, N), measured once."""
+        """The bench's measured c_rel / c_block of the cell's (verifier, drafter, N), measured once, with every
+        N of the search (one c_rel for all of them)."""
         if spec.method == AR:
             return {}
         key = (spec.verifier, spec.drafter, spec.draft_length)
-        if key not in self._speed:
-            self._speed.update(speed_constants(self.grid.models, [spec]))
+        if key not in self._speed:  # every N of the search (and this one) in one interleaved measurement
+            lengths = dict.fromkeys([*self.config.draft_lengths, spec.draft_length])
+            self._speed.update(speed_constants(self.grid.models, [replace(spec, draft_length=n) for n in lengths]))
         return self._speed[key]
 
     def speed_constants(self, config: Config) -> tuple[float, float]:
