@@ -382,9 +382,13 @@ def run_tune(config: TuneConfig, progress: bool = True, executor=None) -> TuneRe
             return arm
 
         def fits(alive: list, n: int) -> bool:
+            """The rung's new samples (alive configurations, their strict references and AR go from the last
+            rung's size to n) at the mean seconds per sample so far (an overestimate: larger batches cost less
+            per sample) fit the rest of the budget."""
             per_sample = cells.sample_seconds / max(1, cells.samples_run)
-            refs = {c.draft_length for c in alive}
-            new = n * (len(alive) + len(refs) + 1)
+            previous = config.sizes[config.sizes.index(n) - 1]
+            cells_to_run = {*alive, *(c.strict for c in alive)}
+            new = (n - previous) * (len(cells_to_run) + 1)
             return time.perf_counter() - t0 + per_sample * new <= budget_s
 
         def prefetch(alive: list, n: int) -> None:
