@@ -72,7 +72,7 @@ def same_settings(cells: list[StoreCell], settings: dict) -> list[StoreCell]:
             and (c.config is None or c.settings["drafter"] == settings["drafter"])]
 
 
-def speed_constants(cells: list[StoreCell]) -> dict[int, tuple[float, float]]:
+def stored_constants(cells: list[StoreCell]) -> dict[int, tuple[float, float]]:
     """{N: (c_rel, c_block)} the store measured: at each N, the median over its speculative cells."""
     per_n: dict[int, list] = {}
     for cell in cells:
@@ -84,7 +84,7 @@ def speed_constants(cells: list[StoreCell]) -> dict[int, tuple[float, float]]:
 
 def score(cells: list[StoreCell], constants: dict[int, tuple[float, float]]) -> dict[Config, Scored]:
     """Every configuration of the cells (one part: search or held-out) with its objective and its paired
-    difference vs strict at the same N."""
+    difference vs strict at the same N (those with a strict reference and speed constants at their N)."""
     ar = [c for c in cells if c.config is None]
     if not ar:
         raise ValueError("tune vs grid: no AR cell (the length-adjusted objective needs AR's samples)")
@@ -93,11 +93,9 @@ def score(cells: list[StoreCell], constants: dict[int, tuple[float, float]]) -> 
     out = {}
     for config, cell in by_config.items():
         n = config.draft_length
-        if n not in constants:
-            raise ValueError(f"tune vs grid: no speed constants for N={n}; pass --c-rel and --c-block")
         strict = by_config.get(config.strict)
-        if strict is None:
-            continue  # no reference: cannot be judged
+        if strict is None or n not in constants:
+            continue  # no reference or no speed constants: cannot be judged
         c_rel, c_block = constants[n]
         speed = speed_interval("length-adjusted", cell.rows, ar_rows, n, extra_draft_passes(config.method), c_rel,
                                c_block, CONFIDENCE)
@@ -152,12 +150,29 @@ class Comparison:
         return self.grid_best is None or self.choice.speed.high >= self.grid_best.speed.mean
 
 
+def measure_constants(settings: dict, lengths) -> dict[int, tuple[float, float]]:
+    """{N: (c_rel, c_block)} of the pair measured now (bench.runner.speed_constants: interleaved rounds)."""
+    import torch
+
+    from relaxspec.bench.runner import CellSpec
+    from relaxspec.bench.runner import speed_constants as measure
+    from relaxspec.models import load_model
+    torch.set_num_threads(1)
+    v, d = settings["verifier"], settings["drafter"]
+    got = measure({v: load_model(v), d: load_model(d)},
+                  [CellSpec(v, d, settings["task"], STRICT, {}, n, 0) for n in sorted(lengths)])
+    return {n: (m["c_rel_measured"], m["c_block_measured"]) for (_, _, n), m in got.items()}
+
+
+CONSTANTS = ("tune", "grid", "measured")
+
+
 def compare(grid_dir: str | Path, tune_dir: str | Path, max_drop: float = 0.02, constants: str = "tune",
             c_rel: float | None = None, c_block: float | None = None) -> Comparison:
-    """`constants`: whose measured speed constants both objectives use ("tune" or "grid"); `c_rel` / `c_block`
-    override them (one value for every N)."""
-    if constants not in ("tune", "grid"):
-        raise ValueError(f"tune vs grid: constants must be 'tune' or 'grid', got {constants!r}")
+    """`constants`: the speed constants both objectives use: those tune's or the grid's store measured, or
+    measured now for the pair ("measured"); `c_rel` / `c_block` override them (one value for every N)."""
+    if constants not in CONSTANTS:
+        raise ValueError(f"tune vs grid: constants must be one of {', '.join(CONSTANTS)}, got {constants!r}")
     tune_cells = read_cells(tune_dir)
     choice = tune_choice(tune_dir)
     search = [c for c in tune_cells if not c.heldout]
@@ -169,8 +184,11 @@ def compare(grid_dir: str | Path, tune_dir: str | Path, max_drop: float = 0.02, 
     grid = same_settings(grid_all, mine[0].settings)
     if not grid:
         raise ValueError(f"tune vs grid: the grid has no cells with tune's settings {mine[0].settings}")
-    measured = speed_constants(search if constants == "tune" else grid)
     lengths = {c.config.draft_length for c in tune_cells + grid if c.config is not None}
+    if constants == "measured":
+        measured = measure_constants(mine[0].settings, lengths)
+    else:
+        measured = stored_constants(search if constants == "tune" else grid)
     table = {}
     for n in sorted(lengths):
         got = measured.get(n)
@@ -178,11 +196,13 @@ def compare(grid_dir: str | Path, tune_dir: str | Path, max_drop: float = 0.02, 
         block = c_block if c_block is not None else (got[1] if got else None)
         if rel is not None and block is not None:
             table[n] = (rel, block)
-    source = constants + " store's measured" + ("" if c_rel is None else f", c_rel {c_rel:g} given") + \
+    source = ("measured now" if constants == "measured" else constants + " store's measured") + ("" if c_rel is None else f", c_rel {c_rel:g} given") + \
         ("" if c_block is None else f", c_block {c_block:g} given")
     tune_scored = score(search, table)
     grid_scored = score(grid, table)
     heldout_scored = score(heldout, table) if heldout else {}
+    if choice not in tune_scored:
+        raise ValueError(f"tune vs grid: no speed constants for N={choice.draft_length} (tune's choice)")
     best = best_feasible(grid_scored, max_drop)
     return Comparison(max_drop, table, source, tokens(grid), sum(len(c.rows) for c in grid), tokens(search),
                       tokens(heldout), tune_scored[choice], heldout_scored.get(choice), best,
