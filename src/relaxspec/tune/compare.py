@@ -5,7 +5,8 @@ The rule (tune's): among configurations whose 95% paired difference interval of 
 N lies within the budget (upper bound of the drop <= max_drop; strict always), the highest objective point
 estimate. The objective is tune's length-adjusted block-aware modelled speed-up (tune.objective), paired with
 AR's samples by (prompt, repeat), at one c_rel and one c_block per N for both stores, so that the two numbers
-differ only by the samples.
+differ only by the samples. Tokens: every sample stored in each directory (a tune store reused by several tune
+runs holds them all; tune's own report gives what its race read, i.e. what a fresh run generates).
 """
 
 from __future__ import annotations
@@ -196,7 +197,9 @@ def compare(grid_dir: str | Path, tune_dir: str | Path, max_drop: float = 0.02, 
         block = c_block if c_block is not None else (got[1] if got else None)
         if rel is not None and block is not None:
             table[n] = (rel, block)
-    source = ("measured now" if constants == "measured" else constants + " store's measured") + ("" if c_rel is None else f", c_rel {c_rel:g} given") + \
+    source = ("measured now" if constants == "measured" else constants + " store's measured")
+    source += "" if c_rel is None else f", c_rel {c_rel:g} given"
+    source += "" if c_block is None else f", c_block {c_block:g} given"
         ("" if c_block is None else f", c_block {c_block:g} given")
     tune_scored = score(search, table)
     grid_scored = score(grid, table)
