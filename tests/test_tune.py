@@ -87,6 +87,10 @@ def test_resumed_tune_reruns_nothing_stored(tuned, tmp_path):
     again = run_tune(TuneConfig(task="arithmetic", max_drop=0.02, out=str(out), **TINY), progress=False)
     assert again.search_samples == 0 and again.confirm_samples == 0
     assert again.choice == result.choice
+    # What the race read is counted whether generated now or found stored: a fresh run generated just that.
+    assert result.search_used == (result.search_samples, result.search_tokens)
+    assert result.confirm_used == (result.confirm_samples, result.confirm_tokens)
+    assert (again.search_used, again.confirm_used) == (result.search_used, result.confirm_used)
     # One more rung: only the new samples run (the configurations alive at rung 2, their strict and AR, 4 more
     # samples each).
     longer = dict(TINY, sizes=(2, 4, 8), caps=(2, 2))

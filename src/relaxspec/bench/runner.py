@@ -238,35 +238,51 @@ def _run_in_worker(job: tuple) -> tuple:
     return _run_job(_RUNNER, job)
 
 
-def speed_constants(runner: CellRunner, cells: list[CellSpec]) -> dict:
+SPEED_ROUNDS = 40  # interleaved measurement rounds of the speed constants
+
+
+def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROUNDS,
+                    drafters: dict | None = None) -> dict:
     """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step) per
-    speculative cell's (verifier, drafter, N), measured once before any cell runs. A drafter's step is an LM
-    drafter's one-token step, or the time per drafted token through the drafter protocol for other kinds (as
-    `relaxspec models list` measures them)."""
-    from relaxspec.models import measure_step_latency
+    speculative cell's (verifier, drafter, N), measured once before any cell runs: every forward they need
+    (each verifier's step and blocks, each LM drafter's step) runs once per round, interleaved, and each
+    constant is the median over rounds of the ratio within a round, so a load that comes and goes cancels out.
+    `drafters` maps (verifier, drafter) to a loaded Drafter (CellRunner.drafters); without it every drafter is
+    an LM in `models`. A drafter of another kind (MTP head, prompt lookup) is timed per drafted token through
+    the drafter protocol (as `relaxspec models list` does), over the verifier's median step."""
+    import statistics
+
+    from relaxspec.models import measure_step_latencies, relative_costs
     from relaxspec.models.drafters import measure_draft_latency
-    lat = {}
+    keys = list(dict.fromkeys((c.verifier, c.drafter, c.draft_length) for c in cells if c.method != AR))
+    if not keys:
+        return {}
+    labels, steps = [], []
 
-    def latency(name, block):
-        if (name, block) not in lat:
-            lat[(name, block)] = measure_step_latency(runner.models[name], block=block)
-        return lat[(name, block)]
+    def add(label, lm, block):
+        if label not in labels:
+            labels.append(label)
+            steps.append((lm, block))
 
-    def draft_latency(verifier, name):
-        if (verifier, name) not in lat:
-            drafter = runner.drafters[(verifier, name)]
-            lm = getattr(drafter, "lm", None)
-            lat[(verifier, name)] = measure_step_latency(lm) if lm is not None else \
-                measure_draft_latency(drafter, runner.models[verifier])
-        return lat[(verifier, name)]
-
+    for v, d, n in keys:
+        add((v, 1), models[v], 1)
+        add((v, n + 1), models[v], n + 1)
+        lm = models[d] if drafters is None else getattr(drafters[(v, d)], "lm", None)
+        if lm is not None:
+            add((v, d), lm, 1)
+    times = measure_step_latencies(steps, rounds=rounds)
     out = {}
-    for c in cells:
-        if c.method != AR and (c.verifier, c.drafter, c.draft_length) not in out:
-            lat_v, lat_d = latency(c.verifier, 1), draft_latency(c.verifier, c.drafter)
-            out[(c.verifier, c.drafter, c.draft_length)] = {
-                "c_rel_measured": lat_d / lat_v, "c_block_measured": latency(c.verifier, c.draft_length + 1) / lat_v,
-                "latency_verifier_s": lat_v, "latency_drafter_s": lat_d}
+    for v, d, n in keys:
+        iv, ib = labels.index((v, 1)), labels.index((v, n + 1))
+        costs = relative_costs(times, reference=iv)
+        lat_v = statistics.median(t[iv] for t in times)
+        if (v, d) in labels:
+            lat_d, c_rel = statistics.median(t[labels.index((v, d))] for t in times), costs[labels.index((v, d))]
+        else:
+            lat_d = measure_draft_latency(drafters[(v, d)], models[v])
+            c_rel = lat_d / lat_v
+        out[(v, d, n)] = {"c_rel_measured": c_rel, "c_block_measured": costs[ib],
+                          "latency_verifier_s": lat_v, "latency_drafter_s": lat_d}
     return out
 
 
@@ -307,7 +323,7 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
     key_of = {c.identity: k for c, k in keyed}  # not the label: it does not name the pair
     strict_key = {k: key_of.get(c.strict.identity) for c, k in keyed if c.method not in (AR, STRICT)}
-    speed = speed_constants(worker, cells)
+    speed = speed_constants(worker.models, cells, drafters=worker.drafters)
     run_id = uuid.uuid4().hex[:12]
     pool = ray_pool = None
     if executor is not None and executor.kind == "ray":

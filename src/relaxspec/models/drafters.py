@@ -22,7 +22,6 @@ lookup), and `relaxspec.models.mtp.MTPDrafter` (a head on the verifier's hidden 
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,20 +271,26 @@ def measure_draft_latency(drafter: Drafter, verifier: CausalLM, context: int = 1
     """Median seconds per drafted token, batch 1, through the protocol: prefill `context` tokens, then
     propose n greedily and roll back to 2 accepted, repeatedly (the context grows as in a real run).
     Over `measure_step_latency(verifier)` this is the drafter's c_rel, for any kind."""
-    ids = torch.randint(2, verifier.vocab_size, (1, context + 1))
+    from relaxspec.models.hf import step_clock, synchronize
+
+    device = model_device(verifier)
+    clock = step_clock(device)
+    ids = torch.randint(2, verifier.vocab_size, (1, context + 1), device=device)
     mask = torch.ones_like(ids)
     hidden = None
     if drafter.needs_hidden:
-        _, hidden = verifier.forward(ids[:, :-1], verifier.new_cache(), mask[:, :-1], torch.arange(context)[None],
-                                     hidden_layer=-1)
+        positions = torch.arange(context, device=device)[None]
+        _, hidden = verifier.forward(ids[:, :-1], verifier.new_cache(), mask[:, :-1], positions, hidden_layer=-1)
     drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
     block_hidden = None if hidden is None else hidden[:, -1:].expand(1, n + 1, -1)
     times = []
     for _ in range(rounds + 3):
-        t = time.perf_counter()
+        synchronize(device)
+        t = clock()
         drafter.propose(ids[:, -1], n, 0, lambda logits, i: (logits.argmax(dim=-1), None))
-        times.append((time.perf_counter() - t) / n)
-        drafter.rollback(torch.tensor([2]), block_hidden)
+        synchronize(device)
+        times.append((clock() - t) / n)
+        drafter.rollback(torch.tensor([2], device=device), block_hidden)
     return statistics.median(times[3:])
 
 

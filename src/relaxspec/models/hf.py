@@ -177,23 +177,60 @@ def check_same_vocab(verifier: CausalLM, drafter: CausalLM) -> None:
                          f"size ({verifier.vocab_size}) but different tokens: they need the same tokenizer")
 
 
-@torch.inference_mode()
 def measure_step_latency(lm: CausalLM, context: int = 128, block: int = 1, repeats: int = 30) -> float:
-    """Median seconds of one cached forward of `block` tokens after `context` tokens (on the model's device)."""
-    ids = torch.randint(0, lm.vocab_size, (1, context + block), device=lm.device)
-    cache = lm.new_cache()
-    mask = torch.ones_like(ids)
-    pos = torch.arange(context + block, device=lm.device)[None]
-    lm.forward(ids[:, :context], cache, mask[:, :context], pos[:, :context])
-    times = []
-    for _ in range(repeats + 3):
-        synchronize(lm.device)
-        t = time.perf_counter()
-        lm.forward(ids[:, context:], cache, mask, pos[:, context:])
-        synchronize(lm.device)
-        times.append(time.perf_counter() - t)
-        crop_cache(cache, context)
-    return statistics.median(times[3:])
+    """Median seconds of one cached forward of `block` tokens after `context` tokens (on the model's device; CPU
+    seconds on a CPU with one torch thread, see step_clock)."""
+    return statistics.median(t[0] for t in measure_step_latencies([(lm, block)], context, repeats))
+
+
+@torch.inference_mode()
+def measure_step_latencies(steps: list, context: int = 128, rounds: int = 30, warmup: int = 3) -> list[list[float]]:
+    """Seconds of one cached forward of `block` tokens after `context` tokens for each (lm, block) of `steps`,
+    interleaved: each round runs every step once, starting one step later each round, so a load that comes and
+    goes falls on all of them alike. Returns `rounds` lists of times, in the order of `steps`; a ratio of two
+    steps' costs is best taken within each round, then its median over rounds (see relative_costs). On a CPU
+    with one torch thread the clock is the thread's CPU time (step_clock), which other processes' load does
+    not inflate."""
+    clock = step_clock(steps[0][0].device) if steps else time.perf_counter
+    states = []
+    for lm, block in steps:
+        ids = torch.randint(0, lm.vocab_size, (1, context + block), device=lm.device)
+        cache = lm.new_cache()
+        mask = torch.ones_like(ids)
+        pos = torch.arange(context + block, device=lm.device)[None]
+        lm.forward(ids[:, :context], cache, mask[:, :context], pos[:, :context])
+        states.append((lm, ids[:, context:], cache, mask, pos[:, context:]))
+    out = []
+    k = len(states)
+    for r in range(warmup + rounds):
+        times = [0.0] * k
+        for j in range(k):
+            i = (r + j) % k
+            lm, ids, cache, mask, pos = states[i]
+            synchronize(lm.device)
+            t = clock()
+            lm.forward(ids, cache, mask, pos)
+            synchronize(lm.device)
+            times[i] = clock() - t
+            crop_cache(cache, context)
+        if r >= warmup:
+            out.append(times)
+    return out
+
+
+def step_clock(device: torch.device):
+    """The clock of a step measurement: on a CPU with one torch thread, this thread's CPU time (the forward
+    runs in it; time the scheduler gives other processes is not counted, so a loaded machine measures the
+    same costs as a quiet one); otherwise wall time."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
+def relative_costs(times: list[list[float]], reference: int = 0) -> list[float]:
+    """Each step's cost over the `reference` step's, the median over rounds of the ratio within a round
+    (times: measure_step_latencies' output)."""
+    return [statistics.median(t[i] / t[reference] for t in times) for i in range(len(times[0]))]
 
 
 def synchronize(device: torch.device) -> None:

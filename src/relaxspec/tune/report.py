@@ -40,8 +40,9 @@ def format_report(result) -> str:
     for r in race.records.values():
         counts[r.dropped or "alive"] = counts.get(r.dropped or "alive", 0) + 1
     lines.append("  " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-    lines.append(f"search: {result.search_samples} samples, {result.search_tokens} generated tokens; "
-                 f"confirmation: {result.confirm_samples} samples, {result.confirm_tokens} tokens; "
+    (ss, st), (cs, ct) = result.search_used, result.confirm_used
+    lines.append(f"search: {ss} samples, {st} generated tokens ({result.search_samples} samples generated now, the "
+                 f"rest found stored); confirmation: {cs} samples, {ct} tokens ({result.confirm_samples} now); "
                  f"{result.wall_s:.0f} s")
     lines.append("")
     lines.append(f"frontier (last rung reached; speed = {cfg.objective} speed-up, 95% CI; drop = strict - config):")
