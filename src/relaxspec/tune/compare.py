@@ -200,7 +200,6 @@ def compare(grid_dir: str | Path, tune_dir: str | Path, max_drop: float = 0.02, 
     source = ("measured now" if constants == "measured" else constants + " store's measured")
     source += "" if c_rel is None else f", c_rel {c_rel:g} given"
     source += "" if c_block is None else f", c_block {c_block:g} given"
-        ("" if c_block is None else f", c_block {c_block:g} given")
     tune_scored = score(search, table)
     grid_scored = score(grid, table)
     heldout_scored = score(heldout, table) if heldout else {}

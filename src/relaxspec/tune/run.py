@@ -276,11 +276,11 @@ class Cells:
         return (self.config.c_rel or measured["c_rel_measured"],
                 self.config.c_block or measured["c_block_measured"])
 
-    def used(self, wanted: dict) -> tuple[int, int]:
-        """(samples, generated tokens) of the stored rows {(spec, heldout): jobs} names (each cell's rows among
+    def used(self, wanted: list) -> tuple[int, int]:
+        """(samples, generated tokens) of the stored rows [(spec, heldout, jobs)] names (each cell's rows among
         its jobs): what a run read, whether it generated them now or found them stored."""
         samples = tokens = 0
-        for (spec, heldout), jobs in wanted.items():
+        for spec, heldout, jobs in wanted:
             wanted_jobs = set(jobs)
             mine = [r for r in self.store.rows(self.key(spec, heldout)[0]) if (r.prompt_index, r.repeat) in wanted_jobs]
             samples, tokens = samples + len(mine), tokens + sum(r.tokens for r in mine)
@@ -350,9 +350,9 @@ class TuneResult:
     confirm_samples: int
     confirm_tokens: int
     wall_s: float
+    remote_samples: int = 0  # of the search's samples, those run on executor (Ray) workers
     search_used: tuple = (0, 0)  # (samples, tokens) the race read, generated now or before: a fresh run's cost
     confirm_used: tuple = (0, 0)
-    remote_samples: int = 0  # of the search's samples, those run on executor (Ray) workers
     toml_path: str = ""
     plot_path: str = ""
 
@@ -434,27 +434,27 @@ def run_tune(config: TuneConfig, progress: bool = True, executor=None) -> TuneRe
             pool.close()
 
 
-def search_cells_read(cells: Cells, result: Race, prompts: int) -> dict:
-    """{(spec, False): jobs} of every search cell the race read: a configuration's samples at its last rung,
+def search_cells_read(cells: Cells, result: Race, prompts: int) -> list:
+    """[(spec, False, jobs)] of every search cell the race read: a configuration's samples at its last rung,
     its strict reference's and AR's (length-adjusted objective) at the largest rung they were read with."""
     need: dict = {}
     ar = (None,) if cells.config.objective == "length-adjusted" else ()
     for c, rec in result.records.items():
         for cell in (c, c.strict, *ar) if rec.samples else ():
             need[cell] = max(need.get(cell, 0), rec.samples)
-    return {(cells.spec(c), False): search_jobs(n, prompts) for c, n in need.items()}
+    return [(cells.spec(c), False, search_jobs(n, prompts)) for c, n in need.items()]
 
 
-def confirmation_cells_read(cells: Cells, confirmation: Confirmation | None, config: TuneConfig) -> dict:
-    """{(spec, True): jobs} of the held-out cells the confirmation read."""
+def confirmation_cells_read(cells: Cells, confirmation: Confirmation | None, config: TuneConfig) -> list:
+    """[(spec, True, jobs)] of the held-out cells the confirmation read."""
     if confirmation is None:
-        return {}
+        return []
     jobs = heldout_jobs(config.search_prompts, config.heldout_prompts, config.heldout_repeats)
     arms = [confirmation.choice] + ([confirmation.strict_best] if confirmation.strict_best else [])
     configs = {c for arm in arms for c in (arm.config, arm.config.strict)}
     if config.objective == "length-adjusted":
         configs.add(None)
-    return {(cells.spec(c), True): jobs for c in configs}
+    return [(cells.spec(c), True, jobs) for c in configs]
 
 
 def confirm(cells: Cells, result: Race, config: TuneConfig) -> Confirmation:
