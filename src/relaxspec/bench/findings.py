@@ -168,26 +168,38 @@ def _f(x: float) -> str:
 
 # ---------------------------------------------------------------- the findings
 
-def finding_capability(rows: list[dict]) -> Finding:
+def finding_capability(store, rows: list[dict], confidence: float) -> Finding:
     f = Finding("1", "relaxation needs capability evaluation: utility moves with the rule's strength",
-                "in some family (rule, drafter, task, N; >= 2 settings, ordered by measured acceptance rate) the "
-                "weakest setting is within the budget and the strongest beyond it")
+                "(a) in some family (rule, drafter, task, N; its settings ordered by measured acceptance rate) the "
+                "strongest setting's utility is below the weakest's (coupled paired interval of their difference "
+                "wholly below 0), and (b) the run has relaxed cells both within the budget and beyond it (which "
+                "relaxations are safe is only known by measuring)")
     families: dict[tuple, list] = {}
     for r in rows:
-        if _training_free(r) and _state(r) != NO_STRICT:
-            families.setdefault((r["method"], r["drafter"], r["task"], r["draft_length"]), []).append(r)
-    families = {k: sorted(v, key=lambda r: r["acceptance_rate"]) for k, v in families.items() if len(v) >= 2}
+        if _training_free(r):
+            families.setdefault((r["method"], r["drafter"], r["task"], r["draft_length"], r["seed"]), []).append(r)
+    moves = []
+    for cells in families.values():
+        if len(cells) >= 2:
+            weakest, strongest = min(cells, key=lambda r: r["acceptance_rate"]), max(cells, key=lambda r: r["acceptance_rate"])
+            moves.append((weakest, strongest, compare(store.utilities(strongest["key"]), store.utilities(weakest["key"]),
+                                                      confidence)))
     relaxed = [r for r in rows if _training_free(r) and _state(r) != NO_STRICT]
-    f.evidence.append(f"training-free relaxed cells vs strict: {_fmt_count(_count(relaxed), len(relaxed))}")
-    decided = [(v[0], v[-1]) for v in families.values() if _state(v[0]) == WITHIN and _state(v[-1]) == BEYOND]
-    possible = [(v[0], v[-1]) for v in families.values() if _state(v[0]) != BEYOND and _state(v[-1]) != WITHIN]
-    f.evidence.append(f"{len(decided)} of {len(families)} families go from within (weakest) to beyond (strongest); "
-                      f"{len(possible)} could")
-    for weak, strong in sorted(decided, key=lambda p: p[1]["utility_diff_vs_strict"])[:4]:
-        f.evidence.append(f"  {_label(weak)}: {_diff(weak)}  ->  {method_label(strong['method'], json.loads(strong['params']))}: "
-                          f"{_diff(strong)}")
-    f.verdict, f.reason = _both_ways(bool(decided), bool(possible), "" if families else
-                                     "relaxed cells with a strict reference (two settings of one rule)")
+    c = _count(relaxed)
+    f.evidence.append(f"training-free relaxed cells vs strict: {_fmt_count(c, len(relaxed))}")
+    dropping = [m for m in moves if m[2].high < 0]
+    f.evidence.append(f"{len(dropping)} of {len(moves)} families lose utility from their weakest to their strongest "
+                      f"setting; {sum(m[2].low < 0 for m in moves)} could")
+    for weak, strong, i in sorted(dropping, key=lambda m: m[2].mean)[:4]:
+        f.evidence.append(f"  {_label(weak)} -> {method_label(strong['method'], json.loads(strong['params']))}: "
+                          f"{_ci(i)} (vs strict {weak['utility_diff_vs_strict']:+.3f} -> "
+                          f"{strong['utility_diff_vs_strict']:+.3f})")
+    if not moves or not relaxed:
+        f.verdict, f.reason = _both_ways(False, False, "relaxed cells with a strict reference (two settings of a rule)")
+        return f
+    against = bool(dropping) and c[WITHIN] > 0 and c[BEYOND] > 0
+    favour = any(m[2].low < 0 for m in moves) and c[WITHIN] + c["undecided"] > 0 and c[BEYOND] + c["undecided"] > 0
+    f.verdict, f.reason = _both_ways(against, favour)
     return f
 
 
@@ -464,7 +476,7 @@ def check_findings(store, rows: list[dict], max_drop: float = FINDINGS_MAX_DROP,
     roles = drafter_roles(rows)
     looks = max((r["settings"]["looks"] or 1 for r in rows), default=1)
     confidence = decision_confidence(looks)
-    return [finding_capability(rows), finding_mtp(rows, roles), finding_strong(rows, roles, column),
+    return [finding_capability(store, rows, confidence), finding_mtp(rows, roles), finding_strong(rows, roles, column),
             finding_weak_lengths(store, rows, roles, column, confidence), finding_tune_n(rows, column),
             finding_transfer(rows, column), finding_pad(store, rows, column, confidence, max_drop)]
 
