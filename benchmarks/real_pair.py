@@ -33,7 +33,7 @@ import torch
 from relaxspec.acceptance import get_rule
 from relaxspec.bench.speedup import block_aware_speedup
 from relaxspec.engine import GenerationStats, generate
-from relaxspec.models import load_model, measure_step_latency
+from relaxspec.models import load_model, measure_step_latencies, relative_costs
 from relaxspec.models.drafters import LMDrafter, load_drafter, measure_draft_latency
 from relaxspec.models.fast_llama import FastLlama
 from relaxspec.models.hf import CausalLM
@@ -72,10 +72,14 @@ def configurations(drafter: str, hf_can_assist: bool, threads, draft_lengths, te
 
 
 def pair_constants(verifier: CausalLM, drafter, draft_lengths) -> dict:
-    """c_rel of the drafter and c_block at every N + 1, at the current thread count."""
-    step = measure_step_latency(verifier)
+    """c_rel of the drafter and c_block at every N + 1, at the current thread count: the verifier's one-token
+    step and its blocks interleaved round by round (each c_block the median of the within-round ratio, as
+    `relaxspec bench` measures them), the drafter per drafted token through its protocol."""
+    blocks = [1] + [n + 1 for n in draft_lengths]
+    times = measure_step_latencies([(verifier, b) for b in blocks])
+    step = statistics.median(t[0] for t in times)
     return {"step_ms": step * 1e3, "c_rel": measure_draft_latency(drafter, verifier) / step,
-            "c_block": {n + 1: measure_step_latency(verifier, block=n + 1) / step for n in draft_lengths}}
+            "c_block": dict(zip(blocks[1:], relative_costs(times)[1:]))}
 
 
 def _run_ours(cfg: Config, verifier, drafters, prompt, max_new_tokens, seed):

@@ -36,9 +36,10 @@ FAMILY = {
                   role="verifier: the strongest of the family"),
         # Layer truncation + distillation: the verifier's embedding and layers 0, 1 and 5 (the last layer
         # maps to the LM head: 68% greedy agreement before training, against 50% for layers 0-2), then
-        # cross-entropy + KL to the verifier. Half the verifier's depth, so c_rel about 0.5.
+        # cross-entropy + KL to the verifier. Half the verifier's depth, so c_rel about 0.5. Greedy
+        # arithmetic accuracy after each stage: 12%, 23%, 72% (100 held-out problems).
         ModelSpec("drafter-strong", layers=3, hidden=128, heads=4, ffn=512, steps=800, batch_size=32, lr=1.5e-3,
-                  restarts=((600, 1e-3),),
+                  restarts=((600, 1e-3), (2000, 1e-3)),
                   role="drafter: competent smaller LM, distilled from the verifier's first two and last layers",
                   teacher="verifier", teacher_layers=(0, 1, 5)),
         # Two layers let the tiny drafter copy numbers from the question (an induction head needs two).

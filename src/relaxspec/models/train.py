@@ -209,6 +209,7 @@ if __name__ == "__main__":
     ap.add_argument("--lr", type=float)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--tokenizer-from", type=Path)
+    ap.add_argument("--seed", type=int, default=0, help="--continue-from: restart i of a spec's recipe uses seed i")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -217,7 +218,7 @@ if __name__ == "__main__":
 
         spec = dataclasses.replace(FAMILY[a.only[0]], steps=a.steps, lr=a.lr or FAMILY[a.only[0]].lr)
         teacher = load_teacher(spec, a.continue_from.parent) if spec.teacher else None
-        train_model(spec, AutoTokenizer.from_pretrained(a.continue_from), a.out / spec.name, init_from=a.continue_from,
-                    teacher=teacher)
+        train_model(spec, AutoTokenizer.from_pretrained(a.continue_from), a.out / spec.name, seed=a.seed,
+                    init_from=a.continue_from, teacher=teacher)
     else:
         train_family(a.out, scale=a.scale, only=a.only, tokenizer_from=a.tokenizer_from)
