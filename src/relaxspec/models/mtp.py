@@ -6,7 +6,7 @@ verifier's own embedding E. A linear projection of the pair, ONE decoder layer (
 over the entries so far, RoPE, SwiGLU MLP) and an RMS norm give g_k, a feature in the verifier's
 space: q = softmax(g_k W^T) drafts t_{k+1}, and within a round g_k stands in for the verifier's
 f_k in the next entry (drafting autoregressively on its own outputs). E and W are the verifier's,
-read at load time, so only the head's own weights are stored (295k for the built-in verifier).
+read at load time, so only the head's own weights are stored (492k for the built-in verifier).
 
 Rollback: the head's cache keeps only entries made from the verifier's features; after a verify
 step the accepted drafts' entries are re-fed with the verifier's features of that block (its
