@@ -1,0 +1,85 @@
+"""Where an MTP head loses tau: its greedy agreement with the verifier at each draft depth, teacher-forced.
+
+    PYTHONPATH=src python benchmarks/mtp_agreement.py [--verifier verifier] [--drafter drafter-mtp]
+        [--task arithmetic --task sorting | --task chat] [--n 60] [--max-new-tokens 160] [--depths 6]
+
+The verifier answers n held-out prompts greedily (the test split of a synthetic task, or the held-out chat
+prompts through the chat template), keeping its last hidden state of every token. Depth 1 feeds the head
+the verifier's own features (as right after a verify step) and asks, at every answer position, whether the
+head's greedy token is the verifier's; depth d feeds it its own output features of depth d - 1 (as d - 1
+draft steps into a round), exactly as training's unroll passes do. The verifier's token is its argmax over
+the whole vocabulary, so a truncated head is charged for tokens it cannot propose.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from relaxspec.models import load_model
+from relaxspec.models.drafters import load_drafter
+from relaxspec.models.mtp import MTPDrafter, TrainConfig, head_rows, self_distillation_data, verifier_weights
+
+
+def held_out_prompts(task: str, n: int) -> list[str]:
+    if task == "chat":
+        from relaxspec.tasks import chat
+
+        return chat.HELDOUT[:n]
+    from relaxspec.tasks import synthetic
+
+    return [e.prompt for e in synthetic.examples(task, "test", n)]
+
+
+@torch.inference_mode()
+def agreement(verifier, drafter: MTPDrafter, prompts: list[str], max_new_tokens: int, depths: int) -> list[float]:
+    """Share of answer positions where the head's greedy token equals the verifier's, at depths 1..`depths`."""
+    data = self_distillation_data(verifier, prompts, TrainConfig(temperature=0, max_new_tokens=max_new_tokens))
+    head = drafter.head.float()
+    embed, lm_head = (w.detach().float() for w in verifier_weights(verifier))
+    rows = head_rows(head, lm_head)
+    ids = head.draft_vocab if head.cfg.draft_vocab else torch.arange(lm_head.shape[0])
+    hits, total = [0] * depths, 0
+    for tokens, features, start in zip(data["tokens"], data["features"], data["answer_start"]):
+        tokens, features = tokens[None], features.float()[None]
+        S = tokens.shape[1]
+        scored = slice(max(0, start - 2), S - 2)  # entries whose target (a token after the prompt's last) exists
+        target = (features[:, 1:] @ lm_head.t()).argmax(dim=-1)[0, scored]
+        embeddings = F.embedding(tokens[:, 1:], embed)
+        positions = torch.arange(S - 1)[None]
+        valid = torch.ones((1, S - 1), dtype=torch.long)
+        inputs = features[:, :-1]
+        for d in range(depths):
+            out, _ = head(head.entries(inputs, embeddings), valid, positions)
+            guess = ids[(out @ rows.t()).argmax(dim=-1)[0, scored]]
+            hits[d] += int((guess == target).sum())
+            inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)  # entry k now gets the head's g_{k-1}
+        total += target.numel()
+    return [h / max(total, 1) for h in hits]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--verifier", default="verifier")
+    ap.add_argument("--drafter", default="drafter-mtp", help="an MTP head: a built-in name or a directory")
+    ap.add_argument("--task", action="append", help="arithmetic, sorting or chat (repeatable)")
+    ap.add_argument("--n", type=int, default=60)
+    ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument("--depths", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    verifier = load_model(a.verifier)
+    drafter = load_drafter(a.drafter, verifier)
+    if not isinstance(drafter, MTPDrafter):
+        ap.error(f"{a.drafter!r} is a drafter of kind {drafter.kind!r}, not an MTP head")
+    print(f"{a.drafter} for {a.verifier}: greedy agreement with the verifier by draft depth (teacher-forced)")
+    for task in a.task or ["arithmetic", "sorting"]:
+        rates = agreement(verifier, drafter, held_out_prompts(task, a.n), a.max_new_tokens, a.depths)
+        print(f"  {task:10s} " + "  ".join(f"d{d + 1} {r:.3f}" for d, r in enumerate(rates)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
