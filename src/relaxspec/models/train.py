@@ -209,7 +209,7 @@ if __name__ == "__main__":
     ap.add_argument("--lr", type=float)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--tokenizer-from", type=Path)
-    ap.add_argument("--seed", type=int, default=0, help="--continue-from: restart i of a spec's recipe uses seed i")
+    ap.add_argument("--seed", type=int, default=0, help="--continue-from: restart i (from 0) of a spec's recipe runs with --seed i")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
