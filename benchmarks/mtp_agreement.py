@@ -7,7 +7,7 @@ The verifier answers n held-out prompts greedily (the test split of a synthetic 
 prompts through the chat template), keeping its last hidden state of every token. Depth 1 feeds the head
 the verifier's own features (as right after a verify step) and asks, at every answer position, whether the
 head's greedy token is the verifier's; depth d feeds it its own output features of depth d - 1 (as d - 1
-draft steps into a round), exactly as training's unroll passes do. The verifier's token is its argmax over
+draft steps into a round): training's unroll passes (`mtp.unrolled_outputs`). The verifier's token is its argmax over
 the whole vocabulary, so a truncated head is charged for tokens it cannot propose.
 """
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torch.nn.functional as F
 
 from relaxspec.models import load_model
 from relaxspec.models.drafters import load_drafter
-from relaxspec.models.mtp import MTPDrafter, TrainConfig, head_rows, self_distillation_data, verifier_weights
+from relaxspec.models.mtp import (MTPDrafter, TrainConfig, head_rows, self_distillation_data, unrolled_outputs,
+                                  verifier_weights)
 
 
 def held_out_prompts(task: str, n: int) -> list[str]:
@@ -47,15 +47,10 @@ def agreement(verifier, drafter: MTPDrafter, prompts: list[str], max_new_tokens:
         S = tokens.shape[1]
         scored = slice(max(0, start - 2), S - 2)  # entries whose target (a token after the prompt's last) exists
         target = (features[:, 1:] @ lm_head.t()).argmax(dim=-1)[0, scored]
-        embeddings = F.embedding(tokens[:, 1:], embed)
-        positions = torch.arange(S - 1)[None]
-        valid = torch.ones((1, S - 1), dtype=torch.long)
-        inputs = features[:, :-1]
-        for d in range(depths):
-            out, _ = head(head.entries(inputs, embeddings), valid, positions)
+        valid = torch.ones((1, S), dtype=torch.long)
+        for d, out in enumerate(unrolled_outputs(head, tokens, features, valid, embed, depths)):
             guess = ids[(out @ rows.t()).argmax(dim=-1)[0, scored]]
             hits[d] += int((guess == target).sum())
-            inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)  # entry k now gets the head's g_{k-1}
         total += target.numel()
     return [h / max(total, 1) for h in hits]
 

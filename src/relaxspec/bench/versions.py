@@ -41,6 +41,6 @@ def file_version(path: str | Path) -> str:
 
 def model_version(name: str) -> str:
     from relaxspec.models import builtin_path, is_builtin
-    from relaxspec.models.mtp import BUILTIN_DIR, BUILTIN_HEADS
-    path = builtin_path(name) if is_builtin(name) else BUILTIN_DIR / name if name in BUILTIN_HEADS else Path(name)
+    from relaxspec.models.mtp import head_directory
+    path = builtin_path(name) if is_builtin(name) else head_directory(name)  # a built-in head, or a directory
     return file_version(path) if path.exists() else name  # hub ids: the name is all we know

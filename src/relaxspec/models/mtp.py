@@ -297,13 +297,14 @@ class MTPDrafter(Drafter):
 # ---------------------------------------------------------------- files
 
 
-def _directory(name: str | Path) -> Path:
+def head_directory(name: str | Path) -> Path:
+    """Where a head lives: a built-in head's name, or a directory."""
     return BUILTIN_DIR / str(name) if str(name) in BUILTIN_HEADS else Path(name)
 
 
 def is_mtp(name: str | Path) -> bool:
     """A built-in head name or a directory saved by `relaxspec drafter train --kind mtp`."""
-    config = _directory(name) / "config.json"
+    config = head_directory(name) / "config.json"
     try:
         return json.loads(config.read_text()).get("relaxspec_kind") == KIND
     except (OSError, ValueError, AttributeError):
@@ -335,7 +336,7 @@ def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
     """The head saved under `name`, for `verifier`: ValueError if it was trained for another one."""
     from safetensors.torch import load_file
 
-    path = _directory(name)
+    path = head_directory(name)
     config = json.loads((path / "config.json").read_text())
     expected = config["verifier"]
     if verifier_fingerprint(verifier) != expected["fingerprint"]:
@@ -440,16 +441,25 @@ def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll
         scored[b, max(0, data["answer_start"][r] - 2): n - 2] = True
     with torch.no_grad():  # [M, V]: the targets of the scored entries (of entries 1..S-1); only those reach the LM head
         log_p = torch.log_softmax(features[:, 1:][scored] @ lm_head.t(), dim=-1)
-    embeddings = F.embedding(tokens[:, 1:], embed)
-    positions = torch.arange(S - 1)[None].expand(B, -1)
-    inputs = features[:, :-1]
     total = 0.0
-    for _ in range(unroll):
-        out, _ = head(head.entries(inputs, embeddings), valid[:, 1:], positions)
+    for out in unrolled_outputs(head, tokens, features, valid, embed, unroll):
         log_q = torch.log_softmax(out[scored] @ lm_head.t(), dim=-1)
         total = total + (log_p.exp() * (log_p - log_q)).sum(dim=-1).mean()
-        inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)  # entry k now gets g_{k-1}
     return total / unroll
+
+
+def unrolled_outputs(head: MTPHead, tokens, features, valid, embed, passes: int):
+    """The head's output features [B, S-1, H] over whole sequences (tokens [B, S], the verifier's features
+    [B, S, H], valid [B, S]), one per pass: pass 1 feeds entry k = (f_{k-1}, E[t_k]) the verifier's feature
+    (as right after a verify step), pass m the head's own output g_{k-1} of pass m - 1 (as m - 1 draft steps
+    into a round). Output k predicts t_{k+1}."""
+    embeddings = F.embedding(tokens[:, 1:], embed)
+    positions = torch.arange(tokens.shape[1] - 1)[None].expand(tokens.shape[0], -1)
+    inputs = features[:, :-1]
+    for _ in range(passes):
+        out, _ = head(head.entries(inputs, embeddings), valid[:, 1:], positions)
+        yield out
+        inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)  # entry k now gets g_{k-1}
 
 
 def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: HeadConfig | None = None,
