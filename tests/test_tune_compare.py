@@ -110,3 +110,13 @@ def test_tune_vs_grid_script(stores, tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("tune_vs_grid: error:") and "Traceback" not in bad.stderr
     with pytest.raises(ValueError, match="does not exist"):
         tune_choice(tmp_path)
+
+
+@pytest.mark.parametrize("drafter", ["drafter-weak", "drafter-mtp"])
+def test_constants_measured_now_for_a_drafter_of_any_kind(drafter):
+    from relaxspec.tune.compare import measure_constants
+
+    got = measure_constants({"verifier": "verifier", "drafter": drafter, "task": "arithmetic"}, {3, 5})
+    assert set(got) == {3, 5}
+    for c_rel, c_block in got.values():
+        assert 0 < c_rel < 5 and 0.5 < c_block < 10

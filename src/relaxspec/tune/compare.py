@@ -158,10 +158,12 @@ def measure_constants(settings: dict, lengths) -> dict[int, tuple[float, float]]
     from relaxspec.bench.runner import CellSpec
     from relaxspec.bench.runner import speed_constants as measure
     from relaxspec.models import load_model
+    from relaxspec.models.drafters import load_drafter
     torch.set_num_threads(1)
     v, d = settings["verifier"], settings["drafter"]
-    got = measure({v: load_model(v), d: load_model(d)},
-                  [CellSpec(v, d, settings["task"], STRICT, {}, n, 0) for n in sorted(lengths)])
+    verifier = load_model(v)
+    got = measure({v: verifier}, [CellSpec(v, d, settings["task"], STRICT, {}, n, 0) for n in sorted(lengths)],
+                  drafters={(v, d): load_drafter(d, verifier)})  # a drafter of any kind, as the bench loads it
     return {n: (m["c_rel_measured"], m["c_block_measured"]) for (_, _, n), m in got.items()}
 
 
