@@ -19,8 +19,8 @@ import torch
 
 from relaxspec.models import load_model
 from relaxspec.models.drafters import load_drafter
-from relaxspec.models.mtp import (MTPDrafter, TrainConfig, head_rows, self_distillation_data, unrolled_outputs,
-                                  verifier_weights)
+from relaxspec.models.mtp import (MTPDrafter, TrainConfig, final_features, head_rows, self_distillation_data,
+                                  unrolled_outputs, verifier_weights)
 
 
 def held_out_prompts(task: str, n: int) -> list[str]:
@@ -36,7 +36,8 @@ def held_out_prompts(task: str, n: int) -> list[str]:
 @torch.inference_mode()
 def agreement(verifier, drafter: MTPDrafter, prompts: list[str], max_new_tokens: int, depths: int) -> list[float]:
     """Share of answer positions where the head's greedy token equals the verifier's, at depths 1..`depths`."""
-    data = self_distillation_data(verifier, prompts, TrainConfig(temperature=0, max_new_tokens=max_new_tokens))
+    data = self_distillation_data(verifier, prompts, TrainConfig(temperature=0, max_new_tokens=max_new_tokens),
+                                  hidden_layers=drafter.hidden_layers)
     head = drafter.head.float()
     embed, lm_head = (w.detach().float() for w in verifier_weights(verifier))
     rows = head_rows(head, lm_head)
@@ -46,7 +47,7 @@ def agreement(verifier, drafter: MTPDrafter, prompts: list[str], max_new_tokens:
         tokens, features = tokens[None], features.float()[None]
         S = tokens.shape[1]
         scored = slice(max(0, start - 2), S - 2)  # entries whose target (a token after the prompt's last) exists
-        target = (features[:, 1:] @ lm_head.t()).argmax(dim=-1)[0, scored]
+        target = (final_features(features, embed.shape[1])[:, 1:] @ lm_head.t()).argmax(dim=-1)[0, scored]
         valid = torch.ones((1, S), dtype=torch.long)
         for d, out in enumerate(unrolled_outputs(head, tokens, features, valid, embed, depths)):
             guess = ids[(out @ rows.t()).argmax(dim=-1)[0, scored]]

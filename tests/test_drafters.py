@@ -53,19 +53,39 @@ def truncated_mtp_dir(tmp_path_factory, builtin_pair):
     return out
 
 
-def _drafter(kind, verifier, drafter_lm, mtp_dir):
+FUSED = (1, 3, -1)  # EAGLE-3 style: a low, a middle and the last block of the 6-block verifier
+
+
+@pytest.fixture(scope="session")
+def fused_mtp_dir(tmp_path_factory, builtin_pair):
+    """A head reading three verifier blocks fused into one feature (EAGLE-3)."""
+    verifier, _ = builtin_pair
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("mtp-fused")
+    train_head(verifier, training_prompts(["arithmetic", "sorting"], 8), out, HeadConfig(hidden=128, feature_layers=FUSED),
+               cfg=TrainConfig(steps=15, batch_size=8, max_new_tokens=40), log=lambda *a: None)
+    return out
+
+
+@pytest.fixture
+def heads(request):
+    """Trained heads by kind name, built only when a test asks for them."""
+    return {"mtp": lambda: request.getfixturevalue("mtp_dir"), "mtp-fused": lambda: request.getfixturevalue("fused_mtp_dir")}
+
+
+def _drafter(kind, verifier, drafter_lm, heads):
     if kind == "lm":
         return LMDrafter(drafter_lm)
-    if kind == "mtp":
-        return load_mtp_drafter(mtp_dir, verifier)
+    if kind.startswith("mtp"):
+        return load_mtp_drafter(heads[kind](), verifier)
     return load_drafter("ngram:n=3", verifier)
 
 
-@pytest.mark.parametrize("kind", ["lm", "mtp", "ngram"])
-def test_greedy_strict_equals_ar_with_each_kind_on_a_ragged_batch(builtin_pair, mtp_dir, kind):
+@pytest.mark.parametrize("kind", ["lm", "mtp", "mtp-fused", "ngram"])
+def test_greedy_strict_equals_ar_with_each_kind_on_a_ragged_batch(builtin_pair, heads, kind):
     verifier, drafter_lm = builtin_pair
     prompts = _prompts(3) + _prompts(2, "sorting")
-    drafter = _drafter(kind, verifier, drafter_lm, mtp_dir)
+    drafter = _drafter(kind, verifier, drafter_lm, heads)
     ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
     for n in (1, 4):
         sd = generate(verifier, drafter, prompts, method="strict", draft_length=n, max_new_tokens=40)
@@ -127,37 +147,38 @@ def test_truncated_head_keeps_strict_lossless(builtin_pair, truncated_mtp_dir):
     assert min(spread) < 0.7
 
 
-def _verifier_prefix_hidden(verifier, rows):
-    """Left-padded ids / mask of `rows` and the verifier's last hidden states over them."""
+def _verifier_prefix_hidden(verifier, rows, layers=-1):
+    """Left-padded ids / mask of `rows` and the verifier's hidden states of block(s) `layers` over them."""
     width = max(map(len, rows))
     ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     positions = (mask.cumsum(1) - 1).clamp(min=0)
-    _, hidden = verifier.forward(ids, verifier.new_cache(), mask, positions, hidden_layer=-1)
+    _, hidden = verifier.forward(ids, verifier.new_cache(), mask, positions, hidden_layer=layers)
     return ids, mask, hidden
 
 
-@pytest.mark.parametrize("kind", ["mtp", "lm"])
-def test_rollback_gives_the_draft_of_a_fresh_run_on_the_accepted_prefix(builtin_pair, mtp_dir, kind):
+@pytest.mark.parametrize("kind", ["mtp", "mtp-fused", "lm"])
+def test_rollback_gives_the_draft_of_a_fresh_run_on_the_accepted_prefix(builtin_pair, heads, kind):
     """One round by hand on a ragged batch: row 0 accepts nothing, row 1 all four drafts (the LM
     drafter's catch-up path). The next proposal equals that of a fresh drafter prefilled on the
     accepted prefix."""
     verifier, drafter_lm = builtin_pair
     prompts = [verifier.tokenizer(p)["input_ids"] for p in (_prompts(1)[0], _prompts(1, "sorting")[0])]
-    drafter = _drafter(kind, verifier, drafter_lm, mtp_dir)
-    ids, mask, hidden = _verifier_prefix_hidden(verifier, [p[:-1] for p in prompts])
+    drafter = _drafter(kind, verifier, drafter_lm, heads)
+    layers = drafter.hidden_layers or -1
+    ids, mask, hidden = _verifier_prefix_hidden(verifier, [p[:-1] for p in prompts], layers)
     drafter.prefill(ids, mask, hidden)
     last = torch.tensor([p[-1] for p in prompts])
     drafts = drafter.propose(last, 4, 0, GREEDY).tokens
     accepted = torch.tensor([0, 4])
-    _, _, block_hidden = _verifier_prefix_hidden(verifier, [p + d for p, d in zip(prompts, drafts.tolist())])
+    _, _, block_hidden = _verifier_prefix_hidden(verifier, [p + d for p, d in zip(prompts, drafts.tolist())], layers)
     drafter.rollback(accepted, block_hidden[:, -5:])  # the verifier's features of [last, x_1..x_4]
     nxt = torch.tensor([11, 12])
     rolled = drafter.propose(nxt, 3, 0, GREEDY)
     for b in range(2):
         prefix = prompts[b] + drafts[b, :accepted[b]].tolist()
-        fresh = _drafter(kind, verifier, drafter_lm, mtp_dir)
-        fresh.prefill(*_verifier_prefix_hidden(verifier, [prefix]))
+        fresh = _drafter(kind, verifier, drafter_lm, heads)
+        fresh.prefill(*_verifier_prefix_hidden(verifier, [prefix], layers))
         again = fresh.propose(nxt[b:b + 1], 3, 0, GREEDY)
         assert torch.allclose(rolled.logits[b], again.logits[0], atol=1e-4), b
         assert rolled.tokens[b].tolist() == again.tokens[0].tolist()
@@ -213,6 +234,47 @@ def test_mtp_head_refuses_another_verifier_and_is_no_causal_lm(builtin_pair, mtp
     assert main(["generate", "--verifier", "drafter-strong", "--drafter", str(mtp_dir), "--prompt", "hi"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("relaxspec: error: MTP drafter") and err.count("\n") == 1
+
+
+def test_fused_features_start_as_the_last_block_alone_and_are_the_blocks_concatenated(builtin_pair, fused_mtp_dir):
+    """An untrained fusion drafts exactly as an EAGLE-1 head with the same weights (it starts as the last
+    block alone); the verifier hands over its blocks' states concatenated, on both backends; the trained
+    head drafts from all three blocks (its fusion moved off the start) and says so in its config."""
+    from relaxspec.models.mtp import MTPDrafter, MTPHead
+
+    verifier, _ = builtin_pair
+    torch.manual_seed(0)
+    fused = MTPHead(HeadConfig(hidden=128, feature_layers=FUSED))
+    plain = MTPHead(HeadConfig(hidden=128))
+    plain.load_state_dict({k: v for k, v in fused.state_dict().items() if k != "fuse.weight"})
+    rows = [verifier.tokenizer(p)["input_ids"] for p in _prompts(2)]
+    outs = []
+    for head in (fused, plain):
+        drafter = MTPDrafter(head, verifier)
+        drafter.prefill(*_verifier_prefix_hidden(verifier, [r[:-1] for r in rows], drafter.hidden_layers))
+        outs.append(drafter.propose(torch.tensor([r[-1] for r in rows]), 3, 0, GREEDY).logits)
+    assert torch.allclose(outs[0], outs[1], atol=1e-4)
+    ids, mask, together = _verifier_prefix_hidden(verifier, rows, FUSED)
+    slow = load_model("verifier", backend="transformers")
+    _, _, slow_together = _verifier_prefix_hidden(slow, rows, FUSED)
+    apart = torch.cat([_verifier_prefix_hidden(verifier, rows, layer)[2] for layer in FUSED], dim=-1)
+    assert together.shape[-1] == 3 * 128 and torch.equal(together, apart)
+    real = mask.bool()  # (left padding's states are garbage on either backend)
+    assert torch.allclose(together[real], slow_together[real], atol=2e-4)
+    config = json.loads((fused_mtp_dir / "config.json").read_text())
+    assert config["feature_layers"] == list(FUSED)
+    trained = load_mtp_drafter(fused_mtp_dir, verifier)
+    assert trained.hidden_layers == FUSED and trained.head.fuse.weight[:, :256].abs().sum() > 0
+
+
+def test_feature_layers_the_verifier_lacks_or_without_the_last_are_one_line_errors(tmp_path, capsys):
+    base = ["drafter", "train", "--task", "sorting", "--n", "2", "--steps", "1", "--out", str(tmp_path / "h")]
+    assert main([*base, "--feature-layers", "2", "9", "-1"]) == 2
+    assert capsys.readouterr().err == "relaxspec: error: feature layers [2, 9, -1]: the verifier has 6 blocks " \
+        "(0..5, or -1 for the last)\n"
+    assert main([*base, "--feature-layers", "1", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("relaxspec: error: feature_layers must end with -1") and err.count("\n") == 1
 
 
 def test_mtp_training_resumes_to_the_same_head(builtin_pair, tmp_path):

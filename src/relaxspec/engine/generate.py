@@ -40,7 +40,7 @@ from relaxspec.acceptance import (
 )
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.models.drafters import Drafter, Stream, as_drafter, model_device
-from relaxspec.models.hf import CausalLM
+from relaxspec.models.hf import CausalLM, hidden_blocks
 from relaxspec.models.prompts import check_context, encode_prompts
 
 AR = "ar"
@@ -104,16 +104,18 @@ def _sequence_seeds(seed, batch_size: int) -> list[int]:
     raise ValueError(f"seed must be an integer or a list of one integer per prompt, got {seed!r}")
 
 
-def _hidden_layer(verifier: CausalLM, drafter: Drafter | None, pivot_fn) -> int | None:
-    """The verifier layer whose hidden states a round needs: the last one (after the final norm) for
-    a hidden-state drafter, the pivot classifier's for PAD, or None."""
+def _hidden_layer(verifier: CausalLM, drafter: Drafter | None, pivot_fn) -> int | tuple[int, ...] | None:
+    """The verifier layer(s) whose hidden states a round needs: a hidden-state drafter's `hidden_layers`,
+    the pivot classifier's layer for PAD, or None."""
     pivot_layer = None if pivot_fn is None else getattr(pivot_fn, "hidden_layer", -1)
     if drafter is None or not drafter.needs_hidden:
         return pivot_layer
-    if pivot_layer is not None and pivot_layer % verifier.num_layers != verifier.num_layers - 1:
-        raise ValueError(f"a {drafter.kind} drafter reads the verifier's last hidden state; a pivot classifier "
-                         f"on layer {pivot_layer} cannot run with it")
-    return -1
+    layers = drafter.hidden_layers
+    if pivot_layer is not None and hidden_blocks(pivot_layer, verifier.num_layers) != hidden_blocks(
+            layers, verifier.num_layers):
+        raise ValueError(f"a {drafter.kind} drafter reads the verifier's hidden states of blocks {list(layers)}; "
+                         f"a pivot classifier on layer {pivot_layer} cannot run with it")
+    return layers
 
 
 def generate(

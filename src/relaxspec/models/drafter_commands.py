@@ -26,7 +26,7 @@ def cmd_drafter(args) -> int:
     verifier = load_model(args.verifier)
     prompts = training_prompts(args.task or [], args.n, args.prompts)
     head = HeadConfig(hidden=verifier.model.config.hidden_size, heads=args.heads, ffn=args.ffn, layers=args.layers,
-                      draft_vocab=args.draft_vocab)
+                      draft_vocab=args.draft_vocab, feature_layers=tuple(args.feature_layers))
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                       save_dtype=args.save_dtype)
@@ -62,6 +62,9 @@ def register(subparsers) -> None:
     t.add_argument("--heads", type=int, default=head.heads, help="attention heads of the head's decoder layer")
     t.add_argument("--ffn", type=int, default=head.ffn, help="MLP width of the head's decoder layer")
     t.add_argument("--layers", type=int, default=head.layers, help="decoder layers (EAGLE: 1)")
+    t.add_argument("--feature-layers", type=int, nargs="+", default=list(head.feature_layers), metavar="L",
+                   help="verifier blocks whose hidden states the head reads, ending with -1 (the last): -1 alone is "
+                        "EAGLE-1; several are fused into one feature, as EAGLE-3 does (e.g. 1 3 -1)")
     t.add_argument("--draft-vocab", type=int, default=head.draft_vocab, metavar="K",
                    help="draft over the K tokens most frequent in the verifier's training answers only "
                         "(a truncated LM head: cheaper for a large vocabulary; q is 0 elsewhere); 0: full vocabulary")

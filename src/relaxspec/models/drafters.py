@@ -11,8 +11,9 @@ The engine talks to every drafter through one small protocol, as transformers' `
 per-sequence random streams (so outputs stay batch invariant and coupled across methods) and
 returns (tokens, processed probabilities, or None when greedy). A drafter without a distribution
 (prompt lookup) returns one-hot logits: 0 at its token and -inf elsewhere, so every rule sees
-q = one-hot. Hidden-state drafters set `needs_hidden`: the engine then hands them the verifier's
-last hidden state (`hidden_layer=-1`) of the prompt and of every verified block.
+q = one-hot. Hidden-state drafters name the verifier blocks they read in `hidden_layers` (e.g. (-1,):
+the last hidden state; several: their states concatenated, EAGLE-3's fused features): the engine then
+hands them those hidden states of the prompt and of every verified block.
 
 Kinds: `LMDrafter` (a causal LM sharing the verifier's vocabulary), `NgramDrafter` (prompt
 lookup), and `relaxspec.models.mtp.MTPDrafter` (a head on the verifier's hidden states).
@@ -95,9 +96,13 @@ class Drafter:
 
     kind = ""
     name = ""
-    needs_hidden = False  # prefill/rollback want the verifier's last hidden states
+    hidden_layers: tuple[int, ...] = ()  # verifier blocks whose hidden states prefill/rollback want (concatenated)
     one_hot_q = False  # proposes tokens without a distribution of its own
     max_extra_passes = 1  # drafter rows it can give beyond the N drafts (spec-cont-dec's bonus row)
+
+    @property
+    def needs_hidden(self) -> bool:
+        return bool(self.hidden_layers)
 
     def check(self, verifier: CausalLM, rule) -> None:
         """ValueError if this drafter cannot serve `verifier` under `rule`."""
@@ -280,7 +285,8 @@ def measure_draft_latency(drafter: Drafter, verifier: CausalLM, context: int = 1
     hidden = None
     if drafter.needs_hidden:
         positions = torch.arange(context, device=device)[None]
-        _, hidden = verifier.forward(ids[:, :-1], verifier.new_cache(), mask[:, :-1], positions, hidden_layer=-1)
+        _, hidden = verifier.forward(ids[:, :-1], verifier.new_cache(), mask[:, :-1], positions,
+                                     hidden_layer=drafter.hidden_layers)
     drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
     block_hidden = None if hidden is None else hidden[:, -1:].expand(1, n + 1, -1)
     times = []

@@ -178,7 +178,9 @@ class FastLlama:
         return torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, self.masked)
 
     @torch.inference_mode()
-    def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_layer=None):
+    def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_blocks=()):
+        """Logits [B, T, V] and the hidden states after `hidden_blocks` (0-based; the last one after the
+        final norm) concatenated [B, T, k * H], or None when none is asked for."""
         B, T = input_ids.shape
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
         past = cache.get_seq_length()
@@ -188,8 +190,7 @@ class FastLlama:
         # v rides along in the one complex multiply, rotated by 1 (exact): q, k, v come out as heads.
         rotation = torch.cat([rotation, torch.ones_like(rotation[:, :, :KVH])], dim=2)
         bias = self._attention_bias(attention_mask, past, T)
-        hidden = None
-        wanted = None if hidden_layer is None else hidden_layer % self.num_layers
+        hidden = {}
         for i, (w_in, qkv_proj, o_proj, w_post, gate_up_proj, down_proj) in enumerate(self.layers):
             qkv = qkv_proj(F.rms_norm(x, C, w_in, self.eps))
             pairs = torch.view_as_complex(qkv.float().view(B, T, H + 2 * KVH, D // 2, 2))
@@ -200,11 +201,12 @@ class FastLlama:
             x = o_proj(o.transpose(1, 2).reshape(B * T, H * D), residual=x)
             gate, up = gate_up_proj(F.rms_norm(x, C, w_post, self.eps)).chunk(2, dim=-1)
             x = down_proj(F.silu(gate) * up, residual=x)
-            if i == wanted and i < self.num_layers - 1:
-                hidden = x
+            if i in hidden_blocks:
+                hidden[i] = x
         cache.length = past + T
         x = F.rms_norm(x, C, self.final_norm, self.eps)
-        if wanted == self.num_layers - 1:
-            hidden = x  # as transformers reports it: the last hidden state is after the final norm
+        hidden[self.num_layers - 1] = x  # as transformers reports it: the last hidden state is after the final norm
         logits = self.lm_head(x).view(B, T, -1)
-        return logits, None if hidden is None else hidden.view(B, T, -1)
+        if not hidden_blocks:
+            return logits, None
+        return logits, torch.cat([hidden[i] for i in hidden_blocks], dim=-1).view(B, T, -1)

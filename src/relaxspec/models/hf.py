@@ -73,21 +73,31 @@ class CausalLM:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, input_ids, cache, attention_mask, position_ids, hidden_layer: int | None = None):
+    def forward(self, input_ids, cache, attention_mask, position_ids,
+                hidden_layer: int | tuple[int, ...] | None = None):
         """Logits [B, T, V] (float32, whatever the model's dtype) for `input_ids` [B, T] appended to `cache`;
         optionally the hidden state [B, T, H] (float32) after block `hidden_layer` (0-based; negative counts
-        from the end; the last block's is reported after the final norm, as transformers does).
+        from the end; the last block's is reported after the final norm, as transformers does), or, for a
+        tuple of blocks, their hidden states concatenated in that order [B, T, k * H].
         Inputs live on the model's device (`self.device`)."""
+        layers = hidden_blocks(hidden_layer, self.num_layers)
         if self.fast is not None:
-            logits, hidden = self.fast.forward(input_ids, cache, attention_mask, position_ids, hidden_layer)
+            logits, hidden = self.fast.forward(input_ids, cache, attention_mask, position_ids, layers)
         else:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True, output_hidden_states=hidden_layer is not None)
+                             past_key_values=cache, use_cache=True, output_hidden_states=bool(layers))
             logits, hidden = out.logits, None
-            if hidden_layer is not None:
+            if layers:
                 # hidden_states[0] is the embedding output; block i's output is hidden_states[i + 1].
-                hidden = out.hidden_states[hidden_layer % self.num_layers + 1]
+                hidden = torch.cat([out.hidden_states[i + 1] for i in layers], dim=-1)
         return logits.float(), None if hidden is None else hidden.float()
+
+
+def hidden_blocks(hidden_layer: int | tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:
+    """The 0-based blocks a `hidden_layer` argument names (an int, a tuple of them, or None: none)."""
+    if hidden_layer is None:
+        return ()
+    return tuple(i % num_layers for i in ((hidden_layer,) if isinstance(hidden_layer, int) else hidden_layer))
 
 
 def crop_cache(cache, length: int) -> None:

@@ -61,6 +61,14 @@ class HeadConfig:
     eps: float = 1e-6
     rope_theta: float = 10000.0
     draft_vocab: int = 0  # K > 0: q over the K token ids in the head's `draft_vocab` buffer only; 0: full vocabulary
+    # The verifier blocks the head reads, the last (-1, after the final norm) last: (-1,) is EAGLE-1; several
+    # are fused into one feature (EAGLE-3: a low, a middle and the top block).
+    feature_layers: tuple[int, ...] = (-1,)
+
+    def __post_init__(self):
+        if not self.feature_layers or self.feature_layers[-1] != -1:
+            raise ValueError(f"feature_layers must end with -1 (the verifier's last hidden state, the space the "
+                             f"head drafts in), got {list(self.feature_layers)}")
 
 
 _MASKED = -1e30  # additive mask: finite, so a query with no visible key stays NaN-free
@@ -109,6 +117,10 @@ class MTPHead(torch.nn.Module):
     def __init__(self, cfg: HeadConfig):
         super().__init__()
         self.cfg = cfg
+        if len(cfg.feature_layers) > 1:  # EAGLE-3 fusion; it starts as the top block alone (EAGLE-1)
+            self.fuse = torch.nn.Linear(len(cfg.feature_layers) * cfg.hidden, cfg.hidden, bias=False)
+            with torch.no_grad():
+                self.fuse.weight.zero_()[:, -cfg.hidden:] = torch.eye(cfg.hidden)
         self.norm_feature = torch.nn.Parameter(torch.ones(cfg.hidden))
         self.norm_embed = torch.nn.Parameter(torch.ones(cfg.hidden))
         self.fc = torch.nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
@@ -129,6 +141,15 @@ class MTPHead(torch.nn.Module):
             angles = torch.arange(max(2 * needed, 256), device=positions.device, dtype=dtype)[:, None] * self.inv_freq
             table = self._table = (angles.cos()[:, None], angles.sin()[:, None])
         return table[0][positions], table[1][positions]
+
+    def verifier_features(self, hidden):
+        """The head's input feature [..., H] for the verifier's hidden states [..., k H] of `feature_layers`:
+        the last block's as it is, or several fused (each block's state RMS-normed, one linear map)."""
+        if len(self.cfg.feature_layers) == 1:
+            return hidden
+        H = self.cfg.hidden
+        return F.linear(F.rms_norm(hidden.unflatten(-1, (-1, H)), (H,), None, self.cfg.eps).flatten(-2),
+                        self.fuse.weight)
 
     def entries(self, features, embeddings):
         """The input of the decoder layer for entries (features, embeddings) [B, T, H]."""
@@ -200,10 +221,10 @@ class MTPDrafter(Drafter):
     round (with their true features, replacing the head's guesses) and the one of `last`."""
 
     kind = KIND
-    needs_hidden = True
 
     def __init__(self, head: MTPHead, verifier: CausalLM, name: str = "mtp"):
         self.head, self.name = head.eval(), name
+        self.hidden_layers = tuple(head.cfg.feature_layers)
         embed, lm_head = verifier_weights(verifier)
         self.embed = embed.detach()
         # x @ W^T with a row-major right operand; a truncated head's W is the rows of its draft vocabulary.
@@ -235,12 +256,14 @@ class MTPDrafter(Drafter):
         B, H = ids.shape[0], self.embed.shape[1]
         self.mask = torch.zeros((B, 0), dtype=torch.long, device=ids.device)
         self.cache = None
+        if hidden is not None:
+            hidden = self.head.verifier_features(hidden.to(self.embed.dtype))
         if hidden is not None and ids.shape[1] >= 2:  # entries (f_{k-1}, t_k) of the prompt
-            self._feed(hidden[:, :-1].to(self.embed.dtype), ids[:, 1:], mask[:, 1:] * mask[:, :-1])
+            self._feed(hidden[:, :-1], ids[:, 1:], mask[:, 1:] * mask[:, :-1])
         if hidden is None or ids.shape[1] == 0:  # a one-token prompt: no feature before `last`
             self.pending = torch.zeros((B, 1, H), dtype=self.embed.dtype, device=ids.device)
         else:
-            self.pending = hidden[:, -1:].to(self.embed.dtype) * mask[:, -1:, None]
+            self.pending = hidden[:, -1:] * mask[:, -1:, None]
         self.pending_tokens = torch.zeros((B, 1), dtype=torch.long, device=ids.device)
         self.pending_valid = torch.ones((B, 1), dtype=torch.long, device=ids.device)
 
@@ -274,8 +297,9 @@ class MTPDrafter(Drafter):
 
     def rollback(self, accepted, hidden=None) -> None:
         # Drop the entries made from the head's guesses; queue the accepted drafts' entries with the
-        # verifier's features (hidden [B, n+1, H] of [last, x_1..x_n]) plus the next `last`'s entry,
+        # verifier's features (hidden [B, n+1, k H] of [last, x_1..x_n]) plus the next `last`'s entry,
         # right-aligned so every row's entry for `last` is in the final column.
+        hidden = self.head.verifier_features(hidden.to(self.embed.dtype))
         if self._guessed:
             self.mask = self.mask[:, :-self._guessed]
             self.cache = [(k[:, :, :-self._guessed], v[:, :, :-self._guessed]) for k, v in self.cache]
@@ -284,7 +308,7 @@ class MTPDrafter(Drafter):
         entry = torch.arange(width, device=accepted.device)[None, :] - (width - 1 - accepted)[:, None]
         self.pending_valid = (entry >= 0).long()
         entry = entry.clamp(min=0)  # entry e: (feature of [last, x_1..][e], x_{e+1}); the last one's token comes later
-        self.pending = hidden.gather(1, entry[..., None].expand(-1, -1, hidden.shape[-1])).to(self.embed.dtype)
+        self.pending = hidden.gather(1, entry[..., None].expand(-1, -1, hidden.shape[-1]))
         self.pending_tokens = self._drafts.gather(1, entry.clamp(max=self._drafts.shape[1] - 1))
 
     def select(self, rows) -> None:
@@ -344,7 +368,8 @@ def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
                          f"{expected['fingerprint']}); verifier {verifier.name!r} is a different model "
                          f"(fingerprint {verifier_fingerprint(verifier)}): train a head for it with "
                          f"`relaxspec drafter train --verifier {verifier.name} --kind mtp`")
-    head = MTPHead(HeadConfig(**{k: config[k] for k in HeadConfig.__dataclass_fields__ if k in config}))
+    fields = {k: config[k] for k in HeadConfig.__dataclass_fields__ if k in config}
+    head = MTPHead(HeadConfig(**fields | {"feature_layers": tuple(fields.get("feature_layers", (-1,)))}))
     head.load_state_dict(load_file(path / "model.safetensors"))
     return MTPDrafter(head, verifier, name=str(name))
 
@@ -364,12 +389,14 @@ class TrainConfig:
     save_dtype: str = "float32"  # of the saved weights ("float16" halves the file)
 
 
-def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig, batch: int = 32) -> dict:
+def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig, batch: int = 32,
+                           hidden_layers: tuple[int, ...] = (-1,)) -> dict:
     """The verifier's own answers to `prompts` (through its chat template when it has one; sampled at
-    cfg.temperature, greedy at 0), generated in batches of `batch` with the last hidden state of every
-    token taken as it is fed (one pass: no second forward over prompt + answer). Per sequence: its token
-    ids [S] (prompt + answer + EOS when it stopped), features [S, H] (float16; the last token's, never
-    fed nor needed, is zero) and where its answer starts."""
+    cfg.temperature, greedy at 0), generated in batches of `batch` with the hidden states of blocks
+    `hidden_layers` (ending with the last, -1) of every token taken as it is fed (one pass: no second
+    forward over prompt + answer). Per sequence: its token ids [S] (prompt + answer + EOS when it stopped),
+    features [S, k H] (float16; the last token's, never fed nor needed, is zero; the last H columns are the
+    final hidden state) and where its answer starts."""
     from tqdm import tqdm
 
     from relaxspec.engine.generate import _left_pad
@@ -388,7 +415,7 @@ def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainCon
         ids, mask = _left_pad(chunk, verifier.tokenizer, verifier.device)
         stream = Stream(verifier)
         stream.prefill(ids[:, :0], mask[:, :0])
-        logits, hidden = stream.feed(ids, mask, hidden_layer=-1)
+        logits, hidden = stream.feed(ids, mask, hidden_layer=hidden_layers)
         features = [list(h[m.bool()]) for h, m in zip(hidden, mask)]
         answers = [[] for _ in chunk]
         live = list(range(len(chunk)))  # chunk index of each row still generating
@@ -405,7 +432,7 @@ def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainCon
                 rows = going.nonzero()[:, 0]
                 stream.select(rows)
                 live, token = [live[r] for r in rows.tolist()], token[rows]
-            logits, hidden = stream.feed(token[:, None], hidden_layer=-1)
+            logits, hidden = stream.feed(token[:, None], hidden_layer=hidden_layers)
             for r, h in zip(live, hidden[:, 0]):
                 features[r].append(h)
         for prompt_ids, answer, feats in zip(chunk, answers, features):
@@ -431,7 +458,7 @@ def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll
     S = max(len(data["tokens"][r]) for r in rows)
     B, H = len(rows), embed.shape[1]
     tokens = torch.zeros((B, S), dtype=torch.long)
-    features = torch.zeros((B, S, H))
+    features = torch.zeros((B, S, data["features"][rows[0]].shape[-1]))
     valid = torch.zeros((B, S), dtype=torch.long)
     scored = torch.zeros((B, S - 1), dtype=torch.bool)  # entries k = 1..S-1 whose target t_{k+1} exists
     for b, r in enumerate(rows):
@@ -440,7 +467,7 @@ def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll
         # Entry k drafts t_{k+1}; drafting starts at the entry of the last prompt token.
         scored[b, max(0, data["answer_start"][r] - 2): n - 2] = True
     with torch.no_grad():  # [M, V]: the targets of the scored entries (of entries 1..S-1); only those reach the LM head
-        log_p = torch.log_softmax(features[:, 1:][scored] @ lm_head.t(), dim=-1)
+        log_p = torch.log_softmax(final_features(features, H)[:, 1:][scored] @ lm_head.t(), dim=-1)
     total = 0.0
     for out in unrolled_outputs(head, tokens, features, valid, embed, unroll):
         log_q = torch.log_softmax(out[scored] @ lm_head.t(), dim=-1)
@@ -449,17 +476,23 @@ def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll
 
 
 def unrolled_outputs(head: MTPHead, tokens, features, valid, embed, passes: int):
-    """The head's output features [B, S-1, H] over whole sequences (tokens [B, S], the verifier's features
-    [B, S, H], valid [B, S]), one per pass: pass 1 feeds entry k = (f_{k-1}, E[t_k]) the verifier's feature
-    (as right after a verify step), pass m the head's own output g_{k-1} of pass m - 1 (as m - 1 draft steps
-    into a round). Output k predicts t_{k+1}."""
+    """The head's output features [B, S-1, H] over whole sequences (tokens [B, S], the verifier's hidden
+    states [B, S, k H] of the head's `feature_layers`, valid [B, S]), one per pass: pass 1 feeds entry
+    k = (f_{k-1}, E[t_k]) the verifier's feature (as right after a verify step), pass m the head's own output
+    g_{k-1} of pass m - 1 (as m - 1 draft steps into a round). Output k predicts t_{k+1}."""
     embeddings = F.embedding(tokens[:, 1:], embed)
     positions = torch.arange(tokens.shape[1] - 1)[None].expand(tokens.shape[0], -1)
+    features = head.verifier_features(features)
     inputs = features[:, :-1]
     for _ in range(passes):
         out, _ = head(head.entries(inputs, embeddings), valid[:, 1:], positions)
         yield out
         inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)  # entry k now gets g_{k-1}
+
+
+def final_features(features, hidden: int):
+    """The verifier's last hidden state (after its final norm) [..., H] out of stored features [..., k H]."""
+    return features[..., -hidden:]
 
 
 def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: HeadConfig | None = None,
@@ -475,16 +508,21 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     head_cfg = head_cfg or HeadConfig(hidden=embed.shape[1])
     if head_cfg.hidden != embed.shape[1]:
         raise ValueError(f"head hidden size {head_cfg.hidden} != the verifier's {embed.shape[1]}")
+    if any(not -verifier.num_layers <= i < verifier.num_layers for i in head_cfg.feature_layers):
+        raise ValueError(f"feature layers {list(head_cfg.feature_layers)}: the verifier has {verifier.num_layers} "
+                         f"blocks (0..{verifier.num_layers - 1}, or -1 for the last)")
     identity = {"verifier": verifier_fingerprint(verifier), "prompts": hashlib.sha256("\n".join(prompts).encode())
                 .hexdigest()[:16], "head": asdict(head_cfg), "train": asdict(cfg)}
     data_identity = {k: identity[k] for k in ("verifier", "prompts")} | {
-        k: identity["train"][k] for k in ("max_new_tokens", "temperature", "seed")}
+        k: identity["train"][k] for k in ("max_new_tokens", "temperature", "seed")} | {
+        "feature_layers": list(head_cfg.feature_layers)}
     t0 = time.perf_counter()
     data_file = out / DATA
     data = torch.load(data_file) if data_file.exists() else None
     if data is None or data.get("identity") != data_identity:
         with torch.inference_mode():
-            data = self_distillation_data(verifier, prompts, cfg) | {"identity": data_identity}
+            data = self_distillation_data(verifier, prompts, cfg, hidden_layers=head_cfg.feature_layers) | {
+                "identity": data_identity}
         torch.save(data, data_file)
     rows = [r for r in range(len(data["tokens"])) if len(data["tokens"][r]) - data["answer_start"][r] >= 1]
     log(f"self-distillation data: {len(prompts)} answers, {sum(map(len, data['tokens']))} tokens")
