@@ -49,6 +49,12 @@ def test_later_looks_extend_only_undecided_cells(tmp_path):
         out = RunSummary()
         assert _look_jobs(2, keyed, strict_key, store, tight, time.perf_counter(), out, print) == []
         assert [label.split()[1] for label in out.out_of_time] == ["strict", "open"]
+        # spread over the workers that run at once (Ray's capacity, not --workers): 2 s each on 2 fits one,
+        # 1 s each on 4 fits both
+        assert [c.method for c, *_ in _look_jobs(2, keyed, strict_key, store, tight, time.perf_counter(),
+                                                 RunSummary(), print, parallel=2)] == ["strict"]
+        assert [c.method for c, *_ in _look_jobs(2, keyed, strict_key, store, tight, time.perf_counter(),
+                                                 RunSummary(), print, parallel=4)] == ["strict", "open"]
 
 
 def small(out, **kw):

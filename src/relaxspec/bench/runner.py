@@ -338,7 +338,8 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     try:
         for look in range(1, config.looks + 1):
             stored = keyed if look == 1 else [(c, k) for c, k in keyed if store.has(k)]  # not cells that failed
-            jobs = _look_jobs(look, stored, strict_key, store, config, t_start, summary, log)
+            jobs = _look_jobs(look, stored, strict_key, store, config, t_start, summary, log,
+                              ray_pool.capacity() if ray_pool is not None else config.workers)
             if not jobs:
                 continue
             summary.looks_run = look
@@ -376,11 +377,12 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
 
 
 def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: BenchConfig, t_start: float,
-               summary: RunSummary, log) -> list[tuple]:
+               summary: RunSummary, log, parallel: int | None = None) -> list[tuple]:
     """(spec, key, repeats done, target repeats) of the cells this look extends. Look 1: every cell short of
     its first repeats. Later looks: the relaxed cells whose difference vs strict is undecided, and strict at
-    their N, as long as their estimated cost (seconds per sample so far, spread over the workers) fits in
-    the time budget; a relaxed cell only with its strict reference."""
+    their N, as long as their estimated cost (seconds per sample so far, spread over the `parallel` workers
+    that run cells at once: config.workers when None) fits in the time budget; a relaxed cell only with its
+    strict reference."""
     target = config.repeats_at(look)
     if look == 1:
         summary.skipped = [k for c, k in keyed if store.repeats_done(k) >= target]
@@ -400,7 +402,7 @@ def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: B
             continue
         cell = store.get(k)
         new_cost = cell.metrics["sample_wall_s"] / cell.metrics["n_samples"] * \
-            (target - store.repeats_done(k)) * cell.metrics["n_prompts"] / config.workers
+            (target - store.repeats_done(k)) * cell.metrics["n_prompts"] / (parallel or config.workers)
         fits = time.perf_counter() - t_start + cost + new_cost <= config.time_budget_s
         if not fits or (k in undecided and strict_key[k] not in planned):
             if c.label not in summary.out_of_time:  # said once, whichever look it missed first
