@@ -145,6 +145,13 @@ def config_from_args(args) -> BenchConfig:
     return config
 
 
+def interrupted(command: str, what: str, out: Path) -> int:
+    """Ctrl-C in a long run: say what is kept and how to resume; the shell's exit status for SIGINT."""
+    print(f"\n{command}: interrupted; {what} stored in {out / 'results.sqlite'}; re-run the same command to resume",
+          file=sys.stderr)
+    return 130
+
+
 def cmd_bench(args) -> int:
     import torch
 
@@ -161,9 +168,7 @@ def cmd_bench(args) -> int:
     try:
         summary = run_grid(config, progress=not args.no_progress, executor=executor_options(args))
     except KeyboardInterrupt:
-        print(f"\nbench: interrupted; finished cells are stored in {Path(config.out) / 'results.sqlite'}; "
-              "re-run the same command to resume", file=sys.stderr)
-        return 130
+        return interrupted("bench", "finished cells are", Path(config.out))
     print(f"bench: ran {len(summary.ran)} cells, skipped {len(summary.skipped)} finished ones, "
           f"in {summary.wall_s:.1f} s")
     if summary.unavailable:

@@ -103,9 +103,8 @@ def cmd_tune(args) -> int:
         from relaxspec.bench.executors import executor_options
         result = run_tune(config, progress=not args.no_progress, executor=executor_options(args))
     except KeyboardInterrupt:
-        print(f"\ntune: interrupted; every finished sample is stored in {args.out / 'results.sqlite'}; re-run the "
-              "same command to resume", file=sys.stderr)
-        return 130
+        from relaxspec.bench.commands import interrupted
+        return interrupted("tune", "every finished sample is", args.out)
     write_outputs(result, plots=not args.no_plots)
     print(format_report(result))
     if result.toml_path:
