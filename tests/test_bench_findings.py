@@ -13,7 +13,7 @@ import pytest
 
 from relaxspec.acceptance import RULES
 from relaxspec.bench.commands import config_from_args, register
-from relaxspec.bench.config import BenchConfig, needs_classifier
+from relaxspec.bench.config import BenchConfig, estimate_minutes, needs_classifier
 from relaxspec.bench.findings import (CONFIRMED, FINDINGS_MAX_DROP, INCONCLUSIVE, NOT_CONFIRMED, check_findings,
                                       format_findings)
 from relaxspec.bench.report import build_rows
@@ -142,6 +142,8 @@ def test_the_paper_preset_is_the_grid_the_issue_names():
     assert config.drafters == ["drafter-mtp", "drafter-strong", "drafter-weak"]
     assert (config.temperature, config.top_k, config.top_p) == (0.6, 20, 0.95)  # the investigation's sampling
     assert config.max_drop == FINDINGS_MAX_DROP  # later looks serve the findings' budget
+    assert (config.limit, config.repeats, config.looks, config.time_budget_s) == (80, 1, 3, 3600.0)
+    assert 10 <= estimate_minutes(config, len(cells)) <= 40  # the first look, as measured (21 min under load)
     assert {(c.drafter, c.task, c.draft_length) for c in cells if c.drafter} == \
         {(d, t, n) for d in config.drafters for t in ("arithmetic", "sorting") for n in (3, 5, 10)}
     assert [(c.task, c.method) for c in cells if c.method == "ar"] == [("arithmetic", "ar"), ("sorting", "ar")]

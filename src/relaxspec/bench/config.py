@@ -40,12 +40,14 @@ SAMPLING_PRESETS = {"paper": {"temperature": 0.6, "top_k": 20, "top_p": 0.95}}  
 RUN_PRESETS = {
     "paper": {"drafters": ["drafter-mtp", "drafter-strong", "drafter-weak"], "tasks": ["arithmetic", "sorting"],
               "draft_lengths": [3, 5, 10], "methods": None, "sampling": "paper", "limit": 80, "repeats": 1,
-              "looks": 2, "speed_prompts": 0, "time_budget_s": 3600.0, "max_drop": FINDINGS_MAX_DROP},
+              "looks": 3, "speed_prompts": 0, "time_budget_s": 3600.0, "max_drop": FINDINGS_MAX_DROP},
 }
-# Measured on this project's 2-core machine with the built-in family (busy, load ~5): one sample of a batched
-# cell (prompts x repeats, <= 160 new tokens) and one prompt timed at batch 1 (the method's run and AR's).
-SECONDS_PER_SAMPLE = 0.16
-SECONDS_PER_TIMED_PROMPT = 1.5
+# Measured on this project's 2-core machine with the built-in family (2026-12-03, first looks of the default
+# bench, 6.1 min for 63 cells, and of `--preset paper`, 21 min for 524 cells beside two trainings): one sample
+# of a batched cell (prompts x repeats, <= 160 new tokens) and one prompt timed at batch 1 (the method's run
+# and AR's).
+SECONDS_PER_SAMPLE = 0.05
+SECONDS_PER_TIMED_PROMPT = 0.5
 CLASSIFIER_INPUT = "pivot_prob"  # a rule with this tensor input needs a pivot classifier (pivot_fn)
 
 
