@@ -8,6 +8,12 @@ space: q = softmax(g_k W^T) drafts t_{k+1}, and within a round g_k stands in for
 f_k in the next entry (drafting autoregressively on its own outputs). E and W are the verifier's,
 read at load time, so only the head's own weights are stored (492k for the built-in verifier).
 
+Fused features (`HeadConfig.feature_layers`, EAGLE-3): the head may read several verifier blocks (a low,
+a middle and the last); their hidden states, each RMS-normed, are mapped by one linear layer (`fuse`,
+starting as the last block alone) to the feature f of the entries the verifier's states make. Within a
+round g_k still stands in for f, so a drafted token costs what it costs without fusion. Measured on the
+built-in verifier (1, 3, -1): no gain in greedy tau over the last block alone (README, "Drafters").
+
 Rollback: the head's cache keeps only entries made from the verifier's features; after a verify
 step the accepted drafts' entries are re-fed with the verifier's features of that block (its
 guesses are dropped), so the state equals that of a fresh run on the accepted prefix (tested).
