@@ -142,7 +142,7 @@ def test_the_paper_preset_is_the_grid_the_issue_names():
     assert config.drafters == ["drafter-mtp", "drafter-strong", "drafter-weak"]
     assert (config.temperature, config.top_k, config.top_p) == (0.6, 20, 0.95)  # the investigation's sampling
     assert config.max_drop == FINDINGS_MAX_DROP  # later looks serve the findings' budget
-    assert (config.limit, config.repeats, config.looks, config.time_budget_s) == (80, 1, 3, 3600.0)
+    assert (config.limit, config.repeats, config.looks, config.time_budget_s) == (80, 1, 2, 3600.0)
     assert 10 <= estimate_minutes(config, len(cells)) <= 40  # the first look, as measured (21 min under load)
     assert {(c.drafter, c.task, c.draft_length) for c in cells if c.drafter} == \
         {(d, t, n) for d in config.drafters for t in ("arithmetic", "sorting") for n in (3, 5, 10)}
