@@ -26,7 +26,7 @@ def cmd_drafter(args) -> int:
     verifier = load_model(args.verifier)
     prompts = training_prompts(args.task or [], args.n, args.prompts)
     head = HeadConfig(hidden=verifier.model.config.hidden_size, heads=args.heads, ffn=args.ffn, layers=args.layers,
-                      draft_vocab=args.draft_vocab, feature_layers=tuple(args.feature_layers))
+                      draft_vocab=args.draft_vocab, feature_layers=args.feature_layers)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                       save_dtype=args.save_dtype)

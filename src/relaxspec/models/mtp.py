@@ -72,6 +72,7 @@ class HeadConfig:
     feature_layers: tuple[int, ...] = (-1,)
 
     def __post_init__(self):
+        object.__setattr__(self, "feature_layers", tuple(self.feature_layers))  # a list from JSON or the CLI
         if not self.feature_layers or self.feature_layers[-1] != -1:
             raise ValueError(f"feature_layers must end with -1 (the verifier's last hidden state, the space the "
                              f"head drafts in), got {list(self.feature_layers)}")
@@ -230,7 +231,7 @@ class MTPDrafter(Drafter):
 
     def __init__(self, head: MTPHead, verifier: CausalLM, name: str = "mtp"):
         self.head, self.name = head.eval(), name
-        self.hidden_layers = tuple(head.cfg.feature_layers)
+        self.hidden_layers = head.cfg.feature_layers
         embed, lm_head = verifier_weights(verifier)
         self.embed = embed.detach()
         # x @ W^T with a row-major right operand; a truncated head's W is the rows of its draft vocabulary.
@@ -374,8 +375,7 @@ def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
                          f"{expected['fingerprint']}); verifier {verifier.name!r} is a different model "
                          f"(fingerprint {verifier_fingerprint(verifier)}): train a head for it with "
                          f"`relaxspec drafter train --verifier {verifier.name} --kind mtp`")
-    fields = {k: config[k] for k in HeadConfig.__dataclass_fields__ if k in config}
-    head = MTPHead(HeadConfig(**fields | {"feature_layers": tuple(fields.get("feature_layers", (-1,)))}))
+    head = MTPHead(HeadConfig(**{k: config[k] for k in HeadConfig.__dataclass_fields__ if k in config}))
     head.load_state_dict(load_file(path / "model.safetensors"))
     return MTPDrafter(head, verifier, name=str(name))
 
