@@ -296,6 +296,23 @@ def test_mtp_training_resumes_to_the_same_head(builtin_pair, tmp_path):
     assert not torch.equal(load_file(untrained / "model.safetensors")["fc.weight"], once["fc.weight"])
 
 
+def test_mtp_training_makes_no_tensor_on_the_default_device(builtin_pair, tmp_path):
+    """With torch's default device set to `meta`, a tensor that data generation or training made without
+    naming a device would be a meta tensor and meet CPU ones (or fail `.tolist()`): the same head as
+    without the default (a truncated head, so that the draft vocabulary's selection runs too)."""
+    verifier, _ = builtin_pair
+    prompts = training_prompts(["sorting"], 6)
+    kw = dict(head_cfg=HeadConfig(hidden=128, draft_vocab=64), log=lambda *a: None,
+              cfg=TrainConfig(steps=3, batch_size=4, max_new_tokens=20, gen_batch=4))
+    train_head(verifier, prompts, tmp_path / "plain", **kw)
+    with torch.device("meta"):
+        train_head(verifier, prompts, tmp_path / "meta", **kw)
+    from safetensors.torch import load_file
+
+    plain, meta = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "meta" / "model.safetensors")
+    assert plain.keys() == meta.keys() and all(torch.equal(plain[k], meta[k]) for k in plain)
+
+
 def test_drafter_cli_trains_a_head_that_generate_uses(tmp_path, capsys):
     out = tmp_path / "head"
     assert main(["drafter", "train", "--task", "sorting", "--n", "4", "--steps", "3", "--batch-size", "2",

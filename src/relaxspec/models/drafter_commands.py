@@ -17,19 +17,20 @@ def cmd_drafter(args) -> int:
 
     from relaxspec.models import load_model
     from relaxspec.models.mtp import HeadConfig, TrainConfig, train_head, training_prompts
+    from relaxspec.models.options import device_kwargs
 
     if args.kind != "mtp":
         raise ValueError(f"drafter kind {args.kind!r} cannot be trained; trainable kinds: mtp")
     if args.prompts is None and not args.task:
         raise ValueError("give the training prompts: --prompts FILE or --task NAME (repeatable)")
     torch.set_num_threads(args.threads)
-    verifier = load_model(args.verifier)
+    verifier = load_model(args.verifier, **device_kwargs(args))
     prompts = training_prompts(args.task or [], args.n, args.prompts)
     head = HeadConfig(hidden=verifier.model.config.hidden_size, heads=args.heads, ffn=args.ffn, layers=args.layers,
                       draft_vocab=args.draft_vocab, feature_layers=args.feature_layers)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                      save_dtype=args.save_dtype)
+                      save_dtype=args.save_dtype, gen_batch=args.gen_batch)
     train_head(verifier, prompts, args.out, head, cfg, stop_after=args.stop_after)
     return 0
 
@@ -37,6 +38,7 @@ def cmd_drafter(args) -> int:
 def register(subparsers) -> None:
     from relaxspec.models.family import DEFAULT_VERIFIER
     from relaxspec.models.mtp import SAVE_DTYPES, HeadConfig, TrainConfig
+    from relaxspec.models.options import add_device_args
 
     d = subparsers.add_parser("drafter", help="train drafters for a verifier (MTP head)")
     dsub = d.add_subparsers(dest="drafter_cmd", required=True)
@@ -71,6 +73,9 @@ def register(subparsers) -> None:
     t.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default=defaults.save_dtype,
                    help="dtype of the saved head weights")
     t.add_argument("--seed", type=int, default=defaults.seed)
+    t.add_argument("--gen-batch", type=int, default=defaults.gen_batch,
+                   help="verifier answers generated at once (raise it on a GPU)")
+    add_device_args(t)
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
     d.set_defaults(func=cmd_drafter)

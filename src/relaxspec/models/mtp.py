@@ -205,7 +205,7 @@ def frequent_tokens(data: dict, k: int, vocab_size: int) -> torch.Tensor:
     as tokens never seen, when k exceeds the distinct ones) go to the lower id: in a BPE vocabulary an
     earlier merge, a token more common in the tokenizer's own training text."""
     counts = torch.bincount(answer_tokens(data), minlength=vocab_size).double()
-    return (counts * vocab_size - torch.arange(vocab_size)).topk(k).indices.sort().values
+    return (counts * vocab_size - torch.arange(vocab_size, device=counts.device)).topk(k).indices.sort().values
 
 
 def verifier_fingerprint(verifier: CausalLM) -> str:
@@ -358,7 +358,7 @@ def save_head(head: MTPHead, verifier: CausalLM, out: Path, training: dict, dtyp
               "verifier": {"name": verifier.name, "fingerprint": verifier_fingerprint(verifier),
                            "vocab_size": verifier.vocab_size},
               "lm_head": lm_head, "training": training}
-    save_file({k: v.detach().to(v.dtype if k == "draft_vocab" else SAVE_DTYPES[dtype]).contiguous()
+    save_file({k: v.detach().to("cpu", v.dtype if k == "draft_vocab" else SAVE_DTYPES[dtype]).contiguous()
                for k, v in head.state_dict().items()}, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
@@ -393,12 +393,13 @@ class TrainConfig:
     temperature: float = 0.7  # sampling temperature of the verifier's generations
     seed: int = 0
     save_dtype: str = "float32"  # of the saved weights ("float16" halves the file)
+    gen_batch: int = 32  # answers generated at once (larger on a GPU)
 
 
-def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig, batch: int = 32,
+def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig,
                            hidden_layers: tuple[int, ...] = (-1,)) -> dict:
     """The verifier's own answers to `prompts` (through its chat template when it has one; sampled at
-    cfg.temperature, greedy at 0), generated in batches of `batch` with the hidden states of blocks
+    cfg.temperature, greedy at 0), generated in batches of cfg.gen_batch with the hidden states of blocks
     `hidden_layers` (ending with the last, -1) of every token taken as it is fed (one pass: no second
     forward over prompt + answer). Per sequence: its token ids [S] (prompt + answer + EOS when it stopped),
     features [S, k H] (float16; the last token's, never fed nor needed, is zero; the last H columns are the
@@ -414,6 +415,7 @@ def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainCon
     encoded = encode_prompts(verifier.tokenizer, prompts, chat_template="auto")
     draws = torch.Generator(device=verifier.device)
     bar = tqdm(total=len(prompts), desc="verifier answers", unit="answer", dynamic_ncols=True)
+    batch = cfg.gen_batch
     for i in range(0, len(prompts), batch):
         chunk = encoded[i:i + batch]
         # A batch's draws depend on its own prompts only: the data of a list is the union of its batches'.
@@ -442,7 +444,7 @@ def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainCon
             for r, h in zip(live, hidden[:, 0]):
                 features[r].append(h)
         for prompt_ids, answer, feats in zip(chunk, answers, features):
-            data["tokens"].append(torch.tensor(prompt_ids + answer))
+            data["tokens"].append(torch.tensor(prompt_ids + answer, device="cpu"))
             data["features"].append(torch.cat([torch.stack(feats), torch.zeros_like(feats[0])[None]]).to(
                 "cpu", torch.float16))
             data["answer_start"].append(len(prompt_ids))
@@ -463,15 +465,18 @@ def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll
     head's own output g_{k-1} of pass m - 1 (as m - 1 draft steps into a round)."""
     S = max(len(data["tokens"][r]) for r in rows)
     B, H = len(rows), embed.shape[1]
-    tokens = torch.zeros((B, S), dtype=torch.long)
-    features = torch.zeros((B, S, data["features"][rows[0]].shape[-1]))
-    valid = torch.zeros((B, S), dtype=torch.long)
-    scored = torch.zeros((B, S - 1), dtype=torch.bool)  # entries k = 1..S-1 whose target t_{k+1} exists
+    # Assembled where the data lives (the CPU), then moved to the weights' device in one copy each.
+    tokens = torch.zeros((B, S), dtype=torch.long, device="cpu")
+    features = torch.zeros((B, S, data["features"][rows[0]].shape[-1]), dtype=torch.float16, device="cpu")
+    valid = torch.zeros((B, S), dtype=torch.long, device="cpu")
+    scored = torch.zeros((B, S - 1), dtype=torch.bool, device="cpu")  # entries k = 1..S-1 whose target t_{k+1} exists
     for b, r in enumerate(rows):
         n = len(data["tokens"][r])
-        tokens[b, :n], features[b, :n], valid[b, :n] = data["tokens"][r], data["features"][r].float(), 1
+        tokens[b, :n], features[b, :n], valid[b, :n] = data["tokens"][r], data["features"][r], 1
         # Entry k drafts t_{k+1}; drafting starts at the entry of the last prompt token.
         scored[b, max(0, data["answer_start"][r] - 2): n - 2] = True
+    tokens, valid, scored = (t.to(embed.device) for t in (tokens, valid, scored))
+    features = features.to(embed.device).float()
     with torch.no_grad():  # [M, V]: the targets of the scored entries (of entries 1..S-1); only those reach the LM head
         log_p = torch.log_softmax(final_features(features, H)[:, 1:][scored] @ lm_head.t(), dim=-1)
     total = 0.0
@@ -487,7 +492,7 @@ def unrolled_outputs(head: MTPHead, tokens, features, valid, embed, passes: int)
     k = (f_{k-1}, E[t_k]) the verifier's feature (as right after a verify step), pass m the head's own output
     g_{k-1} of pass m - 1 (as m - 1 draft steps into a round). Output k predicts t_{k+1}."""
     embeddings = F.embedding(tokens[:, 1:], embed)
-    positions = torch.arange(tokens.shape[1] - 1)[None].expand(tokens.shape[0], -1)
+    positions = torch.arange(tokens.shape[1] - 1, device=tokens.device)[None].expand(tokens.shape[0], -1)
     features = head.verifier_features(features)
     inputs = features[:, :-1]
     for _ in range(passes):
@@ -520,11 +525,11 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     identity = {"verifier": verifier_fingerprint(verifier), "prompts": hashlib.sha256("\n".join(prompts).encode())
                 .hexdigest()[:16], "head": asdict(head_cfg), "train": asdict(cfg)}
     data_identity = {k: identity[k] for k in ("verifier", "prompts")} | {
-        k: identity["train"][k] for k in ("max_new_tokens", "temperature", "seed")} | {
+        k: identity["train"][k] for k in ("max_new_tokens", "temperature", "seed", "gen_batch")} | {
         "feature_layers": list(head_cfg.feature_layers)}
     t0 = time.perf_counter()
     data_file = out / DATA
-    data = torch.load(data_file) if data_file.exists() else None
+    data = torch.load(data_file, map_location="cpu") if data_file.exists() else None
     if data is None or data.get("identity") != data_identity:
         with torch.inference_mode():
             data = self_distillation_data(verifier, prompts, cfg, hidden_layers=head_cfg.feature_layers) | {
@@ -534,19 +539,21 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     log(f"self-distillation data: {len(prompts)} answers, {sum(map(len, data['tokens']))} tokens")
 
     torch.manual_seed(cfg.seed)
-    head = MTPHead(head_cfg)
+    with torch.device("cpu"):  # made on the CPU, then moved: a seed gives the same initial head on every device
+        head = MTPHead(head_cfg)
     if head_cfg.draft_vocab:
         if head_cfg.draft_vocab > embed.shape[0]:
             raise ValueError(f"draft vocabulary {head_cfg.draft_vocab} > the verifier's {embed.shape[0]} tokens")
         head.draft_vocab.copy_(frequent_tokens(data, head_cfg.draft_vocab, embed.shape[0]))
         log(f"draft vocabulary: the {head_cfg.draft_vocab} most frequent answer tokens cover "
             f"{torch.isin(answer_tokens(data), head.draft_vocab).float().mean():.2%} of the answers")
+    head.to(embed.device)
     lm_head = head_rows(head, lm_head)  # the loss compares p and q over the scored rows (renormalized there)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     step, seconds = 0, 0.0
     checkpoint = out / CHECKPOINT
     if checkpoint.exists():
-        saved = torch.load(checkpoint)
+        saved = torch.load(checkpoint, map_location=embed.device)
         if saved["identity"] == identity:
             head.load_state_dict(saved["head"])
             opt.load_state_dict(saved["optimizer"])
@@ -565,8 +572,8 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     loss_ema = None
     head.train()
     while step < end:
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # batch = f(seed, step): resumable
-        batch = [rows[i] for i in torch.randint(len(rows), (cfg.batch_size,), generator=gen).tolist()]
+        gen = torch.Generator(device="cpu").manual_seed(cfg.seed * 1_000_003 + step)  # batch = f(seed, step): resumable
+        batch = [rows[i] for i in torch.randint(len(rows), (cfg.batch_size,), generator=gen, device="cpu").tolist()]
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
         loss = head_loss(head, data, batch, embed, lm_head, cfg.unroll)
