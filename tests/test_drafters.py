@@ -270,11 +270,26 @@ def test_fused_features_start_as_the_last_block_alone_and_are_the_blocks_concate
 def test_feature_layers_the_verifier_lacks_or_without_the_last_are_one_line_errors(tmp_path, capsys):
     base = ["drafter", "train", "--task", "sorting", "--n", "2", "--steps", "1", "--out", str(tmp_path / "h")]
     assert main([*base, "--feature-layers", "2", "9", "-1"]) == 2
-    assert capsys.readouterr().err == "relaxspec: error: feature layers [2, 9, -1]: the verifier has 6 blocks " \
+    assert capsys.readouterr().err == "relaxspec: error: hidden layers [2, 9, -1]: the verifier has 6 blocks " \
         "(0..5, or -1 for the last)\n"
     assert main([*base, "--feature-layers", "1", "3"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("relaxspec: error: feature_layers must end with -1") and err.count("\n") == 1
+
+
+def test_a_hidden_block_the_verifier_lacks_is_an_error_on_both_backends_and_in_pad(builtin_pair, tmp_path, capsys):
+    """Block 6 of a 6-block verifier (or -7) is refused, not wrapped round to another block: by either
+    backend's forward and by `pivot label --hidden-layer` (one line, before any roll-out)."""
+    verifier, _ = builtin_pair
+    rows = [verifier.tokenizer(p)["input_ids"] for p in _prompts(2)]
+    for lm in (verifier, load_model("verifier", backend="transformers")):
+        assert _verifier_prefix_hidden(lm, rows, -6)[2].shape[-1] == 128  # block 0, counted from the end
+        for bad in (6, -7, (1, 6)):
+            with pytest.raises(ValueError, match=r"^hidden layers? .*: the verifier has 6 blocks \(0\.\.5, or -1"):
+                _verifier_prefix_hidden(lm, rows, bad)
+    assert main(["pivot", "label", "--prompts", "2", "--hidden-layer", "6", "--out", str(tmp_path / "l.pt")]) == 2
+    assert capsys.readouterr().err == ("relaxspec: error: hidden layer 6: the verifier has 6 blocks (0..5, or -1 "
+                                       "for the last)\n")
 
 
 def test_mtp_training_resumes_to_the_same_head(builtin_pair, tmp_path):

@@ -34,7 +34,7 @@ Intervals vs strict are at 1 - 0.05/looks (Bonferroni over the looks). Each spec
 drafter its classifier was trained for) x N in {{3, 5, 10}} x tasks arithmetic and sorting, --sampling paper,
 80 prompts, 1 repeat in the first look, at most 2 looks (the second for cells undecided at the findings'
 budget, --max-drop 0.1), no batch-1 timing (the findings use the modelled speed-ups at the measured c_rel), a
-60-minute time budget: 524 cells, 20-30 min on 2 CPU cores (the first look's estimate is printed). Explicit flags
+60-minute time budget: 524 cells, 15-30 min on 2 CPU cores (the first look's estimate is printed). Explicit flags
 (and a --config's keys) override the preset's settings, --sampling its sampling.
 
 --methods takes a comma-separated list of NAME (its paper grid) or NAME:PARAM=V1/V2[;PARAM=V]

@@ -36,7 +36,7 @@ SAMPLING_PRESETS = {"paper": {"temperature": 0.6, "top_k": 20, "top_p": 0.95}}  
 # Run presets (`--preset NAME`, `preset = "NAME"` in a TOML config): whole bench settings by name, a sampling
 # preset among them; a config's keys and explicit flags override them. "paper": the investigation's drafter
 # kinds x the default grid (AR, strict, every training-free rule at its paper grid, PAD where its classifier
-# fits) x N in {3, 5, 10} x two tasks: 20-26 min on 2 CPU cores as measured (see estimate_minutes). A third
+# fits) x N in {3, 5, 10} x two tasks: 15-26 min on 2 CPU cores as measured (see estimate_minutes). A third
 # look would not help the findings: after the second, no cell is left OPEN (wide and straddling the budget).
 RUN_PRESETS = {
     "paper": {"drafters": ["drafter-mtp", "drafter-strong", "drafter-weak"], "tasks": ["arithmetic", "sorting"],

@@ -94,10 +94,15 @@ class CausalLM:
 
 
 def hidden_blocks(hidden_layer: int | tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:
-    """The 0-based blocks a `hidden_layer` argument names (an int, a tuple of them, or None: none)."""
+    """The 0-based blocks a `hidden_layer` argument names (an int, a tuple of them, or None: none); a
+    ValueError for a block the model lacks (negative indices count from the last, -1)."""
     if hidden_layer is None:
         return ()
-    return tuple(i % num_layers for i in ((hidden_layer,) if isinstance(hidden_layer, int) else hidden_layer))
+    layers = (hidden_layer,) if isinstance(hidden_layer, int) else tuple(hidden_layer)
+    if any(not -num_layers <= i < num_layers for i in layers):
+        named = f"layer {hidden_layer}" if isinstance(hidden_layer, int) else f"layers {list(layers)}"
+        raise ValueError(f"hidden {named}: the verifier has {num_layers} blocks (0..{num_layers - 1}, or -1 for the last)")
+    return tuple(i % num_layers for i in layers)
 
 
 def crop_cache(cache, length: int) -> None:

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from relaxspec.models.drafters import Drafter, Proposal
 from relaxspec.models.family import BUILTIN_DIR
-from relaxspec.models.hf import CausalLM
+from relaxspec.models.hf import CausalLM, hidden_blocks
 
 KIND = "mtp"
 BUILTIN_HEADS = ("drafter-mtp", "smollm2-drafter")
@@ -519,9 +519,7 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     head_cfg = head_cfg or HeadConfig(hidden=embed.shape[1])
     if head_cfg.hidden != embed.shape[1]:
         raise ValueError(f"head hidden size {head_cfg.hidden} != the verifier's {embed.shape[1]}")
-    if any(not -verifier.num_layers <= i < verifier.num_layers for i in head_cfg.feature_layers):
-        raise ValueError(f"feature layers {list(head_cfg.feature_layers)}: the verifier has {verifier.num_layers} "
-                         f"blocks (0..{verifier.num_layers - 1}, or -1 for the last)")
+    hidden_blocks(head_cfg.feature_layers, verifier.num_layers)  # a block the verifier lacks: a ValueError, before any work
     identity = {"verifier": verifier_fingerprint(verifier), "prompts": hashlib.sha256("\n".join(prompts).encode())
                 .hexdigest()[:16], "head": asdict(head_cfg), "train": asdict(cfg)}
     data_identity = {k: identity[k] for k in ("verifier", "prompts")} | {

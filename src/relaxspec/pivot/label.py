@@ -286,12 +286,14 @@ def label_pivots(verifier, drafter, task, n_prompts: int | None = None, k: int =
     from tqdm.auto import tqdm
 
     from relaxspec.models import check_same_vocab, load_model
+    from relaxspec.models.hf import hidden_blocks
 
     if isinstance(verifier, (str, Path)):
         verifier = load_model(verifier)
     if isinstance(drafter, (str, Path)):
         drafter = load_model(drafter)
     check_same_vocab(verifier, drafter)
+    hidden_blocks(hidden_layer, verifier.num_layers)  # a block the verifier lacks: a ValueError before any work
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if margin is None:
