@@ -291,8 +291,9 @@ def finding_strong(rows: list[dict], roles: dict, column: str) -> Finding:
                                                     column, _within), column)) for t in _tasks(rows)):
         f.verdict, f.reason = _both_ways(False, False, "strict cells with a speed-up for the strong drafter")
         return f
-    f.evidence.append(f"gain over strict's best: {', '.join(_f(g) for g in gains[False])} (undecided counted in: "
-                      f"{', '.join(_f(g) for g in gains[True])})")
+    gain = lambda gs: ", ".join("-" if math.isnan(g) else f"{g:.3f}" for g in gs)  # noqa: E731  (3 places: the bar is 1.05)
+    f.evidence.append(f"gain over strict's best: {gain(gains[False])} (needs >= {SPEED_GAIN} on every task; undecided "
+                      f"counted in: {gain(gains[True])})")
     ok = lambda gs: all(g >= SPEED_GAIN for g in gs)  # noqa: E731  (NaN: no eligible relaxed cell, a failure)
     f.verdict, f.reason = _both_ways(higher and ok(gains[False]), higher and ok(gains[True]))
     return f
