@@ -162,8 +162,8 @@ def _s(r: dict | None, column: str) -> float:
     return math.nan if r is None else r[column]
 
 
-def _f(x: float) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+def _f(x: float, places: int = 2) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{places}f}"
 
 
 # ---------------------------------------------------------------- the findings
@@ -291,7 +291,7 @@ def finding_strong(rows: list[dict], roles: dict, column: str) -> Finding:
                                                     column, _within), column)) for t in _tasks(rows)):
         f.verdict, f.reason = _both_ways(False, False, "strict cells with a speed-up for the strong drafter")
         return f
-    gain = lambda gs: ", ".join("-" if math.isnan(g) else f"{g:.3f}" for g in gs)  # noqa: E731  (3 places: the bar is 1.05)
+    gain = lambda gs: ", ".join(_f(g, 3) for g in gs)  # noqa: E731  (3 places: the bar is 1.05)
     f.evidence.append(f"gain over strict's best: {gain(gains[False])} (needs >= {SPEED_GAIN} on every task; undecided "
                       f"counted in: {gain(gains[True])})")
     ok = lambda gs: all(g >= SPEED_GAIN for g in gs)  # noqa: E731  (NaN: no eligible relaxed cell, a failure)
