@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relaxspec.models import FAMILY, builtin_path, load_model
-from relaxspec.bench.family import task_accuracy
+from relaxspec.models.commands import task_accuracy
 
 
 @pytest.mark.parametrize("name", list(FAMILY))
@@ -58,7 +58,7 @@ def _tiny_spec(layers, **kw):
 
 
 def test_layer_truncation_takes_the_teachers_layers_in_order():
-    from relaxspec.models.train import _copy_from_teacher, build_model
+    from relaxspec.training.family import _copy_from_teacher, build_model
 
     teacher = build_model(_tiny_spec(3), 50, 1, 0, seed=1).eval()
     ids = torch.randint(2, 50, (2, 7))
@@ -77,7 +77,7 @@ def test_layer_truncation_takes_the_teachers_layers_in_order():
 
 
 def test_distill_loss_is_the_kl_on_response_tokens_only():
-    from relaxspec.models.train import _distill_loss
+    from relaxspec.training.family import _distill_loss
 
     torch.manual_seed(0)
     teacher, student = torch.randn(2, 6, 11), torch.randn(2, 6, 11)
@@ -97,7 +97,7 @@ def test_distill_loss_is_the_kl_on_response_tokens_only():
 
 def test_a_distilled_model_needs_its_teacher(tmp_path):
     from relaxspec.models.family import TOKENIZER_DIR
-    from relaxspec.models.train import train_family
+    from relaxspec.training.family import train_family
 
     with pytest.raises(ValueError, match="drafter-strong distils from verifier, which is not in"):
         train_family(tmp_path, only=["drafter-strong"], tokenizer_from=TOKENIZER_DIR, scale=0.001)
@@ -140,7 +140,7 @@ def test_training_script_runs_end_to_end_on_a_tiny_budget(tmp_path, capsys):
 
 
 def test_family_table_lists_each_kind_with_its_cost():
-    from relaxspec.bench.family import family_table
+    from relaxspec.models.commands import family_table
 
     table = family_table(tasks=("arithmetic",), n=2, temperatures=(0.0,))
     rows = {line.split()[0]: line.split() for line in table.splitlines()[2:] if line and not line.startswith("(")}

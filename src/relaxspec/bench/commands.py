@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from relaxspec.bench.executors import add_executor_arguments, executor_options, print_failed
-from relaxspec.bench.findings import FINDINGS_MAX_DROP
+from relaxspec.bench.names import FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
                                     DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, RUN_PRESETS, SAMPLING_PRESETS, BenchConfig,
@@ -192,7 +192,7 @@ def cmd_report(args) -> int:
 
 
 def _findings(out_dir: Path, max_drop: float, c_rel: float | None) -> int:
-    from relaxspec.bench.findings import check_findings, format_findings, speed_column
+    from relaxspec.study.findings import check_findings, format_findings, speed_column
     from relaxspec.bench.report import build_rows
     from relaxspec.bench.store import Store
 

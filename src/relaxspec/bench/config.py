@@ -18,8 +18,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from relaxspec.bench.findings import FINDINGS_MAX_DROP
-from relaxspec.bench.names import AR
+from relaxspec.bench.names import AR, FINDINGS_MAX_DROP
 
 DEFAULT_OUT = "relaxspec-results"
 DEFAULT_PAD_THRESHOLDS = (0.3, 0.5, 0.7)
