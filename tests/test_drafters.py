@@ -1,4 +1,4 @@
-"""The drafter protocol and its three kinds: LM, MTP head, prompt lookup (DESIGN.md, "Drafters")."""
+"""The drafter protocol and its three kinds: LM, MTP head, prompt lookup (docs/design.md, "Drafters")."""
 
 import json
 import os

@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,13 +35,18 @@ def test_family_shares_one_tokenizer_and_is_small():
     assert total <= 25 * 2**20
 
 
-# Floors that untrained or corrupted weights (accuracy 0) cannot pass; see the README table for the measured values.
-ACCURACY_FLOOR = {"verifier": 0.6, "drafter-strong": 0.15}
+# Greedy arithmetic accuracy over 100 held-out problems (README, "Built-in models"); the test reads the first
+# N_HELD_OUT of them, whose mean lies within two standard errors sqrt(p (1 - p) / N) of p: verifier >= 0.75,
+# drafter-strong >= 0.52 (measured on these 20: 0.90 and 0.75).
+MEASURED_ACCURACY = {"verifier": 0.89, "drafter-strong": 0.72}
+N_HELD_OUT = 20
+ACCURACY_FLOOR = {name: p - 2 * math.sqrt(p * (1 - p) / N_HELD_OUT) for name, p in MEASURED_ACCURACY.items()}
 
 
 @pytest.mark.parametrize("name", list(ACCURACY_FLOOR))
 def test_shipped_model_solves_held_out_problems(name):
-    assert task_accuracy(load_model(name), "arithmetic", 20, max_new_tokens=120) >= ACCURACY_FLOOR[name]
+    accuracy = task_accuracy(load_model(name), "arithmetic", N_HELD_OUT, max_new_tokens=120)
+    assert accuracy >= ACCURACY_FLOOR[name], (accuracy, ACCURACY_FLOOR[name])
 
 
 def test_drafters_are_ordered_by_competence():

@@ -1,7 +1,7 @@
 """What every acceptance rule is made of, and the registry of rules.
 
 A rule is pure math on processed distributions. It gives three things
-(DESIGN.md, "The unified verify step"):
+(docs/design.md, "The unified verify step"):
 
 * `accept_prob`: the probability of accepting draft x_i at each draft position;
 * `residual`: unnormalised weights to sample from at the first rejection;

@@ -12,7 +12,7 @@ Each round, for every live row:
 Rows accept different numbers of drafts, so each row's positions come from its own attention-mask
 row while all rows share one cache length (see relaxspec.models.hf).
 
-Randomness (DESIGN.md, "Coupled randomness"): each sequence has its own seed, and every draw it
+Randomness (docs/design.md, "Coupled randomness"): each sequence has its own seed, and every draw it
 consumes (drafter sample, acceptance uniform, residual / bonus / AR sample) is keyed by (that seed,
 the absolute output position, the purpose), so outputs do not depend on the batch, and two
 methods given the same seeds share every draw.
