@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from relaxspec.names import AR
+
 
 def _parse_value(text: str):
     for cast in (int, float):
@@ -94,7 +96,7 @@ def cmd_generate(args) -> int:
     params.update(parse_params(args.param))
     prompts = _read_prompts(args)
     verifier = load_model(args.verifier, **device_kwargs(args))
-    drafter = None if args.method == "ar" else load_drafter(args.drafter, verifier)
+    drafter = None if args.method == AR else load_drafter(args.drafter, verifier)
     pivot_fn = None
     if args.method == "pad":
         from relaxspec.pivot import builtin_classifier_path, load_classifier
@@ -118,7 +120,7 @@ def cmd_generate(args) -> int:
     print(f"[{args.method}] {s.generated_tokens} tokens in {s.time_total_s:.2f}s; "
           f"acceptance rate {s.acceptance_rate:.2f}; mean acceptance length (with bonus) "
           f"{s.mean_acceptance_length:.2f}; verifier forwards {s.verifier_forwards}", file=sys.stderr)
-    if args.show and args.method != "ar":
+    if args.show and args.method != AR:
         print(SHOW_LEGEND_COLOR if sys.stdout.isatty() else SHOW_LEGEND_PLAIN, file=sys.stderr)
     return 0
 

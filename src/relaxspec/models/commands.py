@@ -15,11 +15,11 @@ from relaxspec.models.hf import load_model, measure_step_latency
 def task_accuracy(lm, task: str, n: int, temperature: float = 0.0, seed: int = 0,
                   max_new_tokens: int = 160) -> float:
     """Mean utility of `lm` alone (autoregressive) on n held-out problems of a synthetic task."""
-    from relaxspec.engine import generate
+    from relaxspec.engine import AR, generate
     from relaxspec.tasks.synthetic import synthetic_task
 
     t = synthetic_task(task, "test", n)
-    out = generate(lm, None, t.prompts, method="ar", max_new_tokens=max_new_tokens, temperature=temperature,
+    out = generate(lm, None, t.prompts, method=AR, max_new_tokens=max_new_tokens, temperature=temperature,
                    seed=seed)
     return sum(t.score(r.text, ref) for r, ref in zip(out.results, t.references)) / n
 
