@@ -34,6 +34,7 @@ from relaxspec.bench.runner import (
     speed_constants,
 )
 from relaxspec.bench.stats import Interval, paired_diff_interval
+from relaxspec.bench.sampling import TUNE_HELDOUT_PROMPTS
 from relaxspec.bench.store import Row, Store, cell_key, token_hash
 from relaxspec.bench.versions import code_version, model_version
 from relaxspec.tune.objective import OBJECTIVES, speed_interval
@@ -43,9 +44,9 @@ from relaxspec.tune.space import DEFAULT_DRAFT_LENGTHS, Config, make_config, sea
 DEFAULT_OUT = "relaxspec-tune"
 DEFAULT_MAX_DROP = 0.02
 DEFAULT_BUDGET_MINUTES = 11.0
-DEFAULT_SEARCH_PROMPTS = 80
-DEFAULT_HELDOUT_PROMPTS = 80
-DEFAULT_HELDOUT_REPEATS = 3
+DEFAULT_SEARCH_PROMPTS = 240  # the last rung's 240 samples on distinct prompts (repeats are clustered: worth less)
+DEFAULT_HELDOUT_PROMPTS = TUNE_HELDOUT_PROMPTS  # 240, which a bench's later looks never draw
+DEFAULT_HELDOUT_REPEATS = 1
 
 
 @dataclass
