@@ -129,11 +129,9 @@ def test_pad_cells_are_skipped_with_a_warning_without_a_classifier(tmp_path, mon
 
 
 def test_pad_cells_run_with_the_shipped_classifier(tmp_path, monkeypatch):
-    pivot = pytest.importorskip("relaxspec.pivot")
-    try:
-        path = pivot.builtin_classifier_path()
-    except FileNotFoundError:
-        pytest.skip("no built-in PAD classifier shipped")
+    import relaxspec.pivot as pivot
+
+    path = pivot.builtin_classifier_path()  # shipped with the package (pyproject's package-data): never skipped
     monkeypatch.setenv("RELAXSPEC_CODE_VERSION", "test-pad-run")
     config = small_config(tmp_path, methods=["ar", "pad:threshold=0.5"], limit=2, repeats=1)
     summary = run_grid(config, progress=False, log=lambda *a: None)
@@ -152,7 +150,7 @@ def test_code_version_covers_the_whole_sample_path(tmp_path, monkeypatch):
     from pathlib import Path
 
     import relaxspec
-    from relaxspec.bench import runner
+    from relaxspec.bench import cell
     from relaxspec.bench.versions import code_version
     from relaxspec.tasks import arithmetic
     monkeypatch.delenv("RELAXSPEC_CODE_VERSION", raising=False)
@@ -173,7 +171,7 @@ def test_code_version_covers_the_whole_sample_path(tmp_path, monkeypatch):
             path.write_text(text)
 
     scorer = Path(inspect.getsourcefile(arithmetic)).relative_to(src).as_posix()
-    seeding = Path(inspect.getsourcefile(runner.run_samples)).relative_to(src).as_posix()
+    seeding = Path(inspect.getsourcefile(cell.run_samples)).relative_to(src).as_posix()
     assert edited(scorer, "def ", "def  ") != base
     assert edited(seeding, "derive_seed(spec.seed, i, r)", "derive_seed(spec.seed, r, i)") != base
     assert edited("bench/report.py", "def ", "def  ") == base  # presentation only

@@ -6,12 +6,14 @@ import hashlib
 import os
 from pathlib import Path
 
+from relaxspec.version import __version__
+
 # What a cell's samples do not depend on: presentation and analysis of stored cells (paths relative to the
 # package, a folder ending in "/"). Everything else in the package is on the sample path or may be (engine,
 # acceptance, models, drafters, tasks with their templates and scorers, pivot, the runners' seeding and batching,
 # the CLI that builds the settings) and enters the code version. Built-in weights and classifiers are hashed
 # per cell where they are used (model_version, the PAD classifier's version).
-NOT_ON_SAMPLE_PATH = ("bench/report.py", "bench/plots.py", "bench/findings.py", "study/", "tune/report.py",
+NOT_ON_SAMPLE_PATH = ("bench/report.py", "bench/plots.py", "study/", "tune/report.py",
                       "tune/compare.py", "models/builtin/", "pivot/builtin/")
 
 
@@ -32,15 +34,14 @@ def code_version(root: str | Path | None = None) -> str:
     """relaxspec version + hash of every package file that may decide a cell's samples (code_files; `root`:
     the package directory, default the imported one). RELAXSPEC_CODE_VERSION, when set, replaces it: e.g. to
     keep reusing stored cells across an edit known not to change results."""
-    import relaxspec
     if os.environ.get("RELAXSPEC_CODE_VERSION"):
         return os.environ["RELAXSPEC_CODE_VERSION"]
-    root = Path(root) if root is not None else Path(relaxspec.__file__).parent
-    h = hashlib.sha256(relaxspec.__version__.encode())
+    root = Path(root) if root is not None else Path(__file__).parents[1]
+    h = hashlib.sha256(__version__.encode())
     for path in code_files(root):
         h.update(path.relative_to(root).as_posix().encode())
         h.update(path.read_bytes())
-    return f"{relaxspec.__version__}+{h.hexdigest()[:12]}"
+    return f"{__version__}+{h.hexdigest()[:12]}"
 
 
 def file_version(path: str | Path) -> str:
@@ -59,6 +60,6 @@ def file_version(path: str | Path) -> str:
 
 def model_version(name: str) -> str:
     from relaxspec.models import builtin_path, is_builtin
-    from relaxspec.models.mtp import head_directory
+    from relaxspec.models.family import head_directory
     path = builtin_path(name) if is_builtin(name) else head_directory(name)  # a built-in head, or a directory
     return file_version(path) if path.exists() else name  # hub ids: the name is all we know
