@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 
-from relaxspec.bench.stats import Interval, cluster_of
+from relaxspec.bench.speedup import rounds
+from relaxspec.bench.stats import Interval, cluster_of, ratio_interval
 
 OBJECTIVES = ("length-adjusted", "modelled", "measured-bs1")
 
@@ -24,45 +25,6 @@ OBJECTIVES = ("length-adjusted", "modelled", "measured-bs1")
 def round_cost(draft_length: int, extra: int, c_rel: float, c_block: float) -> float:
     """Verifier one-token steps a speculative round costs: (N + extra) drafter steps and one verify block."""
     return (draft_length + extra) * c_rel + c_block
-
-
-def rounds(row) -> float:
-    tau = row.stats.get("mean_acceptance_length") or 1.0
-    return row.tokens / tau
-
-
-def ratio_interval(a: list[float], b: list[float], confidence: float, clusters=None) -> Interval:
-    """mean(a) / mean(b) for paired samples with Fieller's interval: the ratios R with (mean(a) - R mean(b))^2
-    <= t^2 Var(mean(a) - R mean(b)), the variance cluster-robust (CR1; `clusters`: one label per sample, e.g. its
-    prompt; None: independent samples) and t on (clusters - 1) degrees of freedom. Unlike a normal interval on
-    the log of the ratio it needs no large sample: it holds exactly for normal means at any size, and it is
-    unbounded ([0, inf]) when mean(b) is not clearly positive. Minimum: 2 clusters (fewer give [0, inf])."""
-    import numpy as np
-
-    from relaxspec.bench.stats import t_value
-    n = len(a)
-    if n == 0 or n != len(b):
-        return Interval(math.nan, math.nan, math.nan, 0, confidence)
-    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    ma, mb = float(x.mean()), float(y.mean())
-    if ma <= 0 or mb <= 0:
-        return Interval(math.nan, math.nan, math.nan, n, confidence)
-    ratio = ma / mb
-    _, inverse = np.unique(np.asarray(range(n) if clusters is None else clusters), return_inverse=True)
-    g = int(inverse.max()) + 1
-    if g < 2:
-        return Interval(ratio, 0.0, math.inf, n, confidence, g)
-    ea = np.bincount(inverse, weights=x - ma, minlength=g)
-    eb = np.bincount(inverse, weights=y - mb, minlength=g)
-    scale = g / (g - 1) / n ** 2
-    vaa, vbb, vab = scale * float(ea @ ea), scale * float(eb @ eb), scale * float(ea @ eb)
-    t2 = t_value(confidence, g - 1) ** 2
-    qa, qb, qc = mb * mb - t2 * vbb, ma * mb - t2 * vab, ma * ma - t2 * vaa
-    disc = qb * qb - qa * qc
-    if qa <= 0 or disc < 0:
-        return Interval(ratio, 0.0, math.inf, n, confidence, g)
-    root = math.sqrt(disc)
-    return Interval(ratio, max(0.0, (qb - root) / qa), (qb + root) / qa, n, confidence, g)
 
 
 def speed_interval(objective: str, rows: dict, ar_rows: dict | None, draft_length: int, extra: int, c_rel: float,
