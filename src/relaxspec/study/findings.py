@@ -476,46 +476,48 @@ def _config(r: dict) -> tuple:
     return r["method"], r["params"], r["draft_length"]
 
 
-def finding_transfer(store, rows: list[dict], column: str, looks: int, max_drop: float) -> Finding:
+def finding_transfer(store, rows: list[dict], column: str, c_rel: float | None, looks: int,
+                     max_drop: float) -> Finding:
     f = Finding("6", "the best hyper-parameters on one task are not the best on the other",
                 f"for most drafters, the configuration (rule, parameters, N) with the highest S within the budget on "
                 f"one task is, on the other, beyond the budget or below {TRANSFER:g} x that task's best S (either "
-                "direction)")
+                "direction; the ratio of the two S by its interval, paired by sample)")
     tasks = _tasks([r for r in rows if r["method"] != AR])
     drafters = sorted({r["drafter"] for r in rows if r["drafter"]})
-    rows, _ = _controlled(f, store, rows, with_strict(rows, lambda r: True), 0, looks, max_drop)
+    rows, confidence = _controlled(f, store, rows, with_strict(rows, lambda r: True),
+                                   len(drafters) * len(tasks) * (len(tasks) - 1), looks, max_drop)
     if len(tasks) < 2:
         f.verdict, f.reason = _both_ways(False, False, "a second task")
         return f
-    fails = {False: [], True: []}
+    sure_fail, sure_ok = [], []  # per drafter: fails to transfer for sure; transfers for sure (both directions)
     for drafter in drafters:
-        for lenient, eligible in ((False, _within), (True, _not_beyond)):
-            failed = False
-            for a in tasks:
-                for b in tasks:
-                    if a == b:
-                        continue
-                    best_a = _best(_speculative(rows, drafter, a), column, eligible)
-                    cells_b = _speculative(rows, drafter, b)
-                    best_b = _best(cells_b, column, eligible)
-                    if best_a is None or best_b is None:
-                        continue
-                    same = next((r for r in cells_b if _config(r) == _config(best_a)), None)
-                    ok = same is not None and (same["method"] == STRICT or eligible(same)) and \
-                        same[column] >= TRANSFER * best_b[column]
-                    failed |= not ok
-                    if not lenient:
-                        f.evidence.append(
-                            f"{drafter}: best on {a} {method_label(best_a['method'], json.loads(best_a['params']))} "
-                            f"N={best_a['draft_length']} ({_f(best_a[column])}x); on {b} it gives "
-                            + (f"{_f(same[column])}x, {_diff(same) if _relaxed(same) else 'strict'}" if same else "-")
-                            + f" vs {b}'s best {method_label(best_b['method'], json.loads(best_b['params']))} "
-                            f"N={best_b['draft_length']} {_f(best_b[column])}x: {'transfers' if ok else 'does not transfer'}")
-            fails[lenient].append(failed)
+        fails = transfers = None
+        for a in tasks:
+            for b in tasks:
+                best_a = _best(_speculative(rows, drafter, a), column, _within)
+                cells_b = _speculative(rows, drafter, b)
+                best_b = _best(cells_b, column, _within)
+                if a == b or best_a is None or best_b is None:
+                    continue
+                same = next((r for r in cells_b if _config(r) == _config(best_a)), None)
+                i = None if same is None or same is best_b else speed_ratio(store, same, best_b, c_rel, confidence)
+                good = same is not None and (same["method"] == STRICT or _within(same))
+                possible = same is not None and (same["method"] == STRICT or _not_beyond(same))
+                ok = good and (i is None or i.low >= TRANSFER)  # transfers for sure
+                bad = not possible or (i is not None and i.high < TRANSFER)  # fails for sure
+                fails, transfers = bool(fails) or bad, (transfers is None or transfers) and ok
+                f.evidence.append(
+                    f"{drafter}: best on {a} {method_label(best_a['method'], json.loads(best_a['params']))} "
+                    f"N={best_a['draft_length']} ({_f(best_a[column])}x); on {b} it gives "
+                    + (f"{_f(same[column])}x, {_diff(same) if _relaxed(same) else 'strict'}" if same else "-")
+                    + f" vs {b}'s best {method_label(best_b['method'], json.loads(best_b['params']))} "
+                    f"N={best_b['draft_length']} {_f(best_b[column])}x (ratio {_ci(i) if i else '1' if same else '-'}): "
+                    + ("transfers" if ok else "does not transfer" if bad else "undecided"))
+        if fails is not None:
+            sure_fail.append(fails)
+            sure_ok.append(bool(transfers))
     majority = lambda xs: sum(xs) > len(xs) / 2  # noqa: E731
-    # Which scenario is "against" is not monotone here: the verdict needs both to agree.
-    a, b = majority(fails[False]), majority(fails[True])
-    f.verdict, f.reason = _both_ways(a and b, a or b)
+    f.verdict, f.reason = _both_ways(majority(sure_fail), majority([not x for x in sure_ok]))
     return f
 
 
@@ -567,7 +569,7 @@ def check_findings(store, rows: list[dict], max_drop: float = FINDINGS_MAX_DROP,
             finding_strong(store, rows, roles, column, c_rel, looks, max_drop),
             finding_weak_lengths(store, rows, roles, column, looks),
             finding_tune_n(store, rows, column, c_rel, looks, max_drop),
-            finding_transfer(store, rows, column, looks, max_drop),
+            finding_transfer(store, rows, column, c_rel, looks, max_drop),
             finding_pad(store, rows, column, looks, max_drop)]
 
 
