@@ -55,11 +55,12 @@ def draw_utilities(prompts: int, repeats: int, rng: np.random.Generator) -> np.n
     return (rng.random((prompts, repeats)) < p[:, None]).astype(np.float64)
 
 
-def coverage(scenario: str, prompts: int, repeats: int, sims: int = SIMS, seed: int = 0) -> tuple[float, float]:
-    """(clustered, independent) share of `sims` runs whose 95% interval covers the truth."""
+def coverage(scenario: str, prompts: int, repeats: int, sims: int = SIMS, seed: int = 0) -> tuple:
+    """(clustered, independent) share of `sims` runs whose 95% interval covers the truth, then their mean
+    half-widths."""
     rng = np.random.default_rng([seed, prompts, repeats, len(scenario)])
     clusters = np.repeat(np.arange(prompts), repeats)
-    hit = np.zeros(2)
+    hit, width = np.zeros(2), np.zeros(2)
     for _ in range(sims):
         if scenario == "utility":
             truth, x = 0.7, draw_utilities(prompts, repeats, rng).ravel()
@@ -68,7 +69,8 @@ def coverage(scenario: str, prompts: int, repeats: int, sims: int = SIMS, seed: 
             truth, x = diff_truth(scenario), draw_diffs(scenario, prompts, repeats, rng).ravel()
             found = [diff_interval(x, clusters), diff_interval(x)]
         hit += [i.low <= truth <= i.high for i in found]
-    return hit[0] / sims, hit[1] / sims
+        width += [i.half_width for i in found]
+    return hit[0] / sims, hit[1] / sims, width[0] / sims, width[1] / sims
 
 
 def table(sims: int = SIMS) -> list[tuple[str, int, int, float, float]]:
@@ -78,8 +80,9 @@ def table(sims: int = SIMS) -> list[tuple[str, int, int, float, float]]:
 def format_table(rows, sims: int) -> str:
     se = (0.95 * 0.05 / sims) ** 0.5
     out = [f"coverage of 95% intervals, {sims} runs per setting (Monte Carlo s.e. {se:.4f} at 0.95)",
-           f"{'scenario':<12} {'prompts':>7} {'repeats':>7} {'clustered':>9} {'independent':>11}"]
-    out += [f"{s:<12} {g:>7} {m:>7} {c:>9.3f} {i:>11.3f}" for s, g, m, c, i in rows]
+           f"{'scenario':<12} {'prompts':>7} {'repeats':>7} {'clustered':>9} {'independent':>11} "
+           f"{'half-width clustered':>20} {'independent':>11}"]
+    out += [f"{s:<12} {g:>7} {m:>7} {c:>9.3f} {i:>11.3f} {wc:>20.4f} {wi:>11.4f}" for s, g, m, c, i, wc, wi in rows]
     return "\n".join(out)
 
 
