@@ -157,3 +157,16 @@ def test_independent_prompts_first_then_repeats_when_the_pool_runs_out():
             assert before < after and set(new_samples(80, 1, look, look + 1, pool)) == after - before
         stored = samples_at(80, 1, 2, pool)
         assert looks_done(stored, lambda n, p=pool: samples_at(80, 1, n, p), 4) == 2
+
+
+def test_samples_stored_under_another_plan_are_not_mixed_in(tmp_path):
+    """--repeats is not in a cell's key: a cell stored with 1 repeat per prompt is reported, not extended with
+    samples it already has, when a run asks for 2."""
+    spec = CellSpec("v", "d", "t", "strict", {}, 3, 0)
+    with Store(tmp_path) as store:
+        _cell(store, "k", "strict", [1.0] * 4)  # prompts 0..3, repeat 0
+        one, two = RunSummary(), RunSummary()
+        assert _look_jobs(1, [(spec, "k")], {}, store, BenchConfig(limit=4, repeats=1), 0.0, one, print) == []
+        assert _look_jobs(1, [(spec, "k")], {}, store, BenchConfig(limit=4, repeats=2), 0.0, two, print) == []
+        assert not one.failed and two.failed == [f"{spec.label}: its stored samples follow another --repeats; "
+                                                 "use another --out"]

@@ -158,6 +158,12 @@ def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: B
     plan = plan or (lambda task, n: samples_at(config.limit, config.repeats, n, math.inf))
     done = {k: looks_done(store.utilities(k), lambda n, t=c.task: plan(t, n), look) for c, k in keyed}
     target = look
+    for c, k in keyed:  # samples stored under another plan (e.g. --repeats changed): not mixed in
+        if done[k] == 0 and store.has(k):
+            message = f"{c.label}: its stored samples follow another --repeats; use another --out"
+            if message not in summary.failed:
+                summary.failed.append(message)
+    keyed = [(c, k) for c, k in keyed if done[k] or not store.has(k)]
     if look == 1:
         summary.skipped = [k for c, k in keyed if done[k] >= target]
         if summary.skipped:
