@@ -28,8 +28,9 @@ def test_bench_then_report_end_to_end(tmp_path):
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["method"] for r in rows] == ["ar", "strict", "r-fuzzy"]
-    assert all(r["n_prompts"] == "2" for r in rows)
+    assert [r["n_prompts"] for r in rows] == ["2", "4", "4"]  # look 2 adds new prompts, not repeats
     assert [r["n_samples"] for r in rows] == ["2", "4", "4"]
+    assert " 4x1 " in first.stdout  # prompts x repeats per cell
 
     again = run(*args, cwd=tmp_path)
     assert again.returncode == 0 and "ran 0 cells, skipped 3" in again.stdout

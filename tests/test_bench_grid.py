@@ -62,8 +62,8 @@ def test_rule_needs_come_from_the_rules_declarations():
 
 
 def test_repeats_double_per_look_and_settings_are_checked():
-    config = BenchConfig(repeats=2, looks=3)
-    assert [config.repeats_at(k) for k in (1, 2, 3)] == [2, 4, 8]
+    from relaxspec.bench.sampling import samples_at
+    assert [len(samples_at(80, 2, k, 10_000)) for k in (1, 2, 3)] == [160, 320, 640]
     for bad, match in [(dict(looks=0), "looks"), (dict(workers=0), "workers"), (dict(max_drop=1.5), "max drop"),
                        (dict(time_budget_s=0), "time budget"), (dict(speed_prompts=-1), "speed prompts")]:
         with pytest.raises(ValueError, match=match):

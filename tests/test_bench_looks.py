@@ -36,17 +36,17 @@ def test_later_looks_extend_only_undecided_cells(tmp_path):
         _cell(store, "open", "open", [1.0] * 30 + [0.0] * 40 + [1.0] * 330)
         _cell(store, "beyond", "beyond", [0.0] * 400)  # wholly beyond
         _cell(store, "orphan", "orphan", [0.0] * 12 + [1.0] * 388)  # no strict at its N: cannot be decided
-        config = BenchConfig(repeats=1, looks=3, max_drop=0.03, time_budget_s=1e6)
+        config = BenchConfig(limit=400, repeats=1, looks=3, max_drop=0.03, time_budget_s=1e6)
         summary = RunSummary()
         jobs = _look_jobs(2, keyed, strict_key, store, config, 0.0, summary, print)
         assert [(c.method, done, target) for c, _, done, target in jobs] == [("strict", 1, 2), ("open", 1, 2)]
         # at a wider budget the straddling cell is decided too: nothing to do
-        wide = BenchConfig(repeats=1, looks=3, max_drop=0.2, time_budget_s=1e6)
+        wide = BenchConfig(limit=400, repeats=1, looks=3, max_drop=0.2, time_budget_s=1e6)
         assert _look_jobs(2, keyed, strict_key, store, wide, 0.0, RunSummary(), print) == []
         # the time budget: strict's next look (400 samples at 0.01 s) does not fit in 3 s; its relaxed cell
         # is not run without it
         import time
-        tight = BenchConfig(repeats=1, looks=3, max_drop=0.03, time_budget_s=3.0, workers=1)
+        tight = BenchConfig(limit=400, repeats=1, looks=3, max_drop=0.03, time_budget_s=3.0, workers=1)
         out = RunSummary()
         assert _look_jobs(2, keyed, strict_key, store, tight, time.perf_counter(), out, print) == []
         assert [label.split()[1] for label in out.out_of_time] == ["strict", "open"]
@@ -67,8 +67,10 @@ def small(out, **kw):
 
 
 def _repeats(out) -> dict:
+    """(prompts, repeats per prompt) of each cell."""
     with Store(out) as store:
-        return {(c.config["method"], json_params(c.config["params"])): store.repeats_done(c.key) for c in store}
+        return {(c.config["method"], json_params(c.config["params"])): (c.metrics["n_prompts"], store.repeats_done(c.key))
+                for c in store}
 
 
 def json_params(p):
@@ -79,16 +81,18 @@ def test_looks_stop_decided_cells_and_honour_the_maximum(tmp_path, monkeypatch):
     monkeypatch.setenv("RELAXSPEC_CODE_VERSION", "test-looks")
     quiet = dict(progress=False, log=lambda *a: None)
     decided = run_grid(small(tmp_path / "a", max_drop=0.99), **quiet)  # every half-width <= 0.99 after look 1
-    assert decided.looks_run == 1 and set(_repeats(tmp_path / "a").values()) == {1}
-    # with 3 samples nothing is decided at 0.03: every relaxed cell and strict go to the last look, AR stays
+    assert decided.looks_run == 1 and set(_repeats(tmp_path / "a").values()) == {(3, 1)}
+    # with 3 samples nothing is decided at 0.03: every relaxed cell and strict go to the last look, AR stays;
+    # later looks add new prompts (the task has them), each once, skipping tune's held-out band 3..242
     undecided = run_grid(small(tmp_path / "b"), **quiet)
     assert undecided.looks_run == 3
-    assert _repeats(tmp_path / "b") == {("ar", ()): 1, ("strict", ()): 4, ("cactus", (("delta", 0.0),)): 4,
-                                        ("cactus", (("delta", 10.0),)): 4}
+    assert _repeats(tmp_path / "b") == {("ar", ()): (3, 1), ("strict", ()): (12, 1),
+                                        ("cactus", (("delta", 0.0),)): (12, 1), ("cactus", (("delta", 10.0),)): (12, 1)}
     with Store(tmp_path / "b") as store:
         cells = {c.config["method"] + str(c.config["params"]): c for c in store}
         strict = cells["strict{}"]
         assert strict.metrics["n_samples"] == 12 and strict.metrics["look"] == 3 and strict.metrics["looks"] == 3
+        assert sorted(store.utilities(strict.key)) == [(i, 0) for i in (0, 1, 2, *range(243, 252))]
         assert len(strict.metrics["engine_stats"]) == 3  # one generate call per look, merged for tau
         # cactus at delta 0 is strict: coupled, every sample's tokens are strict's
         assert store.token_hashes(cells["cactus{'delta': 0.0}"].key) == store.token_hashes(strict.key)
@@ -109,7 +113,7 @@ def test_an_interrupted_look_resumes_without_losing_samples(tmp_path, monkeypatc
         run_grid(config, on_cell=stop_in_look_two, **quiet)
     first_key = stored[-1][0]
     with Store(tmp_path / "r") as store:
-        assert store.repeats_done(first_key) == 2  # the finished look-2 part is kept
+        assert len(store.utilities(first_key)) == 6  # the finished look-2 part is kept
     again = run_grid(small(tmp_path / "r", looks=2), **quiet)
     assert again.skipped and first_key not in again.ran and len(again.ran) == 2  # the two cells left
     fresh = run_grid(small(tmp_path / "f", looks=2), **quiet)
@@ -129,6 +133,40 @@ def test_later_looks_pair_each_relaxed_cell_with_its_own_drafters_strict(tmp_pat
     summary = run_grid(config, progress=False, log=lambda *a: None)
     assert summary.out_of_time == [] and summary.looks_run == 2
     with Store(tmp_path) as store:
-        done = {(c.config["drafter"], c.config["method"]): store.repeats_done(c.key) for c in store.cells()}
+        done = {(c.config["drafter"], c.config["method"]): c.metrics["n_samples"] for c in store.cells()}
     for drafter in config.drafters:  # 2 samples cannot decide anything: every relaxed cell is extended
-        assert done[(drafter, "ensemble")] == 2 and done[(drafter, "strict")] == 2
+        assert done[(drafter, "ensemble")] == 4 and done[(drafter, "strict")] == 4
+
+
+def test_independent_prompts_first_then_repeats_when_the_pool_runs_out():
+    from relaxspec.bench.sampling import TUNE_HELDOUT_PROMPTS, look_design, looks_done, new_samples, samples_at
+    band = range(80, 80 + TUNE_HELDOUT_PROMPTS)
+    big = 10_000
+    for look, prompts in ((1, 80), (2, 160), (3, 320), (4, 640)):  # a synthetic task: new prompts, one repeat
+        ids, reps = look_design(80, 1, look, big)
+        assert len(ids) == prompts and reps == 1 and not set(ids) & set(band) and len(set(ids)) == prompts
+    # AIME's 30: repeats double instead
+    assert [look_design(30, 1, look, 30) for look in (1, 2, 3)] == [(list(range(30)), 1), (list(range(30)), 2),
+                                                                   (list(range(30)), 4)]
+    # a pool that runs out part-way (80 + 240 held out + 100 spare): new prompts first, then repeats
+    ids, reps = look_design(80, 1, 3, 420)
+    assert len(ids) == 180 and reps == 2  # 360 >= the 320 samples of look 3
+    for pool in (30, 420, big):  # looks are nested, and resume where the store stopped
+        for look in (1, 2, 3):
+            before, after = set(samples_at(80, 1, look, pool)), set(samples_at(80, 1, look + 1, pool))
+            assert before < after and set(new_samples(80, 1, look, look + 1, pool)) == after - before
+        stored = samples_at(80, 1, 2, pool)
+        assert looks_done(stored, lambda n, p=pool: samples_at(80, 1, n, p), 4) == 2
+
+
+def test_samples_stored_under_another_plan_are_not_mixed_in(tmp_path):
+    """--repeats is not in a cell's key: a cell stored with 1 repeat per prompt is reported, not extended with
+    samples it already has, when a run asks for 2."""
+    spec = CellSpec("v", "d", "t", "strict", {}, 3, 0)
+    with Store(tmp_path) as store:
+        _cell(store, "k", "strict", [1.0] * 4)  # prompts 0..3, repeat 0
+        one, two = RunSummary(), RunSummary()
+        assert _look_jobs(1, [(spec, "k")], {}, store, BenchConfig(limit=4, repeats=1), 0.0, one, print) == []
+        assert _look_jobs(1, [(spec, "k")], {}, store, BenchConfig(limit=4, repeats=2), 0.0, two, print) == []
+        assert not one.failed and two.failed == [f"{spec.label}: its stored samples follow another --repeats; "
+                                                 "use another --out"]

@@ -136,7 +136,7 @@ def test_best_rule_uses_the_upper_bound_of_the_drop_not_the_point_estimate(tmp_p
     assert "cactus(delta=0.1) N=3  2.00x" in text and "2 cells undecidable at this budget" in text
     fast_line = next(line for line in text.splitlines() if "cactus(delta=10)" in line)
     assert "narrow ±0.02" in fast_line  # decided for power (half-width <= budget), yet not eligible
-    assert "undecided: t / d cactus(delta=1) N=3" in text and "paired samples would bring it to 0.03" in text
+    assert "undecided: t / d cactus(delta=1) N=3" in text and "paired samples of new prompts would bring it to 0.03" in text
     assert "Decisions vs strict (budget 0.03): 2 of 3 relaxed cells decided" in text
     # a generous budget admits the fast one
     assert {b["best"]["key"] for b in best_rules(rows, max_drop=0.1)} == {"fast"}

@@ -29,14 +29,22 @@ def test_length_adjusted():
     assert math.isnan(length_adjusted_speedup(2.0, 100, 0))
 
 
+def _wilson_cc(k, n, z=Z95):
+    """Newcombe (1998) method 4, transcribed: Wilson's score interval with continuity correction."""
+    p = k / n
+    lo = (2 * n * p + z * z - 1 - z * math.sqrt(z * z - 2 - 1 / n + 4 * p * (n * (1 - p) + 1))) / (2 * (n + z * z))
+    hi = (2 * n * p + z * z + 1 + z * math.sqrt(z * z + 2 - 1 / n + 4 * p * (n * (1 - p) - 1))) / (2 * (n + z * z))
+    return max(0.0, lo) if k else 0.0, min(1.0, hi) if k < n else 1.0
+
+
 def test_wilson_known_answers_and_bounds():
-    none = utility_interval([0] * 10)  # Wilson: 0 of n -> [0, z^2 / (n + z^2)]
-    assert none.mean == 0 and none.low == 0 and none.high == pytest.approx(Z95 ** 2 / (10 + Z95 ** 2))
-    every = utility_interval([1] * 10)
-    assert every.high == 1 and every.low == pytest.approx(10 / (10 + Z95 ** 2))
-    half = utility_interval([0, 1] * 50)  # symmetric around 0.5, half-width z/(1+z^2/n) * sqrt(1/4n + z^2/4n^2)
-    hw = Z95 / (1 + Z95 ** 2 / 100) * math.sqrt(0.25 / 100 + Z95 ** 2 / (4 * 100 ** 2))
-    assert half.low == pytest.approx(0.5 - hw) and half.high == pytest.approx(0.5 + hw)
+    for k, n in ((0, 10), (10, 10), (50, 100), (21, 30), (3, 80)):
+        ci = utility_interval([1.0] * k + [0.0] * (n - k))
+        assert (ci.low, ci.high) == pytest.approx(_wilson_cc(k, n), abs=1e-12) and ci.mean == k / n
+    # exact coverage at n = 30, p = 0.7 (where Wilson without the correction covers 0.930)
+    covered = sum(math.comb(30, k) * 0.7 ** k * 0.3 ** (30 - k) * (lo <= 0.7 <= hi)
+                  for k in range(31) for lo, hi in [_wilson_cc(k, 30)])
+    assert covered > 0.95
     rng = random.Random(0)
     for _ in range(200):  # fractional utilities, tiny samples, extremes: never outside [0, 1]
         xs = [rng.choice([0.0, 1.0, rng.random()]) for _ in range(rng.randint(1, 6))]
@@ -105,3 +113,47 @@ def test_decisions():
     assert samples_needed(Interval(0.0, -0.01, 0.01, 100), 0.03) == 100
     assert identical_fraction({(0, 0): "a", (1, 0): "b", (2, 0): "c"}, {(0, 0): "a", (1, 0): "x"}) == 0.5
     assert math.isnan(identical_fraction({}, {(0, 0): "a"}))
+
+
+def _coverage_module():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "interval_coverage.py"
+    spec = importlib.util.spec_from_file_location("interval_coverage", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_clustered_intervals_cover_on_clustered_data():
+    """95% intervals on data with per-prompt difficulty, 30 / 80 prompts x 1-8 repeats, paired differences
+    mostly exactly zero (benchmarks/interval_coverage.py has the data-generating process). 1500 runs per
+    setting: Monte Carlo s.e. 0.0056 at 0.95, so >= 0.93 fails a method whose coverage is 0.95 with
+    probability < 1e-3 per setting, and one at 0.91 almost surely. The independent-samples column (today's
+    intervals) is printed beside it (pytest -s)."""
+    cov = _coverage_module()
+    rows = cov.table(1500)
+    print("\n" + cov.format_table(rows, 1500))
+    for scenario, prompts, repeats, clustered, independent, *_ in rows:
+        assert clustered >= 0.93, (scenario, prompts, repeats, clustered)
+        if repeats == 1:  # one sample per prompt: the same interval
+            assert clustered == independent
+    assert min(r[4] for r in rows if r[2] == 8) < 0.85  # the defect: ignoring prompts undercovers
+
+
+def test_design_effect_known_cases():
+    from relaxspec.bench.stats import design_effect, diff_interval
+    # every prompt's repeats identical: the samples are copies, deff is the repeats (capped at m_max)
+    xs = [float(i % 3 == 0) for i in range(40) for _ in range(4)]
+    deff, g = design_effect(xs, [i for i in range(40) for _ in range(4)], 0.3 * 0.7)
+    assert g == 40 and deff == pytest.approx(4.0)
+    # no variation: one sample per prompt
+    zero = diff_interval([0.0] * 320, [i // 8 for i in range(320)])
+    assert zero.design_effect == 8 and zero.high == pytest.approx(Z95 ** 2 / (40 + Z95 ** 2), rel=1e-6)
+    # one sample per prompt: Tango unchanged
+    same = diff_interval([1.0, -1.0, 0.0, 0.0] * 25, list(range(100)))
+    assert same == diff_interval([1.0, -1.0, 0.0, 0.0] * 25)
+    # (prompt, repeat) keys are clustered by prompt
+    m = {(i, r): float(i < 3) for i in range(30) for r in range(4)}
+    s = {(i, r): 0.0 for i in range(30) for r in range(4)}
+    assert paired_diff_interval(m, s).clusters == 30 and paired_diff_interval(m, s).design_effect > 1

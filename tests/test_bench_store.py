@@ -140,3 +140,40 @@ def test_pad_cells_run_with_the_shipped_classifier(tmp_path, monkeypatch):
         pad = next(c for c in store if c.config["method"] == "pad")
         assert pad.config["params"] == {"threshold": 0.5} and pad.config["pad_classifier"]
         assert pad.metrics["n_samples"] == 2 and path.exists()
+
+
+def test_code_version_covers_the_whole_sample_path(tmp_path, monkeypatch):
+    """A copy of the package: editing a scorer, the runner's seeding or a task's template changes the code
+    version (so stored cells are not reused); editing the report does not."""
+    import inspect
+    import shutil
+    from pathlib import Path
+
+    import relaxspec
+    from relaxspec.bench import cell
+    from relaxspec.bench.versions import code_version
+    from relaxspec.tasks import arithmetic
+    monkeypatch.delenv("RELAXSPEC_CODE_VERSION", raising=False)
+    src = Path(relaxspec.__file__).parent
+    root = tmp_path / "relaxspec"
+    shutil.copytree(src, root, ignore=shutil.ignore_patterns("__pycache__", "builtin"))
+    base = code_version(root)
+    assert base == code_version(src)  # built-in weights are not in it (hashed per model)
+
+    def edited(rel: str, old: str, new: str) -> str:
+        path = root / rel
+        text = path.read_text()
+        assert old in text, (rel, old)
+        path.write_text(text.replace(old, new, 1))
+        try:
+            return code_version(root)
+        finally:
+            path.write_text(text)
+
+    scorer = Path(inspect.getsourcefile(arithmetic)).relative_to(src).as_posix()
+    seeding = Path(inspect.getsourcefile(cell.run_samples)).relative_to(src).as_posix()
+    assert edited(scorer, "def ", "def  ") != base
+    assert edited(seeding, "derive_seed(spec.seed, i, r)", "derive_seed(spec.seed, r, i)") != base
+    assert edited("bench/report.py", "def ", "def  ") == base  # presentation only
+    (root / "tasks" / "template.txt").write_text("{question}")  # a data file next to the tasks counts too
+    assert code_version(root) != base

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from relaxspec.bench.stats import t_value
 from relaxspec.tune.objective import ratio_interval, speed_interval
 from relaxspec.tune.run import TuneConfig, heldout_jobs, run_tune, search_jobs
 
@@ -100,11 +101,16 @@ def test_resumed_tune_reruns_nothing_stored(tuned, tmp_path):
 
 
 def test_ratio_interval_on_known_vectors():
-    exact = ratio_interval([2.0, 4.0, 6.0], [1.0, 2.0, 3.0], 0.95)
+    exact = ratio_interval([2.0, 4.0, 6.0] * 5, [1.0, 2.0, 3.0] * 5, 0.95)
+    assert ratio_interval([2.0, 4.0, 6.0], [1.0, 2.0, 3.0], 0.95).high == math.inf  # mean(b) > 0 unclear at n=3
     assert exact.mean == pytest.approx(2.0) and exact.low == pytest.approx(2.0) and exact.high == pytest.approx(2.0)
-    noisy = ratio_interval([1.0, 3.0] * 50, [1.0] * 100, 0.95)  # mean 2, sd 1.005 over 100: log CI +-0.0985
+    noisy = ratio_interval([1.0, 3.0] * 50, [1.0] * 100, 0.95)  # b constant: mean(a) +- t_99 sqrt(CR1 var)
     assert noisy.mean == pytest.approx(2.0)
-    assert math.log(noisy.high / 2.0) == pytest.approx(1.96 * math.sqrt(1.0101 / 4 / 100), rel=1e-3)
+    assert noisy.high - 2.0 == pytest.approx(t_value(0.95, 99) * math.sqrt(100 / 99 / 100), rel=1e-3)
+    assert 2.0 - noisy.low == pytest.approx(noisy.high - 2.0)
+    clustered = ratio_interval([1.0, 1.0, 3.0, 3.0] * 25, [1.0] * 100, 0.95, [i // 2 for i in range(100)])
+    assert clustered.clusters == 50 and clustered.high - 2.0 == pytest.approx(t_value(0.95, 49) * math.sqrt(
+        50 / 49 / 50), rel=1e-3)  # 50 prompts, each twice: the interval of 50 samples, not 100
     assert ratio_interval([1.0], [1.0], 0.95).high == math.inf
     with pytest.raises(ValueError, match="objective"):
         speed_interval("nope", {}, {}, 2, 0, 0.1, 1.0, 0.95)

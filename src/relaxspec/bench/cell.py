@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from relaxspec.bench.config import BenchConfig, needs_classifier
 from relaxspec.bench.names import AR, STRICT, method_label
+from relaxspec.bench.sampling import new_samples, prompts_needed, samples_at
 from relaxspec.bench.store import Row, token_hash
 from relaxspec.bench.versions import code_version, file_version, model_version
 
@@ -71,10 +72,11 @@ def generate_samples(spec: CellSpec, prompts: list[str], seeds: list[int], verif
                     top_p=config.top_p, seed=seeds, **generation_options(config), **extra, **spec.params)
 
 
-def run_samples(spec: CellSpec, task, repeats: range, verifier, drafter, config: BenchConfig, pivot_fn=None):
-    """Generate every prompt for each repeat in `repeats`; (rows, the engine stats of each call, as dicts)."""
+def run_samples(spec: CellSpec, task, samples: list[tuple[int, int]], verifier, drafter, config: BenchConfig,
+                pivot_fn=None):
+    """Generate the samples (example index, repeat); (rows, the engine stats of each call, as dicts)."""
     from relaxspec.engine import derive_seed
-    jobs = [(i, r) for r in repeats for i in range(len(task.examples))]
+    jobs = list(samples)
     rows, parts = [], []
     for start in range(0, len(jobs), config.batch_size):
         chunk = jobs[start:start + config.batch_size]
@@ -159,19 +161,28 @@ class CellRunner:
 
     def task(self, name: str):
         from relaxspec.tasks import get_task
-        if name not in self.tasks:
-            self.tasks[name] = get_task(name, limit=self.config.limit)
+        if name not in self.tasks:  # every prompt a later look may add (bench.sampling)
+            limit = self.config.limit and prompts_needed(self.config.limit, self.config.looks)
+            self.tasks[name] = get_task(name, limit=limit)
         return self.tasks[name]
 
+    def samples_at(self, name: str, look: int) -> list[tuple[int, int]]:
+        """A cell's samples of task `name` after look `look` (bench.sampling)."""
+        pool = len(self.task(name).examples)
+        return samples_at(self.config.limit or pool, self.config.repeats, look, pool)
+
     def run(self, spec: CellSpec, done: int, target: int) -> dict:
-        """Repeats [done, target) of the cell, and its batch-1 timing when it has no samples yet."""
+        """The samples look `target` adds to the cell's looks up to `done`, and its batch-1 timing when it has
+        no samples yet."""
         import torch
         task = self.task(spec.task)
         verifier, drafter = self.pair(spec)
         pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
         with torch.inference_mode():
             wall0 = time.perf_counter()
-            rows, parts = run_samples(spec, task, range(done, target), verifier, drafter, self.config, pivot_fn)
+            pool = len(task.examples)
+            samples = new_samples(self.config.limit or pool, self.config.repeats, done, target, pool)
+            rows, parts = run_samples(spec, task, samples, verifier, drafter, self.config, pivot_fn)
             sample_wall = time.perf_counter() - wall0
             batch1 = time_batch1(spec, task, verifier, drafter, self.config, pivot_fn) \
                 if done == 0 and spec.method != AR else None

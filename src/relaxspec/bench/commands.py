@@ -24,8 +24,10 @@ temperature 0.6, top_k 20, top_p 0.95). About 15 minutes on 2 CPU cores.
 Samples are coupled: sample (prompt i, repeat r) uses the same per-sequence seed in every cell, so each
 relaxed rule is compared with strict at the same N sample by sample. Sampling is adaptive, with at most
 --looks looks: look 1 runs --repeats repeats ({DEFAULT_REPEATS}) of every prompt in every cell; each later look
-doubles the repeats of the relaxed cells (and of strict at their N) whose interval of the difference vs
-strict still straddles the budget --max-drop with a half-width above it, while the --time-budget allows.
+doubles the samples of the relaxed cells (and of strict at their N) whose interval of the difference vs
+strict still straddles the budget --max-drop with a half-width above it, while the --time-budget allows,
+with new prompts while the task has them (after the band tune holds out), then with more repeats.
+Intervals treat a prompt's samples as one cluster.
 Intervals vs strict are at 1 - 0.05/looks (Bonferroni over the looks). Each speculative cell also times
 --speed-prompts prompts one at a time (batch 1), AR and the method taking turns.
 

@@ -4,10 +4,10 @@ A bench is a grid verifier x drafter x task x (method, params) x draft length N 
 its samples (prompt i, repeat r) with the per-sequence seed derive_seed(seed, i, r), the same for every
 method, so cells are coupled sample by sample (see docs/design.md, "Coupled randomness").
 
-Sampling is adaptive with a fixed maximum number of looks: look 1 runs `repeats` repeats of every prompt
-in every cell; each later look doubles the repeats of the relaxed cells (and of strict at their N) whose
+Sampling is adaptive with a fixed maximum number of looks: look 1 runs `repeats` repeats of `limit` prompts
+in every cell; each later look doubles the samples of the relaxed cells (and of strict at their N) whose
 interval of the utility difference vs strict is still undecided (see metrics.decision), as long as the
-time budget allows.
+time budget allows: new prompts while the task has them, then repeats (bench.sampling).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from relaxspec.bench.names import AR, FINDINGS_MAX_DROP
 
 DEFAULT_OUT = "relaxspec-results"
 DEFAULT_PAD_THRESHOLDS = (0.3, 0.5, 0.7)
-DEFAULT_LIMIT = 80
-DEFAULT_REPEATS = 2
+DEFAULT_LIMIT = 160  # independent prompts: 160 x 1 costs what 80 x 2 did, and counts for more
+DEFAULT_REPEATS = 1
 DEFAULT_LOOKS = 3
 DEFAULT_MAX_NEW_TOKENS = 160
 DEFAULT_BATCH_SIZE = 200
@@ -60,8 +60,8 @@ class BenchConfig:
     draft_lengths: list[int] = field(default_factory=lambda: [3, 5])
     seeds: list[int] = field(default_factory=lambda: [0])
     limit: int | None = DEFAULT_LIMIT  # prompts per task
-    repeats: int = DEFAULT_REPEATS  # samples per prompt in the first look
-    looks: int = DEFAULT_LOOKS  # maximum number of looks (each later one doubles the repeats of undecided cells)
+    repeats: int = DEFAULT_REPEATS  # samples per prompt (more only when a later look runs out of prompts)
+    looks: int = DEFAULT_LOOKS  # maximum number of looks (each later one doubles the samples of undecided cells)
     max_drop: float = DEFAULT_MAX_DROP  # utility drop vs strict allowed ('best rule' and the decisions)
     time_budget_s: float = DEFAULT_TIME_BUDGET_S  # later looks start only while they fit in this wall time
     speed_prompts: int = DEFAULT_SPEED_PROMPTS  # prompts timed one at a time (batch 1) per speculative cell
@@ -103,10 +103,6 @@ class BenchConfig:
         if self.repeats > 1 and self.temperature == 0:
             warnings.warn("bench: repeats > 1 at temperature 0 (greedy) repeat the same responses", stacklevel=2)
         self.method_specs()  # parsing raises on unknown rules / parameters
-
-    def repeats_at(self, look: int) -> int:
-        """Cumulative repeats per prompt after look `look` (1-based): repeats * 2^(look-1)."""
-        return self.repeats * 2 ** (look - 1)
 
     def method_specs(self) -> list[tuple[str, dict]]:
         if self.methods is None:

@@ -1,5 +1,6 @@
 """A cell's metrics from its samples and engine stats, and the comparisons between cells.
 
+Intervals treat a prompt's samples as one cluster (bench.stats: Rao-Scott effective sample size).
 Comparisons (computed by the report and by the runner's adaptive allocation, never stored):
 * every relaxed cell vs strict at the same N (coupled: paired by (prompt, repeat)), at the decision
   confidence 1 - ALPHA / looks (Bonferroni over the maximum number of looks: the interval at whichever
@@ -32,7 +33,7 @@ def merge_engine_stats(parts: list[dict]):
 def cell_metrics(method: str, draft_length: int, extra_passes: int, rows: list, stats, speed: dict) -> dict:
     """Metrics of a cell from all its rows and its merged engine stats (tau read from the engine).
     `speed`: c_rel_measured, c_block_measured, latencies, batch-1 timing (see runner)."""
-    ci = utility_interval([r.utility for r in rows])
+    ci = utility_interval([r.utility for r in rows], clusters=[r.prompt_index for r in rows])
     lengths = [r.tokens for r in rows]
     tau = stats.mean_acceptance_length
     n = draft_length
@@ -93,7 +94,8 @@ def is_decided(state: str) -> bool:
 
 
 def samples_needed(diff: Interval, max_drop: float) -> int:
-    """Samples for the interval's half-width to shrink to max_drop (width ~ 1/sqrt(n))."""
+    """Independent samples (one per new prompt) for the interval's half-width to shrink to max_drop (width ~
+    1/sqrt(n) at the effective sample size n / design effect the interval used)."""
     if diff.n == 0 or max_drop <= 0 or diff.half_width <= max_drop:
         return diff.n
-    return math.ceil(diff.n * (diff.half_width / max_drop) ** 2)
+    return math.ceil(diff.n / diff.design_effect * (diff.half_width / max_drop) ** 2)

@@ -16,7 +16,7 @@ from relaxspec.bench.metrics import (ALPHA, BEYOND, NO_STRICT, WITHIN, compare, 
                                      identical_fraction, is_decided, samples_needed)
 from relaxspec.bench.names import AR, STRICT, method_label
 from relaxspec.bench.speedup import C_REL_GRID, length_adjusted_speedup
-from relaxspec.bench.stats import Interval
+from relaxspec.bench.stats import METHOD, Interval
 from relaxspec.bench.store import Store
 
 _SPEED = ["measured_c_rel", *[f"c{c:g}" for c in C_REL_GRID]]
@@ -219,6 +219,14 @@ def _f(x, fmt="{:.2f}") -> str:
     return fmt.format(x)
 
 
+def prompts_x_repeats(prompts, samples) -> str:
+    """'80x8' (prompts x repeats per prompt), or '640 (80 prompts)' when prompts have different repeats."""
+    if _nan(prompts) or _nan(samples) or not prompts:
+        return _f(samples, "{:.0f}")
+    prompts, samples = int(prompts), int(samples)
+    return f"{prompts}x{samples // prompts}" if samples % prompts == 0 else f"{samples} ({prompts} prompts)"
+
+
 def _ci(mean, low, high, fmt="{:+.3f}") -> str:
     return f"{_f(mean, fmt)} [{_f(low, fmt)}, {_f(high, fmt)}]"
 
@@ -253,7 +261,7 @@ def _format_group(rows: list[dict], max_drop: float) -> list[str]:
         relaxed = r["method"] not in (AR, STRICT)
         lines.append([
             r["task"], r["drafter"] or "-", _label(r), str(r["draft_length"]) if r["draft_length"] else "-",
-            str(r["n_samples"]),
+            prompts_x_repeats(r["n_prompts"], r["n_samples"]),
             _ci(r["utility"], r["utility_ci_low"], r["utility_ci_high"], "{:.3f}"),
             _ci(r["utility_diff_vs_strict"], r["utility_diff_vs_strict_ci_low"], r["utility_diff_vs_strict_ci_high"])
             if relaxed else "-",
@@ -271,11 +279,12 @@ def _format_group(rows: list[dict], max_drop: float) -> list[str]:
     out += [fmt(head), fmt(["-" * w for w in widths]), *[fmt(line) for line in lines], ""]
     confidence = next((r["vs_strict_confidence"] for r in rows if not _nan(r["vs_strict_confidence"])), None)
     out += [
-        "utility: mean with a Wilson 95% interval. vs strict: utility minus strict's at the same N, coupled and "
-        "paired by (prompt, repeat), Tango score interval" + (f" at {confidence:.1%} (Bonferroni: 95% over "
-                                                             f"{rows[0]['settings']['looks']} looks)" if confidence
-                                                             else "") + "; same: share of outputs token-for-token "
-        "identical to strict's;",
+        "n: prompts x repeats per prompt (samples). utility: mean with a 95% interval. vs strict: utility minus "
+        "strict's at the same N, coupled and paired by (prompt, repeat)" + (f", at {confidence:.1%} (Bonferroni: "
+                                                                           f"95% over {rows[0]['settings']['looks']} "
+                                                                           "looks)" if confidence else "")
+        + "; same: share of outputs token-for-token identical to strict's;",
+        f"intervals: {METHOD};",
         f"state vs the budget (drop <= {max_drop:g}): within / beyond = the interval wholly inside / outside, "
         "narrow = half-width <= budget, OPEN = straddles it (± is the half-width); vs AR: paired, 95%.",
         "acc: acceptance rate; tau: tokens per sequence round (bonus included); len: mean response tokens; "
@@ -333,8 +342,9 @@ def _decisions(rows: list[dict], max_drop: float) -> list[str]:
     for r in relaxed:
         if r["vs_strict_decision"] not in (NO_STRICT,) and not is_decided(r["vs_strict_decision"]):
             out.append(f"  undecided: {r['task']} / {r['drafter']} {_label(r)} N={r['draft_length']}: half-width "
-                       f"{r['vs_strict'].half_width:.3f} over {r['n_samples']} samples; about "
-                       f"{r['vs_strict_samples_needed']} paired samples would bring it to {max_drop:g}")
+                       f"{r['vs_strict'].half_width:.3f} over {prompts_x_repeats(r['n_prompts'], r['n_samples'])} "
+                       "samples; about "
+                       f"{r['vs_strict_samples_needed']} paired samples of new prompts would bring it to {max_drop:g}")
     return out
 
 

@@ -1,10 +1,10 @@
 """Running the bench grid: cells in looks, each look's samples stored as it finishes.
 
-Every cell runs its prompts x repeats through `relaxspec.engine.generate` (batched), sample (prompt i,
-repeat r) with the per-sequence seed derive_seed(cell seed, i, r), the same for every method, so that
-cells are coupled sample by sample. Look 1 runs `repeats` repeats in every cell; each later look doubles
-the repeats of the relaxed cells whose difference vs strict is still undecided (and of strict at their N),
-while the time budget allows. A cell's key hashes what decides its samples (not how many there are), so a
+Every cell runs its samples through `relaxspec.engine.generate` (batched), sample (prompt i, repeat r) with
+the per-sequence seed derive_seed(cell seed, i, r), the same for every method, so that cells are coupled
+sample by sample. Look 1 runs `repeats` repeats of `limit` prompts in every cell; each later look doubles the
+samples of the relaxed cells whose difference vs strict is still undecided (and of strict at their N), with
+new prompts while the task has them (bench.sampling), while the time budget allows. A cell's key hashes what decides its samples (not how many there are), so a
 re-run continues every cell where it stopped and loses at most the look in flight.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import time
 import uuid
 import warnings
@@ -23,6 +24,7 @@ from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classi
 from relaxspec.bench.metrics import (cell_metrics, compare, decision, decision_confidence, is_decided,
                                      merge_engine_stats)
 from relaxspec.bench.names import AR, STRICT
+from relaxspec.bench.sampling import looks_done, samples_at
 from relaxspec.bench.store import Store, cell_key
 from relaxspec.bench.versions import code_version, model_version
 
@@ -108,7 +110,7 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
         for look in range(1, config.looks + 1):
             stored = keyed if look == 1 else [(c, k) for c, k in keyed if store.has(k)]  # not cells that failed
             jobs = _look_jobs(look, stored, strict_key, store, config, t_start, summary, log,
-                              ray_pool.capacity() if ray_pool is not None else config.workers)
+                              ray_pool.capacity() if ray_pool is not None else config.workers, worker.samples_at)
             if not jobs:
                 continue
             summary.looks_run = look
@@ -146,18 +148,27 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
 
 
 def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: BenchConfig, t_start: float,
-               summary: RunSummary, log, parallel: int | None = None) -> list[tuple]:
-    """(spec, key, repeats done, target repeats) of the cells this look extends. Look 1: every cell short of
+               summary: RunSummary, log, parallel: int | None = None, plan=None) -> list[tuple]:
+    """(spec, key, looks done, target look) of the cells this look extends. `plan(task, look)`: a cell's samples
+    after a look (CellRunner.samples_at; None: bench.sampling with a task of unlimited prompts). Look 1: every cell short of
     its first repeats. Later looks: the relaxed cells whose difference vs strict is undecided, and strict at
     their N, as long as their estimated cost (seconds per sample so far, spread over the `parallel` workers
     that run cells at once: config.workers when None) fits in the time budget; a relaxed cell only with its
     strict reference."""
-    target = config.repeats_at(look)
+    plan = plan or (lambda task, n: samples_at(config.limit, config.repeats, n, math.inf))
+    done = {k: looks_done(store.utilities(k), lambda n, t=c.task: plan(t, n), look) for c, k in keyed}
+    target = look
+    for c, k in keyed:  # samples stored under another plan (e.g. --repeats changed): not mixed in
+        if done[k] == 0 and store.has(k):
+            message = f"{c.label}: its stored samples follow another --repeats; use another --out"
+            if message not in summary.failed:
+                summary.failed.append(message)
+    keyed = [(c, k) for c, k in keyed if done[k] or not store.has(k)]
     if look == 1:
-        summary.skipped = [k for c, k in keyed if store.repeats_done(k) >= target]
+        summary.skipped = [k for c, k in keyed if done[k] >= target]
         if summary.skipped:
             log(f"bench: {len(summary.skipped)} of {len(keyed)} cells already in {store.path}; running the rest")
-        return [(c, k, store.repeats_done(k), target) for c, k in keyed if store.repeats_done(k) < target]
+        return [(c, k, done[k], target) for c, k in keyed if done[k] < target]
     confidence = decision_confidence(config.looks)
     undecided = {k for c, k in keyed if strict_key.get(k) and store.has(strict_key[k]) and not is_decided(
         decision(compare(store.utilities(k), store.utilities(strict_key[k]), confidence), config.max_drop))}
@@ -165,13 +176,13 @@ def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: B
     planned, cost = set(), 0.0
     jobs = []
     for c, k in keyed:  # strict precedes its relaxed cells in plan order
-        if (k not in undecided and k not in refs) or store.repeats_done(k) >= target:
+        if (k not in undecided and k not in refs) or done[k] >= target:
             if k in refs:
                 planned.add(k)
             continue
         cell = store.get(k)
         new_cost = cell.metrics["sample_wall_s"] / cell.metrics["n_samples"] * \
-            (target - store.repeats_done(k)) * cell.metrics["n_prompts"] / (parallel or config.workers)
+            (len(plan(c.task, target)) - cell.metrics["n_samples"]) / (parallel or config.workers)
         fits = time.perf_counter() - t_start + cost + new_cost <= config.time_budget_s
         if not fits or (k in undecided and strict_key[k] not in planned):
             if c.label not in summary.out_of_time:  # said once, whichever look it missed first
@@ -179,7 +190,7 @@ def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: B
             continue
         cost += new_cost
         planned.add(k)
-        jobs.append((c, k, store.repeats_done(k), target))
+        jobs.append((c, k, done[k], target))
     return jobs
 
 

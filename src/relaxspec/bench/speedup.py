@@ -37,3 +37,9 @@ def length_adjusted_speedup(speedup: float, length_ar: float, length_method: flo
     if length_method <= 0:
         return float("nan")
     return speedup * length_ar / length_method
+
+
+def rounds(row) -> float:
+    """A stored sample's sequence rounds: its tokens / its tau (bonus included; 1 for AR)."""
+    tau = row.stats.get("mean_acceptance_length") or 1.0
+    return row.tokens / tau

@@ -8,21 +8,39 @@ from pathlib import Path
 
 from relaxspec.version import __version__
 
-_CODE_PACKAGES = ("acceptance", "engine", "models", "drafters", "tasks", "pivot")
+# What a cell's samples do not depend on: presentation and analysis of stored cells (paths relative to the
+# package, a folder ending in "/"). Everything else in the package is on the sample path or may be (engine,
+# acceptance, models, drafters, tasks with their templates and scorers, pivot, the runners' seeding and batching,
+# the CLI that builds the settings) and enters the code version. Built-in weights and classifiers are hashed
+# per cell where they are used (model_version, the PAD classifier's version).
+NOT_ON_SAMPLE_PATH = ("bench/report.py", "bench/plots.py", "study/", "tune/report.py",
+                      "tune/compare.py", "models/builtin/", "pivot/builtin/")
 
 
-def code_version() -> str:
-    """relaxspec version + hash of the sources that decide a cell's results (acceptance, engine, models,
-    drafters, tasks, pivot). RELAXSPEC_CODE_VERSION, when set, replaces it: e.g. to keep reusing stored cells
-    across an edit known not to change results."""
+def code_files(root: Path) -> list[Path]:
+    """The package's files that enter the code version (see NOT_ON_SAMPLE_PATH), sorted."""
+    out = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if not path.is_file() or "__pycache__" in rel or path.suffix in (".pyc", ".pyo"):
+            continue
+        if any(rel == x or (x.endswith("/") and rel.startswith(x)) for x in NOT_ON_SAMPLE_PATH):
+            continue
+        out.append(path)
+    return out
+
+
+def code_version(root: str | Path | None = None) -> str:
+    """relaxspec version + hash of every package file that may decide a cell's samples (code_files; `root`:
+    the package directory, default the imported one). RELAXSPEC_CODE_VERSION, when set, replaces it: e.g. to
+    keep reusing stored cells across an edit known not to change results."""
     if os.environ.get("RELAXSPEC_CODE_VERSION"):
         return os.environ["RELAXSPEC_CODE_VERSION"]
-    root = Path(__file__).parents[1]
+    root = Path(root) if root is not None else Path(__file__).parents[1]
     h = hashlib.sha256(__version__.encode())
-    for pkg in _CODE_PACKAGES:
-        for path in sorted((root / pkg).rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
+    for path in code_files(root):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
     return f"{__version__}+{h.hexdigest()[:12]}"
 
 

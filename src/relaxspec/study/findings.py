@@ -2,7 +2,7 @@
 
 Every verdict is read from the stored cells of one settings group (the latest, as the report) and the bench's
 own statistics: each relaxed cell's coupled paired interval of (utility - strict's) at the same verifier,
-drafter, task, N and seed (Tango, at the bench's decision confidence), its state against the budget `max_drop`
+drafter, task, N and seed (clustered score interval, at the finding's confidence: see Error control), its state against the budget `max_drop`
 (within: the interval's lower end >= -max_drop; beyond: its upper end < -max_drop; otherwise undecided), and
 its length-adjusted modelled speed-up S (at the pair's measured c_rel, or at a fixed c_rel). Nothing is re-run.
 
@@ -20,6 +20,14 @@ the stronger the relaxation), which needs no knowledge of the parameter.
 Each verdict is the finding's test evaluated twice, once with the undecided cells counted against the finding
 and once in its favour: confirmed when it holds both ways, not confirmed when it fails both ways, inconclusive
 otherwise (the undecided cells decide it; more samples would), or when the evidence it needs is missing.
+
+Error control: each verdict is one test whose intervals are simultaneous. A finding that reads m intervals
+(the cells' differences vs strict, the comparisons between cells, the speed-up ratios) takes each at
+confidence 1 - ALPHA / (looks * m) (Bonferroni over its intervals and the bench's looks), so with probability
+>= 1 - ALPHA every interval it reads covers its truth, and then "confirmed" and "not confirmed" are both right
+(an inconclusive verdict claims nothing): each verdict's error rate is <= ALPHA = 0.05. Speed-up comparisons
+use intervals too: the ratio of two cells' length-adjusted modelled speed-ups, paired by sample (AR's tokens
+cancel: mean(rounds x round cost) of one over the other's, Fieller's interval clustered by prompt).
 """
 
 from __future__ import annotations
@@ -29,12 +37,13 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from relaxspec.bench.metrics import BEYOND, NO_STRICT, WITHIN, compare
+from relaxspec.bench.metrics import BEYOND, NO_STRICT, WITHIN, compare, decision
 from relaxspec.bench.names import AR, FINDINGS_MAX_DROP, STRICT, method_label
-from relaxspec.bench.speedup import C_REL_GRID
-from relaxspec.bench.stats import Interval
+from relaxspec.bench.speedup import C_REL_GRID, rounds
+from relaxspec.bench.stats import Interval, ratio_interval
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
+ALPHA = 0.05  # each verdict's error rate (see the module doc)
 SHARE_LOSES = 0.5  # (2) "loses utility": at least this share of the group's cells beyond the budget
 SHARE_CLOSE = 0.25  # (2) "stays close": at most this share beyond the budget
 SHARE_LONGER = 0.25  # (4) at least this share of the weak drafter's relaxed cells significantly longer
@@ -53,6 +62,8 @@ class Finding:
     verdict: str = INCONCLUSIVE
     reason: str = ""
     evidence: list[str] = field(default_factory=list)
+    intervals: int = 0  # how many intervals the verdict reads (its Bonferroni count)
+    confidence: float = math.nan  # each interval's
 
 
 def speed_column(c_rel: float | None) -> str:
@@ -163,9 +174,64 @@ def _f(x: float, places: int = 2) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{places}f}"
 
 
+def simultaneous(looks: int, intervals: int) -> float:
+    """Each interval's confidence when a verdict reads `intervals` of them (Bonferroni, with the bench's looks)."""
+    return 1 - ALPHA / (max(1, looks) * max(1, intervals))
+
+
+def _strict_of(rows: list[dict]) -> dict:
+    return {(r["verifier"], r["drafter"], r["task"], r["draft_length"], r["seed"]): r for r in rows
+            if r["method"] == STRICT}
+
+
+def with_strict(rows: list[dict], keep) -> list[str]:
+    """Keys of the relaxed rows with a strict reference for which keep(row) holds."""
+    strict = _strict_of(rows)
+    return [r["key"] for r in rows if _relaxed(r) and keep(r)
+            and (r["verifier"], r["drafter"], r["task"], r["draft_length"], r["seed"]) in strict]
+
+
+def _controlled(f: "Finding", store, rows: list[dict], used: list[str], extra: int, looks: int,
+                max_drop: float) -> tuple[list[dict], float]:
+    """The rows restated at the finding's simultaneous confidence over its len(used) cells vs strict and `extra`
+    other intervals; the count and confidence recorded on the finding."""
+    f.intervals = len(used) + extra
+    f.confidence = simultaneous(looks, f.intervals)
+    return restated(store, rows, used, f.confidence, max_drop), f.confidence
+
+
+def restated(store, rows: list[dict], used, confidence: float, max_drop: float) -> list[dict]:
+    """The rows, with the interval vs strict and the state of each relaxed row whose key is in `used` recomputed
+    at `confidence` (copies; the other rows as they are)."""
+    strict, used, out = _strict_of(rows), set(used), []
+    for r in rows:
+        ref = strict.get((r["verifier"], r["drafter"], r["task"], r["draft_length"], r["seed"]))
+        if r["key"] in used and _relaxed(r) and ref is not None:
+            i = compare(store.utilities(r["key"]), store.utilities(ref["key"]), confidence)
+            r = {**r, "vs_strict": i, "vs_strict_decision": decision(i, max_drop), "utility_diff_vs_strict": i.mean,
+                 "utility_diff_vs_strict_ci_low": i.low, "utility_diff_vs_strict_ci_high": i.high,
+                 "vs_strict_confidence": confidence}
+        out.append(r)
+    return out
+
+
+def speed_ratio(store, a: dict, b: dict, c_rel: float | None, confidence: float) -> Interval:
+    """S(a) / S(b): the ratio of two speculative cells' length-adjusted modelled speed-ups on the same task and
+    seed, paired by (prompt, repeat). AR's tokens cancel, so it is mean(rounds_b * cost_b) / mean(rounds_a *
+    cost_a), cost = 1 + (N + extra) c_rel (Leviathan's model at the column's c_rel: the given one, or each
+    cell's measured one), with Fieller's interval clustered by prompt (bench.stats.ratio_interval)."""
+    def costs(r):
+        c = r["c_rel_measured"] if c_rel is None else c_rel
+        per_round = 1 + (r["draft_length"] + r["extra_draft_passes"]) * c
+        return {(x.prompt_index, x.repeat): rounds(x) * per_round for x in store.rows(r["key"])}
+    ca, cb = costs(a), costs(b)
+    keys = sorted(set(ca) & set(cb))
+    return ratio_interval([cb[k] for k in keys], [ca[k] for k in keys], confidence, [k[0] for k in keys])
+
+
 # ---------------------------------------------------------------- the findings
 
-def finding_capability(store, rows: list[dict], confidence: float) -> Finding:
+def finding_capability(store, rows: list[dict], looks: int, max_drop: float) -> Finding:
     f = Finding("1", "relaxation needs capability evaluation: utility moves with the rule's strength",
                 "(a) in some family (rule, drafter, task, N; its settings ordered by measured acceptance rate) the "
                 "strongest setting's utility is below the weakest's (coupled paired interval of their difference "
@@ -175,6 +241,8 @@ def finding_capability(store, rows: list[dict], confidence: float) -> Finding:
     for r in rows:
         if _training_free(r):
             families.setdefault((r["method"], r["drafter"], r["task"], r["draft_length"], r["seed"]), []).append(r)
+    rows, confidence = _controlled(f, store, rows, with_strict(rows, _training_free),
+                                   sum(len(c) >= 2 for c in families.values()), looks, max_drop)
     moves = []
     for cells in families.values():
         if len(cells) >= 2:
@@ -205,7 +273,7 @@ def _group_shares(rows: list[dict], drafter: str) -> tuple[list, list]:
     return [r for r in mine if trusts_q(r["method"])], [r for r in mine if verifier_bounded(r["method"])]
 
 
-def finding_mtp(rows: list[dict], roles: dict) -> Finding:
+def finding_mtp(store, rows: list[dict], roles: dict, looks: int, max_drop: float) -> Finding:
     f = Finding("2", "with the MTP drafter, rules that trust q lose utility while CACTUS and mentored stay close",
                 f"MTP drafter: >= {SHARE_LOSES:.0%} of the q-trusting rules' cells (declared trusts_q) beyond the "
                 f"budget, and <= {SHARE_CLOSE:.0%} of the verifier-bounded rules' cells (reads q, no trust, "
@@ -214,6 +282,8 @@ def finding_mtp(rows: list[dict], roles: dict) -> Finding:
     if mtp is None:
         f.verdict, f.reason = _both_ways(False, False, "an MTP drafter in this run")
         return f
+    rows, _ = _controlled(f, store, rows, with_strict(rows, lambda r: r["drafter"] == mtp and _training_free(r) and (
+        trusts_q(r["method"]) or verifier_bounded(r["method"]))), 0, looks, max_drop)
     trusting, bounded = _group_shares(rows, mtp)
     if not trusting or not bounded:
         f.verdict, f.reason = _both_ways(False, False, "q-trusting or verifier-bounded cells with the MTP drafter")
@@ -258,45 +328,54 @@ def _tasks(rows: list[dict]) -> list[str]:
     return sorted({r["task"] for r in rows})
 
 
-def finding_strong(rows: list[dict], roles: dict, column: str) -> Finding:
+def finding_strong(store, rows: list[dict], roles: dict, column: str, c_rel: float | None, looks: int,
+                   max_drop: float) -> Finding:
     f = Finding("3", "a strong drafter gives near-lossless relaxed speed-ups, at a higher c_rel",
-                f"strong LM drafter, on every task: the best relaxed cell within the budget has S >= {SPEED_GAIN:g} x "
-                "strict's best S over N; and its measured c_rel is above the MTP drafter's")
+                f"strong LM drafter, on every task: some relaxed cell within the budget has S >= {SPEED_GAIN:g} x "
+                "strict's S at every N (the lower end of the interval of S / strict's S, paired by sample, at or "
+                f"above {SPEED_GAIN:g} against each strict N); and its measured c_rel is above the MTP drafter's")
     strong, mtp = roles["strong"], roles["mtp"]
     missing = "two LM drafters (strong and weak)" if strong is None else "an MTP drafter" if mtp is None else ""
     if missing:
         f.verdict, f.reason = _both_ways(False, False, missing)
         return f
-    c_rel = {d: statistics.fmean(r["c_rel_measured"] for r in rows if r["drafter"] == d and r["method"] == STRICT)
-             for d in (strong, mtp)}
-    higher = c_rel[strong] > c_rel[mtp]
-    f.evidence.append(f"measured c_rel: {strong} {c_rel[strong]:.3f}, {mtp} {c_rel[mtp]:.3f} (higher: {higher}; as "
-                      "`models list` measures them: an LM's one-token step, a head's time per drafted token through "
-                      "the drafter protocol, over the verifier's step)")
-    gains = {True: [], False: []}  # undecided cells eligible?
-    for task in _tasks(rows):
-        cells = _speculative(rows, strong, task)
-        strict = _best([r for r in cells if r["method"] == STRICT], column, _within)
-        for lenient, eligible in ((False, _within), (True, _not_beyond)):
-            best = _best([r for r in cells if _training_free(r)], column, eligible)
-            gains[lenient].append(_s(best, column) / _s(strict, column) if best and strict else math.nan)
-        best = _best([r for r in cells if _training_free(r)], column, _within)
-        f.evidence.append(f"{task}: strict's best {_f(_s(strict, column))}x (N={strict['draft_length'] if strict else '-'}); "
-                          f"best relaxed within budget " + (f"{_label(best)} {_f(best[column])}x, {_diff(best)}"
-                                                            if best else "none"))
-    if not gains[True] or any(math.isnan(_s(_best([r for r in _speculative(rows, strong, t) if r["method"] == STRICT],
-                                                    column, _within), column)) for t in _tasks(rows)):
+    c_rel_of = {d: statistics.fmean(r["c_rel_measured"] for r in rows if r["drafter"] == d and r["method"] == STRICT)
+                for d in (strong, mtp)}
+    higher = c_rel_of[strong] > c_rel_of[mtp]
+    f.evidence.append(f"measured c_rel: {strong} {c_rel_of[strong]:.3f}, {mtp} {c_rel_of[mtp]:.3f} (higher: {higher}; "
+                      "as `models list` measures them: an LM's one-token step, a head's time per drafted token "
+                      "through the drafter protocol, over the verifier's step)")
+    mine = lambda r: r["drafter"] == strong and _training_free(r)  # noqa: E731
+    stricts = {t: [r for r in _speculative(rows, strong, t) if r["method"] == STRICT and not math.isnan(r[column])]
+               for t in _tasks(rows)}
+    pairs = sum(len([r for r in _speculative(rows, strong, t) if _training_free(r)]) * len(stricts[t]) for t in stricts)
+    rows, confidence = _controlled(f, store, rows, with_strict(rows, mine), pairs, looks, max_drop)
+    if any(not stricts[t] for t in stricts):
         f.verdict, f.reason = _both_ways(False, False, "strict cells with a speed-up for the strong drafter")
         return f
-    gain = lambda gs: ", ".join(_f(g, 3) for g in gs)  # noqa: E731  (3 places: the bar is 1.05)
-    f.evidence.append(f"gain over strict's best: {gain(gains[False])} (needs >= {SPEED_GAIN} on every task; undecided "
-                      f"counted in: {gain(gains[True])})")
-    ok = lambda gs: all(g >= SPEED_GAIN for g in gs)  # noqa: E731  (NaN: no eligible relaxed cell, a failure)
-    f.verdict, f.reason = _both_ways(higher and ok(gains[False]), higher and ok(gains[True]))
+    holds = {False: [], True: []}  # undecided cells eligible?
+    for task in _tasks(rows):
+        cells = [r for r in _speculative(rows, strong, task) if _training_free(r) and _not_beyond(r)]
+        gains = {r["key"]: [speed_ratio(store, r, s, c_rel, confidence) for s in stricts[task]] for r in cells}
+        low = {k: min(i.low for i in g) for k, g in gains.items()}  # against every strict N
+        high = {k: min(i.high for i in g) for k, g in gains.items()}
+        holds[False].append(any(low[r["key"]] >= SPEED_GAIN for r in cells if _within(r)))
+        holds[True].append(any(high[r["key"]] >= SPEED_GAIN for r in cells))
+        top = max(stricts[task], key=lambda r: r[column])
+        best = max((r for r in cells if _within(r)), key=lambda r: low[r["key"]], default=None)
+        f.evidence.append(f"{task}: strict's best {_f(top[column])}x (N={top['draft_length']}); relaxed within budget "
+                          "with the highest lower bound of its gain over every strict N: " +
+                          (f"{_label(best)} {_f(best[column])}x, {_diff(best)}, gain over strict's best "
+                           f"{_ci(speed_ratio(store, best, top, c_rel, confidence))} (lower bound over every N "
+                           f"{_f(low[best['key']], 3)})" if best else "none"))
+    f.evidence.append(f"gain bar {SPEED_GAIN}: holds on {sum(holds[False])} of {len(holds[False])} tasks by lower "
+                      f"bounds of cells within the budget; could on {sum(holds[True])} (upper bounds, undecided cells "
+                      "counted in)")
+    f.verdict, f.reason = _both_ways(higher and all(holds[False]), higher and all(holds[True]))
     return f
 
 
-def finding_weak_lengths(store, rows: list[dict], roles: dict, column: str, confidence: float) -> Finding:
+def finding_weak_lengths(store, rows: list[dict], roles: dict, column: str, looks: int) -> Finding:
     f = Finding("4", "weak drafters under relaxation lengthen responses (length-adjusted speed-up below the plain one)",
                 f"weak LM drafter: >= {SHARE_LONGER:.0%} of its relaxed cells give significantly longer responses "
                 "than strict (paired interval of the length difference, as a share of max_new_tokens, above 0), "
@@ -306,6 +385,8 @@ def finding_weak_lengths(store, rows: list[dict], roles: dict, column: str, conf
     if weak is None:
         f.verdict, f.reason = _both_ways(False, False, "two LM drafters (strong and weak)")
         return f
+    f.intervals = len(with_strict(rows, lambda r: r["drafter"] == weak and _training_free(r)))
+    f.confidence = confidence = simultaneous(looks, f.intervals)  # the verdict reads the weak drafter's cells
     counts = {}
     for d in [weak] + [x for x in (roles["strong"], roles["mtp"]) if x]:
         longer, shorter, not_longer, undecided, ratios = length_changes(store, rows, d, confidence)
@@ -353,31 +434,40 @@ def length_changes(store, rows: list[dict], drafter: str, confidence: float):
     return longer, shorter, not_longer, undecided, ratios
 
 
-def finding_tune_n(rows: list[dict], column: str) -> Finding:
+def finding_tune_n(store, rows: list[dict], column: str, c_rel: float | None, looks: int, max_drop: float) -> Finding:
     f = Finding("5", "tuning N under strict buys a speed-up comparable to relaxation",
-                f"for most (drafter, task) pairs, strict's best S over N is >= {COMPARABLE:g} x the best S of any "
-                "cell within the budget (strict or relaxed, any N)")
-    pairs = sorted({(r["drafter"], r["task"]) for r in rows if r["method"] == STRICT})
+                f"for most (drafter, task) pairs, strict's best S over N is >= {COMPARABLE:g} x the S of every cell "
+                "within the budget (strict or relaxed, any N): the interval of the ratio, paired by sample, at or "
+                f"above {COMPARABLE:g}")
+    pairs = [(d, t) for d, t in sorted({(r["drafter"], r["task"]) for r in rows if r["method"] == STRICT})
+             if len({r["draft_length"] for r in _speculative(rows, d, t) if r["method"] == STRICT
+                     and not math.isnan(r[column])}) >= 2]
+    cells_of = {p: [r for r in _speculative(rows, *p) if not math.isnan(r[column])] for p in pairs}
+    in_pairs = {r["key"] for cells in cells_of.values() for r in cells}
+    rows, confidence = _controlled(f, store, rows, with_strict(rows, lambda r: r["key"] in in_pairs),
+                                   len(in_pairs), looks, max_drop)
     results = {False: [], True: []}
     for drafter, task in pairs:
-        cells = _speculative(rows, drafter, task)
-        strict = [r for r in cells if r["method"] == STRICT and not math.isnan(r[column])]
-        if len({r["draft_length"] for r in strict}) < 2:
-            continue
+        cells = [r for r in _speculative(rows, drafter, task) if not math.isnan(r[column])]
+        strict = [r for r in cells if r["method"] == STRICT]
         top, bottom = max(strict, key=lambda r: r[column]), min(strict, key=lambda r: r[column])
-        for lenient, eligible in ((False, _within), (True, _not_beyond)):
-            best = _best(cells, column, eligible)
-            results[lenient].append(top[column] / best[column])
+        ratio = {r["key"]: speed_ratio(store, top, r, c_rel, confidence) for r in cells if r["key"] != top["key"]}
+        bound = lambda r, end: getattr(ratio[r["key"]], end) if r["key"] in ratio else 1.0  # noqa: E731
+        # holds for the pair when strict's best rivals every eligible cell: by lower bounds with the undecided
+        # cells eligible (against the finding), by upper bounds with the cells within only (in its favour)
+        results[True].append(all(bound(r, "low") >= COMPARABLE for r in cells
+                                 if r["method"] == STRICT or _not_beyond(r)))
+        results[False].append(all(bound(r, "high") >= COMPARABLE for r in cells if r["method"] == STRICT or _within(r)))
         best = _best(cells, column, _within)
         f.evidence.append(f"{task} / {drafter}: strict S {_f(bottom[column])}x (N={bottom['draft_length']}) -> "
                           f"{_f(top[column])}x (N={top['draft_length']}) by tuning N; best within budget "
                           f"{method_label(best['method'], json.loads(best['params']))} N={best['draft_length']} "
-                          f"{_f(best[column])}x; ratio {results[False][-1]:.2f}")
-    if not results[False]:
+                          f"{_f(best[column])}x; strict's best / it "
+                          + (_ci(ratio[best["key"]]) if best["key"] in ratio else "1 (itself)"))
+    if not pairs:
         f.verdict, f.reason = _both_ways(False, False, "strict cells at two draft lengths or more, with AR (S)")
         return f
-    majority = lambda xs: sum(x >= COMPARABLE for x in xs) > len(xs) / 2  # noqa: E731
-    # Undecided cells counted as eligible can only raise the best, lowering the ratio: that is "against".
+    majority = lambda xs: sum(xs) > len(xs) / 2  # noqa: E731
     f.verdict, f.reason = _both_ways(majority(results[True]), majority(results[False]))
     return f
 
@@ -386,67 +476,69 @@ def _config(r: dict) -> tuple:
     return r["method"], r["params"], r["draft_length"]
 
 
-def finding_transfer(rows: list[dict], column: str) -> Finding:
+def finding_transfer(store, rows: list[dict], column: str, c_rel: float | None, looks: int,
+                     max_drop: float) -> Finding:
     f = Finding("6", "the best hyper-parameters on one task are not the best on the other",
                 f"for most drafters, the configuration (rule, parameters, N) with the highest S within the budget on "
                 f"one task is, on the other, beyond the budget or below {TRANSFER:g} x that task's best S (either "
-                "direction)")
+                "direction; the ratio of the two S by its interval, paired by sample)")
     tasks = _tasks([r for r in rows if r["method"] != AR])
     drafters = sorted({r["drafter"] for r in rows if r["drafter"]})
+    rows, confidence = _controlled(f, store, rows, with_strict(rows, lambda r: True),
+                                   len(drafters) * len(tasks) * (len(tasks) - 1), looks, max_drop)
     if len(tasks) < 2:
         f.verdict, f.reason = _both_ways(False, False, "a second task")
         return f
-    fails = {False: [], True: []}
+    sure_fail, sure_ok = [], []  # per drafter: fails to transfer for sure; transfers for sure (both directions)
     for drafter in drafters:
-        for lenient, eligible in ((False, _within), (True, _not_beyond)):
-            failed = False
-            for a in tasks:
-                for b in tasks:
-                    if a == b:
-                        continue
-                    best_a = _best(_speculative(rows, drafter, a), column, eligible)
-                    cells_b = _speculative(rows, drafter, b)
-                    best_b = _best(cells_b, column, eligible)
-                    if best_a is None or best_b is None:
-                        continue
-                    same = next((r for r in cells_b if _config(r) == _config(best_a)), None)
-                    ok = same is not None and (same["method"] == STRICT or eligible(same)) and \
-                        same[column] >= TRANSFER * best_b[column]
-                    failed |= not ok
-                    if not lenient:
-                        f.evidence.append(
-                            f"{drafter}: best on {a} {method_label(best_a['method'], json.loads(best_a['params']))} "
-                            f"N={best_a['draft_length']} ({_f(best_a[column])}x); on {b} it gives "
-                            + (f"{_f(same[column])}x, {_diff(same) if _relaxed(same) else 'strict'}" if same else "-")
-                            + f" vs {b}'s best {method_label(best_b['method'], json.loads(best_b['params']))} "
-                            f"N={best_b['draft_length']} {_f(best_b[column])}x: {'transfers' if ok else 'does not transfer'}")
-            fails[lenient].append(failed)
+        fails = transfers = None
+        for a in tasks:
+            for b in tasks:
+                best_a = _best(_speculative(rows, drafter, a), column, _within)
+                cells_b = _speculative(rows, drafter, b)
+                best_b = _best(cells_b, column, _within)
+                if a == b or best_a is None or best_b is None:
+                    continue
+                same = next((r for r in cells_b if _config(r) == _config(best_a)), None)
+                i = None if same is None or same is best_b else speed_ratio(store, same, best_b, c_rel, confidence)
+                good = same is not None and (same["method"] == STRICT or _within(same))
+                possible = same is not None and (same["method"] == STRICT or _not_beyond(same))
+                ok = good and (i is None or i.low >= TRANSFER)  # transfers for sure
+                bad = not possible or (i is not None and i.high < TRANSFER)  # fails for sure
+                fails, transfers = bool(fails) or bad, (transfers is None or transfers) and ok
+                f.evidence.append(
+                    f"{drafter}: best on {a} {method_label(best_a['method'], json.loads(best_a['params']))} "
+                    f"N={best_a['draft_length']} ({_f(best_a[column])}x); on {b} it gives "
+                    + (f"{_f(same[column])}x, {_diff(same) if _relaxed(same) else 'strict'}" if same else "-")
+                    + f" vs {b}'s best {method_label(best_b['method'], json.loads(best_b['params']))} "
+                    f"N={best_b['draft_length']} {_f(best_b[column])}x (ratio {_ci(i) if i else '1' if same else '-'}): "
+                    + ("transfers" if ok else "does not transfer" if bad else "undecided"))
+        if fails is not None:
+            sure_fail.append(fails)
+            sure_ok.append(bool(transfers))
     majority = lambda xs: sum(xs) > len(xs) / 2  # noqa: E731
-    # Which scenario is "against" is not monotone here: the verdict needs both to agree.
-    a, b = majority(fails[False]), majority(fails[True])
-    f.verdict, f.reason = _both_ways(a and b, a or b)
+    f.verdict, f.reason = _both_ways(majority(sure_fail), majority([not x for x in sure_ok]))
     return f
 
 
-def finding_pad(store, rows: list[dict], column: str, confidence: float, max_drop: float) -> Finding:
+def finding_pad(store, rows: list[dict], column: str, looks: int, max_drop: float) -> Finding:
     f = Finding("PAD", "PAD keeps more utility than the training-free rules at matched length-adjusted speed-up",
                 f"each PAD cell vs each training-free cell of the same drafter, task and N whose S lies within "
                 f"{MATCH:.0%} of it (coupled paired interval of the utility difference: better above 0, worse below "
                 f"0, equivalent within +-budget, else undecided): PAD better in more comparisons than worse, and "
                 "in at least a quarter of them")
     found = {"better": [], "worse": [], "equivalent": [], "undecided": []}
-    for p in rows:
-        if not (_relaxed(p) and is_classifier_rule(p["method"])) or math.isnan(p[column]):
-            continue
-        for r in rows:
-            if (r["drafter"], r["task"], r["draft_length"], r["seed"]) != (p["drafter"], p["task"], p["draft_length"],
-                                                                          p["seed"]) or not _training_free(r) \
-                    or math.isnan(r[column]) or abs(r[column] / p[column] - 1) > MATCH:
-                continue
-            i = compare(store.utilities(p["key"]), store.utilities(r["key"]), confidence)
-            kind = "better" if i.low > 0 else "worse" if i.high < 0 else \
-                "equivalent" if -max_drop <= i.low and i.high <= max_drop else "undecided"
-            found[kind].append((p, r, i))
+    matched = [(p, r) for p in rows if _relaxed(p) and is_classifier_rule(p["method"]) and not math.isnan(p[column])
+               for r in rows
+               if (r["drafter"], r["task"], r["draft_length"], r["seed"]) == (p["drafter"], p["task"], p["draft_length"],
+                                                                             p["seed"]) and _training_free(r)
+               and not math.isnan(r[column]) and abs(r[column] / p[column] - 1) <= MATCH]
+    f.intervals, f.confidence = len(matched), simultaneous(looks, len(matched))
+    for p, r in matched:
+        i = compare(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
+        kind = "better" if i.low > 0 else "worse" if i.high < 0 else \
+            "equivalent" if -max_drop <= i.low and i.high <= max_drop else "undecided"
+        found[kind].append((p, r, i))
     total = sum(len(v) for v in found.values())
     if not total:
         f.verdict, f.reason = _both_ways(False, False, "PAD cells with training-free cells at a matched speed-up")
@@ -466,37 +558,41 @@ def finding_pad(store, rows: list[dict], column: str, confidence: float, max_dro
 
 def check_findings(store, rows: list[dict], max_drop: float = FINDINGS_MAX_DROP, c_rel: float | None = None) \
         -> list[Finding]:
-    """Every finding's verdict on the report rows of one settings group (report.build_rows)."""
-    from relaxspec.bench.metrics import decision_confidence
+    """Every finding's verdict on the report rows of one settings group (report.build_rows), each at its own
+    simultaneous confidence (see the module doc)."""
     from relaxspec.bench.report import with_decisions
     column = speed_column(c_rel)
     with_decisions(rows, max_drop)
     roles = drafter_roles(rows)
     looks = max((r["settings"]["looks"] or 1 for r in rows), default=1)
-    confidence = decision_confidence(looks)
-    return [finding_capability(store, rows, confidence), finding_mtp(rows, roles), finding_strong(rows, roles, column),
-            finding_weak_lengths(store, rows, roles, column, confidence), finding_tune_n(rows, column),
-            finding_transfer(rows, column), finding_pad(store, rows, column, confidence, max_drop)]
+    return [finding_capability(store, rows, looks, max_drop), finding_mtp(store, rows, roles, looks, max_drop),
+            finding_strong(store, rows, roles, column, c_rel, looks, max_drop),
+            finding_weak_lengths(store, rows, roles, column, looks),
+            finding_tune_n(store, rows, column, c_rel, looks, max_drop),
+            finding_transfer(store, rows, column, c_rel, looks, max_drop),
+            finding_pad(store, rows, column, looks, max_drop)]
 
 
 def format_findings(findings: list[Finding], rows: list[dict], max_drop: float, c_rel: float | None) -> str:
     roles = drafter_roles(rows)
     speed = "at the pair's measured c_rel" if c_rel is None else f"at c_rel {c_rel:g}"
-    confidence = next((r["vs_strict_confidence"] for r in rows if _relaxed(r)), math.nan)
     out = [f"Findings of the investigation, checked on this run (settings group {rows[0]['settings_group']}: "
            f"{len(rows)} cells, tasks {', '.join(_tasks(rows))}).",
            f"Budget: a relaxed cell is within it when the lower end of its interval of (utility - strict's) at the "
            f"same N is >= -{max_drop:g}, beyond it when the upper end is < -{max_drop:g}, undecided otherwise "
-           f"(coupled Tango paired intervals at {confidence:.1%}). S: length-adjusted modelled speed-up {speed}.",
+           f"(coupled paired intervals, clustered by prompt). S: length-adjusted modelled speed-up {speed}.",
            f"Drafters: MTP {roles['mtp'] or '-'}; strong LM {roles['strong'] or '-'}, weak LM {roles['weak'] or '-'} "
            f"(strict acceptance rate: " + (", ".join(f"{d} {a:.2f}" for d, a in sorted(roles["agreement"].items()))
                                             or "no LM drafter") + ")",
            "Verdict: the finding's test counted with the undecided cells against it and in its favour: confirmed "
            "if it holds both ways, not confirmed if it fails both ways, inconclusive otherwise or with evidence "
-           "missing.", ""]
+           f"missing. Each verdict is one test with error rate <= {ALPHA:g}: the intervals it reads are simultaneous "
+           "(Bonferroni over them and the bench's looks; the confidence of each is printed with its test).", ""]
     for f in findings:
         out.append(f"({f.key}) {f.claim}")
         out.append(f"    test: {f.rule}")
+        if f.intervals:
+            out.append(f"    error rate <= {ALPHA:g}: {f.intervals} intervals, each at {f.confidence:.4%}")
         out.extend(f"    {line}" for line in f.evidence)
         out.append(f"    verdict: {f.verdict.upper()}: {f.reason}")
         out.append("")

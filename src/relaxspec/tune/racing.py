@@ -7,8 +7,9 @@ samples and its upper 95% bound must be within the budget.
 Design (sizes n_0 < n_1 < ... < n_{R-1} samples per configuration, a cap on how many go on after each rung):
 at rung r every live configuration is brought to n_r samples (`evaluate(config, n)`; its strict reference at
 the same N comes with it), then
-1. clearly lossy: the Bonferroni interval of its difference vs strict (confidence 1 - alpha / (R * K), K the
-   number of configurations) lies wholly beyond -max_drop  -> dropped;
+1. clearly lossy: the Bonferroni interval of its difference vs strict (confidence 1 - alpha / (2 R K), K the
+   number of configurations: alpha is shared by the R K lossy and the R K slower tests) lies wholly beyond
+   -max_drop  -> dropped;
 2. clearly slower: the Bonferroni interval of its speed lies wholly below the Bonferroni lower bound of the
    best configuration known feasible (strict at any N, or one whose Bonferroni difference interval lies
    wholly within the budget)  -> dropped;
@@ -16,9 +17,13 @@ the same N comes with it), then
    >= -max_drop, or strict), then by speed point estimate; the first caps[r] go on, and the fastest strict
    with them if none is among them (the lossless fallback the answer must beat). The strict reference of a
    live configuration is sampled with it anyway, so it rejoins the race at no cost.
-With probability >= 1 - alpha, every drop of kinds 1 and 2 is right (a union bound over at most R * K tests
-of each kind, as far as the intervals hold their level); halving is the budget heuristic, whose loss is
-measured by the synthetic tests, not bounded.
+With probability >= 1 - alpha, every drop of kinds 1 and 2 is right (a union bound over at most 2 R K tests,
+as far as the intervals hold their level; a drop of kind 2 also needs the best's lower bound to hold, which is
+one of the same tests). The intervals are the arms': clustered by prompt and valid at the first rung's size
+(tune's arms: bench.stats' score intervals, Fieller's interval for the speed ratio with a t quantile; at
+least 2 prompts). Halving is the budget heuristic, whose loss is measured by the synthetic tests
+(tests/test_tune_racing.py: nested samples, estimated variances, lossy configurations just beyond the budget),
+not bounded.
 Choice: among the configurations of the last rung reached, those whose 95% difference interval lies within
 the budget (upper 95% bound of the drop <= max_drop; strict always), the highest speed point estimate.
 The winner's curse of that maximum is what the held-out confirmation checks.
@@ -97,7 +102,7 @@ def race(configs: list, evaluate: Callable[[Hashable, int], Arm], max_drop: floa
     if not 0 <= max_drop < 1:
         raise ValueError(f"tune: max drop must lie in [0, 1), got {max_drop}")
     plain = 1 - alpha
-    strong = 1 - alpha / (len(sizes) * len(configs))
+    strong = 1 - alpha / (2 * len(sizes) * len(configs))  # one alpha for every lossy and slower drop
     result = Race(records={c: Record(c) for c in configs}, bonferroni=strong, stopped="all rungs")
     alive = list(configs)
     arms: dict = {}

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from relaxspec.bench.config import BenchConfig, extra_draft_passes
 from relaxspec.bench.stats import Interval, paired_diff_interval
+from relaxspec.bench.sampling import TUNE_HELDOUT_PROMPTS
 from relaxspec.tune.cells import Cells
 from relaxspec.tune.objective import OBJECTIVES, speed_interval
 from relaxspec.tune.racing import ALPHA, DEFAULT_CAPS, DEFAULT_SIZES, Race, race, validate_schedule
@@ -29,9 +30,9 @@ from relaxspec.tune.space import DEFAULT_DRAFT_LENGTHS, Config, make_config, sea
 DEFAULT_OUT = "relaxspec-tune"
 DEFAULT_MAX_DROP = 0.02
 DEFAULT_BUDGET_MINUTES = 11.0
-DEFAULT_SEARCH_PROMPTS = 80
-DEFAULT_HELDOUT_PROMPTS = 80
-DEFAULT_HELDOUT_REPEATS = 3
+DEFAULT_SEARCH_PROMPTS = 240  # the last rung's 240 samples on distinct prompts (repeats are clustered: worth less)
+DEFAULT_HELDOUT_PROMPTS = TUNE_HELDOUT_PROMPTS  # 240, which a bench's later looks never draw
+DEFAULT_HELDOUT_REPEATS = 1
 
 
 @dataclass

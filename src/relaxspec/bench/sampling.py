@@ -1,0 +1,57 @@
+"""Which samples (prompt, repeat) a bench cell holds after each look: independent prompts first.
+
+Look 1: the task's first `limit` prompts x `repeats` repeats. Each later look doubles a cell's samples with new
+prompts (each at `repeats` repeats), drawn after the band [limit, limit + TUNE_HELDOUT_PROMPTS) that `relaxspec
+tune` holds out for its confirmation when its search cells are these cells (--search-prompts = limit). When the
+task has no more prompts (a benchmark's pool, e.g. AIME's 30), the rest of the growth comes as more repeats of
+the prompts it has: samples of one prompt are then clustered, which the intervals account for (bench.stats).
+Every look's samples contain the previous look's, so a cell grows by looks and a re-run continues it.
+"""
+
+from __future__ import annotations
+
+import math
+
+TUNE_HELDOUT_PROMPTS = 240  # tune's default held-out prompts (tune.run.DEFAULT_HELDOUT_PROMPTS)
+
+
+def prompts_needed(limit: int, looks: int) -> int:
+    """How many of the task's examples a bench with `looks` looks may read (the held-out band included)."""
+    return limit + TUNE_HELDOUT_PROMPTS + limit * (2 ** (looks - 1) - 1)
+
+
+def look_design(limit: int, repeats: int, look: int, pool: int) -> tuple[list[int], int]:
+    """(example indices, repeats per prompt) of a cell after look `look` (1-based) when the task has `pool`
+    examples (see the module doc)."""
+    first = min(limit, pool)
+    spare = max(0, pool - limit - TUNE_HELDOUT_PROMPTS)
+    new = min(limit * (2 ** (look - 1) - 1), spare)
+    prompts = list(range(first)) + list(range(limit + TUNE_HELDOUT_PROMPTS, limit + TUNE_HELDOUT_PROMPTS + new))
+    target = first * repeats * 2 ** (look - 1)
+    return prompts, repeats * math.ceil(target / (len(prompts) * repeats))
+
+
+def samples_at(limit: int, repeats: int, look: int, pool: int) -> list[tuple[int, int]]:
+    """The cell's (example index, repeat) samples after look `look` (look 0: none), repeat-major."""
+    if look < 1:
+        return []
+    prompts, reps = look_design(limit, repeats, look, pool)
+    return [(i, r) for r in range(reps) for i in prompts]
+
+
+def new_samples(limit: int, repeats: int, done: int, target: int, pool: int) -> list[tuple[int, int]]:
+    """Samples look `target` adds to a cell that holds those of look `done`."""
+    have = set(samples_at(limit, repeats, done, pool))
+    return [s for s in samples_at(limit, repeats, target, pool) if s not in have]
+
+
+def looks_done(stored, plan, looks: int) -> int:
+    """The last look (up to `looks`) whose samples (`plan(look)`, e.g. samples_at) are all among `stored`
+    ((prompt, repeat) keys); 0 if none."""
+    stored = set(stored)
+    done = 0
+    for look in range(1, looks + 1):
+        if not set(plan(look)) <= stored:
+            break
+        done = look
+    return done
