@@ -19,6 +19,12 @@ KNOWN_SPECS = ("arithmetic", "sorting", "jsonl:PATH[:exact|numeric|contains]", *
 DEFAULT_SYNTHETIC_N = 100
 
 
+def runs_code(spec) -> bool:
+    """Whether the task named by `spec` scores responses by running them (in the code sandbox)."""
+    name = spec.partition(":")[0] if isinstance(spec, str) else None
+    return name in BENCHMARKS and BENCHMARKS[name].metric == "tests-passed"
+
+
 def get_task(spec: str, limit: int | None = None, seed: int = 0, prompt_template: str | None = None) -> Task:
     """The task named by `spec`, cut to its first `limit` examples (None: the task's default size:
     100 synthetic problems, the whole benchmark or file). `prompt_template` (a string or a file
