@@ -41,7 +41,7 @@ from relaxspec.acceptance import (
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.models.drafters import Drafter, Stream, as_drafter, model_device
 from relaxspec.models.hf import CausalLM, hidden_blocks
-from relaxspec.models.prompts import check_context, encode_prompts
+from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
 
 AR = "ar"
 
@@ -147,10 +147,7 @@ def generate(
     A prompt that does not fit the models' context with `max_new_tokens` is an error. `pivot_fn`
     computes a rule's `pivot_prob` input from the verifier's hidden states (see relaxspec.pivot)."""
     check_sampling_args(temperature, top_k, top_p)
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not prompts:
-        raise ValueError("no prompts given")
+    prompts = prompt_list(prompts)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     rule = None
