@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from relaxspec.bench.metrics import BEYOND, NO_STRICT, WITHIN, compare
 from relaxspec.bench.names import AR, STRICT, method_label
 from relaxspec.bench.speedup import C_REL_GRID
-from relaxspec.bench.stats import Interval
+from relaxspec.bench.stats import Interval, ratio
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
 # A run of ~80 paired samples cannot show a drop <= 0.03 even when every output equals strict's (Tango's
@@ -370,12 +370,12 @@ def finding_tune_n(rows: list[dict], column: str) -> Finding:
         top, bottom = max(strict, key=lambda r: r[column]), min(strict, key=lambda r: r[column])
         for lenient, eligible in ((False, _within), (True, _not_beyond)):
             best = _best(cells, column, eligible)
-            results[lenient].append(top[column] / best[column])
+            results[lenient].append(ratio(top[column], best[column]))
         best = _best(cells, column, _within)
         f.evidence.append(f"{task} / {drafter}: strict S {_f(bottom[column])}x (N={bottom['draft_length']}) -> "
                           f"{_f(top[column])}x (N={top['draft_length']}) by tuning N; best within budget "
                           f"{method_label(best['method'], json.loads(best['params']))} N={best['draft_length']} "
-                          f"{_f(best[column])}x; ratio {results[False][-1]:.2f}")
+                          f"{_f(best[column])}x; ratio {_f(results[False][-1])}")
     if not results[False]:
         f.verdict, f.reason = _both_ways(False, False, "strict cells at two draft lengths or more, with AR (S)")
         return f
@@ -444,7 +444,7 @@ def finding_pad(store, rows: list[dict], column: str, confidence: float, max_dro
         for r in rows:
             if (r["drafter"], r["task"], r["draft_length"], r["seed"]) != (p["drafter"], p["task"], p["draft_length"],
                                                                           p["seed"]) or not _training_free(r) \
-                    or math.isnan(r[column]) or abs(r[column] / p[column] - 1) > MATCH:
+                    or math.isnan(r[column]) or not abs(ratio(r[column], p[column]) - 1) <= MATCH:
                 continue
             i = compare(store.utilities(p["key"]), store.utilities(r["key"]), confidence)
             kind = "better" if i.low > 0 else "worse" if i.high < 0 else \
@@ -492,7 +492,7 @@ def format_findings(findings: list[Finding], rows: list[dict], max_drop: float, 
            f"same N is >= -{max_drop:g}, beyond it when the upper end is < -{max_drop:g}, undecided otherwise "
            f"(coupled Tango paired intervals at {confidence:.1%}). S: length-adjusted modelled speed-up {speed}.",
            f"Drafters: MTP {roles['mtp'] or '-'}; strong LM {roles['strong'] or '-'}, weak LM {roles['weak'] or '-'} "
-           f"(strict acceptance rate: " + (", ".join(f"{d} {a:.2f}" for d, a in sorted(roles["agreement"].items()))
+           f"(strict acceptance rate: " + (", ".join(f"{d} {_f(a)}" for d, a in sorted(roles["agreement"].items()))
                                             or "no LM drafter") + ")",
            "Verdict: the finding's test counted with the undecided cells against it and in its favour: confirmed "
            "if it holds both ways, not confirmed if it fails both ways, inconclusive otherwise or with evidence "
