@@ -28,7 +28,7 @@ import pytest
 from relaxspec.tasks import sandbox
 from relaxspec.tasks.sandbox import SandboxUnavailable, passes_tests, run_python, sandbox_python, survivors
 
-AS_ROOT = os.geteuid() == 0
+AS_ROOT = sandbox.real_root()
 SOLUTION = "\ndef add(a, b):\n    return a + b\n\nassert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
 NO_HOOK = sandbox.RUNNER.replace("sys.addaudithook(_refuse)\n", "")
 assert NO_HOOK != sandbox.RUNNER
@@ -295,6 +295,37 @@ def test_no_isolation_is_refused_unless_accepted(monkeypatch):
     sandbox.require_isolation()
     result = run_python("import os\nprint(os.getpid())")
     assert result.isolation["mode"] == "none" and result.stdout.strip() != "1"
+
+
+def in_a_user_namespace(forbid_nested: bool, programs: list[str], **kwargs) -> list:
+    """Score `programs` as root of a new user namespace that maps only itself (as in a rootless
+    container), optionally after forbidding further user namespaces there (max_user_namespaces = 0,
+    so the kernel refuses the sandbox's)."""
+    script = ("open('/proc/sys/user/max_user_namespaces', 'w').write('0')\n" if forbid_nested else "") + USER_SCRIPT
+    job = {"programs": programs, "timeout": 3, "hook": True, "runner": NO_HOOK, "kwargs": kwargs}
+    done = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-I", "-c", script,
+                           str(Path(sandbox.__file__).parent)], input=json.dumps(job), capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
+    if done.returncode != 0 and "unshare failed" in done.stderr:
+        pytest.skip(f"this kernel allows no user namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    return [tuple(r) for r in json.loads(done.stdout)]
+
+
+def test_root_in_a_user_namespace_takes_the_user_path():
+    """Root mapping only itself cannot drop to another uid: it isolates as an ordinary user would,
+    the program running as nobody inside (no capability to undo its mounts)."""
+    program = "import os\nassert os.getuid() == 65534\n" + SOLUTION
+    assert in_a_user_namespace(False, [program, "open('/etc/x', 'w')\n" + SOLUTION]) == [
+        (True, "passed"), (False, "OSError: [Errno 30] Read-only file system: '/etc/x'")]
+
+
+def test_a_kernel_that_refuses_namespaces_refuses_the_code_unless_accepted():
+    """The kernel itself refusing (not a simulated refusal): one line naming --unsafe-exec; accepted, it runs."""
+    ((passed, reason),) = in_a_user_namespace(True, [SOLUTION])
+    assert not passed and reason.startswith("raised SandboxUnavailable: this machine allows no isolation")
+    assert "--unsafe-exec" in reason and "No space left on device" in reason and "\n" not in reason
+    assert in_a_user_namespace(True, [SOLUTION], unsafe_exec=True) == [(True, "passed")]
 
 
 def test_bad_arguments(tmp_path):

@@ -9,7 +9,7 @@ from relaxspec.tasks import runs_code, sandbox
 
 @pytest.fixture
 def no_isolation(monkeypatch):
-    mode = "root" if sandbox.os.geteuid() == 0 else "user"
+    mode = "root" if sandbox.real_root() else "user"
     monkeypatch.setitem(sandbox._REFUSED, mode, "unshare: Operation not permitted")
     monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
 

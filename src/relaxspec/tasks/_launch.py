@@ -117,8 +117,10 @@ def enter_namespaces(libc, mode: str) -> None:
     uid, gid = os.getuid(), os.getgid()
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID
     _check(libc.unshare(flags | (CLONE_NEWUSER if mode == "user" else 0)), "unshare")
-    if mode == "user":  # the caller's ids, mapped to themselves (never to root inside)
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+    if mode == "user":  # the caller's ids, mapped to themselves, never to root inside (root: to nobody)
+        inner_uid, inner_gid = uid or 65534, gid or 65534
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{inner_uid} {uid} 1"),
+                           ("gid_map", f"{inner_gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
 

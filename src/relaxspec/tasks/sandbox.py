@@ -237,6 +237,17 @@ def _python_trees(python: str) -> list[str]:
     return sorted({os.path.realpath(t) for t in trees})
 
 
+def real_root() -> bool:
+    """Root with every uid mapped: able to drop to a random unused uid. Root in a user namespace that maps
+    only itself (rootless containers) is not: it takes the user-namespace path, as any other user."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        return Path("/proc/self/uid_map").read_text().split() == ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
 def _status(fd: int) -> dict:
     """Merge the JSON lines the launcher wrote so far (non-blocking)."""
     os.set_blocking(fd, False)
@@ -277,16 +288,16 @@ def run_python(source: str, stdin: str = "", timeout: float = DEFAULT_TIMEOUT_S,
 
     workdir: run there (created if missing, left in place afterwards; must be empty); default a
     fresh temporary directory, removed afterwards. drop_privileges: run as a random unused uid
-    (default: when running as root, the only case where it is possible). unsafe_exec: where this
+    (default: when running as root, the only case where it is possible, see `real_root`). unsafe_exec: where this
     machine allows no namespaces, run unisolated instead of raising SandboxUnavailable (default:
     RELAXSPEC_UNSAFE_EXEC=1 in the environment)."""
     if timeout <= 0:
         raise ValueError(f"sandbox timeout must be positive, got {timeout}")
-    as_root = os.geteuid() == 0
+    as_root = real_root()
     if drop_privileges is None:
         drop_privileges = as_root
     if drop_privileges and not as_root:
-        raise ValueError("drop_privileges needs root")
+        raise ValueError("drop_privileges needs root (in the initial user namespace, with every uid mapped)")
     mode = "root" if drop_privileges else "user"
     if mode in _REFUSED:
         if not unsafe_exec_allowed(unsafe_exec):
