@@ -158,12 +158,13 @@ def cmd_bench(args) -> int:
     import torch
 
     from relaxspec.bench.runner import plan, run_grid
-    from relaxspec.tasks import runs_code
+    from relaxspec.tasks import check_tasks, runs_code
     from relaxspec.tasks.sandbox import require_isolation
 
     import warnings
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
     config = config_from_args(args)
+    check_tasks(config.tasks, config.limit)
     if any(runs_code(t) for t in config.tasks):  # refused here, before any model loads, if unisolated
         require_isolation(args.unsafe_exec)
     if args.threads:

@@ -241,7 +241,9 @@ def format_report(rows: list[dict], max_drop: float, groups_total: int | None = 
 
 def _format_group(rows: list[dict], max_drop: float) -> list[str]:
     s = rows[0]["settings"]
-    out = [f"== settings group {rows[0]['settings_group']}: {s['limit']} prompts, first look {s['first_repeats']} "
+    counts = sorted({r["n_prompts"] for r in rows})  # what the tasks had (a short file has fewer than the limit)
+    prompts = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    out = [f"== settings group {rows[0]['settings_group']}: {prompts} prompts, first look {s['first_repeats']} "
            f"repeats, at most {s['looks']} looks; temperature {s['temperature']}, top_k {s['top_k']}, top_p "
            f"{s['top_p']}, max {s['max_new_tokens']} new tokens; chat template {s['chat_template']}, system "
            f"{s['system']!r}; device {s['device'] or 'default'}, dtype {s['dtype'] or 'default'}; code "

@@ -30,5 +30,14 @@ def add_prompt_args(parser) -> None:
                         "(needs a chat template)")
 
 
+def check_positive(args, *names: str) -> None:
+    """ValueError naming the flag unless each of `names` (argparse dests) is > 0 (None: not given, fine).
+    Commands call it first, before loading models or doing any work."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+
 def prompt_kwargs(args) -> dict:
     return {"chat_template": args.chat_template, "system": args.system}

@@ -120,7 +120,7 @@ def check_context(prompt_ids: list[list[int]], max_new_tokens: int, *models, tru
         if len(ids) > room and not truncate:
             what = ("is longer than the model's context" if len(ids) >= limit
                     else f"+ max_new_tokens {max_new_tokens} exceeds the model's context")
-            raise ValueError(f"prompt {i} ({len(ids)} tokens) {what} of {limit} positions; shorten it, lower "
-                             f"max_new_tokens, or ask for truncation")
+            raise ValueError(f"prompt {i} ({len(ids)} tokens) {what} of {limit} positions; shorten it or lower "
+                             f"max_new_tokens")
         out.append(ids[-room:] if len(ids) > room else ids)
     return out
