@@ -213,3 +213,19 @@ def test_degenerate_results_have_defined_values_everywhere(tmp_path, case):
     assert len(data) == 4 and not any("inf" in v or "nan" in v.lower() for d in data for v in d.values() if v)
     assert all_plots(rows, tmp_path / "plots")
     assert "nan" not in format_findings(findings, rows, 0.03, None)
+
+
+def test_findings_with_an_mtp_drafter_that_has_no_strict_cell(tmp_path):
+    """Finding (3) averaged the MTP drafter's strict c_rel over no cell (StatisticsError): now '-'."""
+    from relaxspec.bench.findings import check_findings, format_findings
+
+    with Store(tmp_path) as store:
+        put(store, "ar", "ar", SAFE)
+        for d, speed in (("weak", 1.2), ("strong", 1.8)):
+            put(store, f"s-{d}", "strict", SAFE, drafter=d, speed=speed)
+            put(store, f"c-{d}", "cactus", SAFE, {"delta": 0.1}, drafter=d, speed=speed + 0.1)
+        put(store, "c-mtp", "cactus", SAFE, {"delta": 0.1}, drafter="drafter-mtp", speed=2.0)
+        rows = build_rows(store)
+        findings = check_findings(store, rows, 0.03, None)
+    text = format_findings(findings, rows, 0.03, None)
+    assert "drafter-mtp -" in text and "nan" not in text

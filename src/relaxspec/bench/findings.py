@@ -270,10 +270,11 @@ def finding_strong(rows: list[dict], roles: dict, column: str) -> Finding:
     if missing:
         f.verdict, f.reason = _both_ways(False, False, missing)
         return f
-    c_rel = {d: statistics.fmean(r["c_rel_measured"] for r in rows if r["drafter"] == d and r["method"] == STRICT)
+    c_rel = {d: [r["c_rel_measured"] for r in rows if r["drafter"] == d and r["method"] == STRICT]
              for d in (strong, mtp)}
+    c_rel = {d: statistics.fmean(v) if v else math.nan for d, v in c_rel.items()}  # no strict cell: no value
     higher = c_rel[strong] > c_rel[mtp]
-    f.evidence.append(f"measured c_rel: {strong} {c_rel[strong]:.3f}, {mtp} {c_rel[mtp]:.3f} (higher: {higher}; as "
+    f.evidence.append(f"measured c_rel: {strong} {_f(c_rel[strong], 3)}, {mtp} {_f(c_rel[mtp], 3)} (higher: {higher}; as "
                       "`models list` measures them: an LM's one-token step, a head's time per drafted token through "
                       "the drafter protocol, over the verifier's step)")
     gains = {True: [], False: []}  # undecided cells eligible?
