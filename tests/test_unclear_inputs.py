@@ -186,3 +186,11 @@ def test_a_truncated_gguf_is_named(capsys, tmp_path):
         (tmp_path / "cut.gguf").write_bytes(f.read(100_000))
     one_line_error(capsys, "generate", "--verifier", tmp_path / "cut.gguf", "--prompt", PROMPT, "--method", "ar",
                    says="the GGUF file is truncated or corrupt")
+
+
+@pytest.mark.parametrize("flag, value, says", [("--max-new-tokens", "0", "--max-new-tokens must be > 0"),
+                                               ("--temperature", "-1", "temperature must be"),
+                                               ("--seed", "-1", "--seed must be")])
+def test_generate_checks_its_arguments_before_loading_models(capsys, tmp_path, flag, value, says):
+    # the verifier does not exist: the argument's error comes first, so nothing was loaded
+    one_line_error(capsys, "generate", "--verifier", tmp_path / "missing", "--prompt", PROMPT, flag, value, says=says)

@@ -138,7 +138,8 @@ def cmd_generate(args) -> int:
     from relaxspec.engine import generate
     from relaxspec.models import load_model
     from relaxspec.models.drafters import load_drafter
-    from relaxspec.models.options import device_kwargs, prompt_kwargs
+    from relaxspec.acceptance import check_sampling_args
+    from relaxspec.models.options import check_positive, device_kwargs, prompt_kwargs
 
     params = {}
     if args.config is not None:
@@ -146,6 +147,8 @@ def cmd_generate(args) -> int:
     if args.json and args.show:
         raise ValueError("--show marks drafts in the text output; --json prints no text to mark (use one of them)")
     check_seed(args.seed, "--seed")
+    check_positive(args, "max_new_tokens", "draft_length")
+    check_sampling_args(args.temperature, args.top_k, args.top_p)
     params.update(parse_params(args.param))
     prompts = _read_prompts(args)
     verifier = load_model(args.verifier, **device_kwargs(args))

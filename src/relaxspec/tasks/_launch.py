@@ -132,7 +132,11 @@ def program(libc, cfg: dict, status: dict, alive_r: int) -> None:
         os._exit(1)
     mode = cfg["mode"]
     if mode != "none":
-        isolate_files(libc, cfg)
+        try:
+            isolate_files(libc, cfg)
+        except (Refused, OSError) as e:  # e.g. a user namespace granted without mount rights (AppArmor)
+            os.write(cfg["status_fd"], (json.dumps({"error": str(e), "refused": True}) + "\n").encode())
+            os._exit(1)
         status.update(network="namespace", pid="namespace", files="read-only", tmp="private")
     for name, value in cfg["limits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))

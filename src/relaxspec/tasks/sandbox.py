@@ -361,7 +361,7 @@ def _run(source: str, stdin: str, timeout: float, memory_mb: int, work: Path, mo
             proc.wait()
             status.update(_status(read_status))
             if "error" in status and "uid" not in status:
-                if mode == "none" or "pid1" in status:
+                if mode == "none" or ("pid1" in status and not status.get("refused")):
                     raise ValueError(f"the code sandbox failed to start: {status['error']}")
                 _REFUSED[mode] = status["error"]
                 return None
