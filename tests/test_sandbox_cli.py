@@ -15,10 +15,11 @@ def no_isolation(monkeypatch):
 
 
 @pytest.mark.parametrize("command", [["bench", "--tasks", "arithmetic,humaneval", "--methods", "ar"],
-                                     ["tune", "--task", "mbpp"]])
+                                     ["tune", "--task", "mbpp"],
+                                     ["models", "list", "--tasks", "arithmetic", "humaneval"]])
 def test_code_tasks_are_refused_without_isolation(no_isolation, tmp_path, capsys, command):
     out = tmp_path / "out"
-    assert main([*command, "--out", str(out)]) == 2
+    assert main([*command] + (["--out", str(out)] if command[0] != "models" else [])) == 2
     err = capsys.readouterr().err
     assert err.startswith("relaxspec: error: this machine allows no isolation") and err.count("\n") == 1, err
     assert "--unsafe-exec" in err and "unshare: Operation not permitted" in err

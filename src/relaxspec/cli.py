@@ -243,6 +243,11 @@ def cmd_models(args) -> int:
         return 0
     from relaxspec.bench.family import family_table
     from relaxspec.models.options import device_kwargs
+    from relaxspec.tasks import runs_code
+    from relaxspec.tasks.sandbox import require_isolation
+
+    if any(runs_code(t) for t in args.tasks):  # refused here, before any model loads, if unisolated
+        require_isolation(args.unsafe_exec)
 
     if args.models_cmd == "train":
         from relaxspec.models.train import train_family
@@ -280,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     from relaxspec.pivot import commands as pivot_commands
     from relaxspec.models import drafter_commands
     from relaxspec.tasks import commands as tasks_commands
+    from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
     from relaxspec.tune import commands as tune_commands
 
     defaults = DefaultsHelpFormatter
@@ -332,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (ml, mt):
         p.add_argument("--tasks", nargs="*", default=["arithmetic", "sorting"])
         p.add_argument("--n", type=int, default=50, help="held-out problems per task for the accuracy table")
+        p.add_argument("--unsafe-exec", action="store_true", help=UNSAFE_EXEC_HELP)
         add_device_args(p)
     ml.add_argument("--dir", type=Path, default=BUILTIN_DIR, help="a family directory (default: the shipped one)")
     ml.add_argument("--threads", type=int, default=1, help="torch CPU threads for the latency column (as the bench)")
