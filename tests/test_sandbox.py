@@ -213,6 +213,27 @@ def test_kernel_isolation_alone_leaves_nothing(places, listener, who, monkeypatc
 
 
 @pytest.mark.parametrize("who", ["root", "user"])
+def test_the_directory_around_its_own_is_out_of_reach(places, who, monkeypatch):
+    """A working directory given by the caller: what lies next to it is out of reach; its ".." is the private
+    /tmp (writable, and gone with the run)."""
+    tag = secrets.token_hex(6)
+    sibling = places["outside"] / f"sibling-{tag}.txt"
+    sibling.write_text("NEXT-DOOR")
+    sibling.chmod(0o644)
+    programs = ["print(open('../" + sibling.name + "').read())\n" + SOLUTION,
+                f"open('../planted-{tag}.txt', 'w').write('x')\n" + SOLUTION]
+    boxes = [places["outside"] / f"box-{tag}-{i}" for i in range(len(programs))]
+    try:
+        results = [score(places, who, [p], monkeypatch=monkeypatch, workdir=str(b))[0] for p, b in zip(programs, boxes)]
+    finally:
+        for box in boxes:
+            shutil.rmtree(box, ignore_errors=True)
+    assert results[0][0] is False and results[0][1].startswith("FileNotFoundError"), results
+    assert all("NEXT-DOOR" not in reason for _, reason in results)
+    assert not list(places["outside"].glob(f"planted-{tag}*"))
+
+
+@pytest.mark.parametrize("who", ["root", "user"])
 def test_writes_stay_in_the_working_directory(places, who, monkeypatch):
     """Its own directory and a private /tmp are writable, and gone afterwards; nothing else is."""
     tag = f"scratch-{secrets.token_hex(6)}"

@@ -12,7 +12,8 @@ Isolated modes (the config's "mode"):
         keeps the caller's uid (mapped to itself), so it holds no capability once it execs.
 In both, the launcher forks the program as PID 1 of the new PID namespace (when it ends, the
 kernel kills everything it started, whatever its session or environment) and, before exec, makes
-every mount read-only except a bind mount of the working directory, puts a small private tmpfs
+every mount read-only except a bind mount of the working directory (seen at /tmp/relaxspec-sandbox,
+so that its ".." is the private /tmp, not the directory it lives in), puts a small private tmpfs
 on /tmp, /var/tmp, /run/lock and /dev/shm, hides the home directories under an empty tmpfs
 (only the interpreter's installation is bound back, read-only), bind-mounts the program file
 read-only onto itself (so it cannot be changed or deleted) and mounts a /proc of its own.
@@ -45,6 +46,7 @@ AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 MOUNT_ATTR_RDONLY = 1
 # The world-writable places a program could otherwise write to: each gets a private tmpfs.
 SHARED_WRITABLE = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
+WORKDIR = "/tmp/relaxspec-sandbox"  # where the program sees its working directory
 
 
 class MountAttr(ctypes.Structure):
@@ -81,22 +83,27 @@ def _under(path: str, top: str) -> bool:
 def isolate_files(libc, cfg: dict) -> None:
     """In the new mount namespace: everything read-only but the working directory, private
     scratch directories, homes hidden except the interpreter, a /proc of the new PID namespace."""
-    work = os.getcwd()
+    work_fd = os.open(".", os.O_PATH | os.O_DIRECTORY)
     hide = [h for h in cfg["hide"] if os.path.isdir(h) and h != "/"]
     keep = [p for p in cfg["keep"] if os.path.isdir(p) and any(_under(p, h) for h in hide)]
     keep_fds = [(p, os.open(p, os.O_PATH)) for p in keep]
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
     _read_only(libc, "/", recursive=True)
-    _mount(libc, work, work, None, MS_BIND)
-    _read_only(libc, work, recursive=False, clear=True)
-    os.chdir(work)  # into the writable bind mount; it stays reachable even where hidden below
-    program = os.path.join(work, cfg["argv"][-1])  # read-only, and a mount point cannot be deleted
-    _mount(libc, program, program, None, MS_BIND)
-    _read_only(libc, program, recursive=False)
     options = f"size={cfg['tmpfs_mb']}m,mode=1777"
     for path in SHARED_WRITABLE:
         if os.path.isdir(path):
             _mount(libc, "tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    # The working directory, writable, at a fresh place in the private /tmp: its parent ("..") is that
+    # tmpfs, not the directory it really lives in (which may hold other files, or lie in a home).
+    work = WORKDIR
+    os.makedirs(work)
+    _mount(libc, f"/proc/self/fd/{work_fd}", work, None, MS_BIND)
+    os.close(work_fd)
+    _read_only(libc, work, recursive=False, clear=True)
+    os.chdir(work)
+    program = os.path.join(work, cfg["argv"][-1])  # read-only, and a mount point cannot be deleted
+    _mount(libc, program, program, None, MS_BIND)
+    _read_only(libc, program, recursive=False)
     for home in hide:
         if os.path.isdir(home):  # not already under a tmpfs mounted above
             _mount(libc, "tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")

@@ -8,7 +8,8 @@ Every run:
     inside an unprivileged user namespace (the program keeps the caller's uid, without any
     capability). The program runs as PID 1 of its PID namespace, so when it ends or is killed
     the kernel kills everything it started, whatever its session or environment. It has no
-    network (only a loopback that is down), every mount read-only except its working directory,
+    network (only a loopback that is down), every mount read-only except its working directory
+    (bound at /tmp/relaxspec-sandbox, whose parent is the private /tmp),
     a private tmpfs on /tmp, /var/tmp, /run/lock and /dev/shm, the home directories hidden
     (only the interpreter's installation bound back, read-only), and a /proc of its own;
   * has RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE and RLIMIT_NPROC set, and no_new_privs;
