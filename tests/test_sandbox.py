@@ -101,6 +101,25 @@ def places():
 
 
 @pytest.fixture
+def unix_listener():
+    """A world-writable Unix socket in /run, where services keep theirs (root only: /run is root's)."""
+    if not os.access("/run", os.W_OK):
+        yield None
+        return
+    path = f"/run/relaxspec-test-{secrets.token_hex(6)}.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    os.chmod(path, 0o777)
+    sock.listen(4)
+    sock.setblocking(False)
+    yield path
+    with pytest.raises(BlockingIOError):
+        sock.accept()  # nothing ever connected
+    sock.close()
+    os.remove(path)
+
+
+@pytest.fixture
 def listener():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -196,12 +215,17 @@ def test_hostile_completions_score_zero_and_leave_nothing(places, listener, who,
 
 
 @pytest.mark.parametrize("who", ["root", "user"])
-def test_kernel_isolation_alone_leaves_nothing(places, listener, who, monkeypatch):
+def test_kernel_isolation_alone_leaves_nothing(places, listener, unix_listener, who, monkeypatch):
     """Without the audit hook (a program that got past it): forks, detached shells with an empty
-    environment, double forks, connects and a fork bomb still reach nothing and die with the run."""
+    environment, double forks, connects (TCP, and to a service's Unix socket in /run) and a fork bomb
+    still reach nothing and die with the run."""
     tag = f"escape-{secrets.token_hex(6)}"
     cases = hostile_cases(places, listener.getsockname()[1], tag)
     names = ["setsid-execve", "double-fork", "child-loopback", "child-external", "ctypes-connect", "fork-bomb"]
+    if unix_listener is not None:
+        cases["unix-socket"] = ("import socket\ns = socket.socket(socket.AF_UNIX)\n"
+                                f"s.connect({unix_listener!r})\ns.sendall(b'x')\n")
+        names.append("unix-socket")
     start = time.monotonic()
     results = score(places, who, [cases[n] + SOLUTION for n in names], timeout=3.0, hook=False,
                     monkeypatch=monkeypatch)

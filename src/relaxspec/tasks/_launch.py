@@ -14,8 +14,8 @@ In both, the launcher forks the program as PID 1 of the new PID namespace (when 
 kernel kills everything it started, whatever its session or environment) and, before exec, makes
 every mount read-only except a bind mount of the working directory (seen at /tmp/relaxspec-sandbox,
 so that its ".." is the private /tmp, not the directory it lives in), puts a small private tmpfs
-on /tmp, /var/tmp, /run/lock and /dev/shm, hides the home directories under an empty tmpfs
-(only the interpreter's installation is bound back, read-only), bind-mounts the program file
+on /tmp, /var/tmp and /dev/shm, hides the home directories and /run (services' sockets) under an
+empty tmpfs (only the interpreter's installation is bound back, read-only), bind-mounts the program file
 read-only onto itself (so it cannot be changed or deleted) and mounts a /proc of its own.
 Mounts copied into a namespace the program might create itself are locked by the kernel, so
 it cannot unmount or make writable what hides or protects the host.
@@ -45,7 +45,10 @@ SYS_MOUNT_SETATTR = 442  # the same number on every architecture (added in Linux
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 MOUNT_ATTR_RDONLY = 1
 # The world-writable places a program could otherwise write to: each gets a private tmpfs.
-SHARED_WRITABLE = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
+SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+# Hidden under an empty read-only tmpfs besides the homes: /run holds the sockets of services the
+# caller may reach (docker, dbus, the session bus): connecting to a socket ignores read-only mounts.
+ALWAYS_HIDDEN = ("/run",)
 WORKDIR = "/tmp/relaxspec-sandbox"  # where the program sees its working directory
 
 
@@ -84,7 +87,7 @@ def isolate_files(libc, cfg: dict) -> None:
     """In the new mount namespace: everything read-only but the working directory, private
     scratch directories, homes hidden except the interpreter, a /proc of the new PID namespace."""
     work_fd = os.open(".", os.O_PATH | os.O_DIRECTORY)
-    hide = [h for h in cfg["hide"] if os.path.isdir(h) and h != "/"]
+    hide = [h for h in [*cfg["hide"], *ALWAYS_HIDDEN] if os.path.isdir(h) and h != "/"]
     keep = [p for p in cfg["keep"] if os.path.isdir(p) and any(_under(p, h) for h in hide)]
     keep_fds = [(p, os.open(p, os.O_PATH)) for p in keep]
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host

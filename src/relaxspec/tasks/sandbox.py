@@ -10,8 +10,8 @@ Every run:
     the kernel kills everything it started, whatever its session or environment. It has no
     network (only a loopback that is down), every mount read-only except its working directory
     (bound at /tmp/relaxspec-sandbox, whose parent is the private /tmp),
-    a private tmpfs on /tmp, /var/tmp, /run/lock and /dev/shm, the home directories hidden
-    (only the interpreter's installation bound back, read-only), and a /proc of its own;
+    a private tmpfs on /tmp, /var/tmp and /dev/shm, the home directories and /run (the sockets of
+    services) hidden (only the interpreter's installation bound back, read-only), and a /proc of its own;
   * has RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE and RLIMIT_NPROC set, and no_new_privs;
   * refuses sockets, process creation, exec and ctypes in the interpreter too (an audit hook
     installed before the program runs), so such attempts fail the program; its own file is
