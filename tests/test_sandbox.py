@@ -112,11 +112,13 @@ def unix_listener():
     os.chmod(path, 0o777)
     sock.listen(4)
     sock.setblocking(False)
-    yield path
-    with pytest.raises(BlockingIOError):
-        sock.accept()  # nothing ever connected
-    sock.close()
-    os.remove(path)
+    try:
+        yield path
+        with pytest.raises(BlockingIOError):
+            sock.accept()  # nothing ever connected
+    finally:
+        sock.close()
+        os.remove(path)
 
 
 @pytest.fixture
