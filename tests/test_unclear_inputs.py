@@ -80,6 +80,8 @@ def test_seeds_beyond_64_bits_are_refused(capsys, tmp_path):
     one_line_error(capsys, "bench", "--tasks", "arithmetic", "--methods", "ar", "--seed", 2 ** 64,
                    "--out", tmp_path / "b", says="seed must be an integer in [0, 2^64)")
     assert not (tmp_path / "b").exists()
+    with pytest.raises(ValueError, match=r"tune: seed must be an integer in \[0, 2\^64\)"):
+        TuneConfig(seed=2 ** 64).validate()
 
 
 def test_unknown_jsonl_metric_is_named(capsys, tmp_path):
