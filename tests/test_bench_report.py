@@ -184,7 +184,7 @@ def test_degenerate_results_have_defined_values_everywhere(tmp_path, case):
     """An AR cell that emitted no tokens (it crashed the report with ZeroDivisionError), a task with one
     example, cells whose utilities are all equal: every ratio and interval is a number or NaN ("-" in the
     table, empty in the CSV), in the rows, the table, the CSV, the plots and the findings."""
-    from relaxspec.bench.findings import check_findings, format_findings
+    from relaxspec.study.findings import check_findings, format_findings
 
     utilities = {"no-tokens": [1.0, 0.0], "one-example": [1.0], "zero-variance": [1.0] * 6}[case]
     silent = case == "no-tokens"
@@ -217,7 +217,7 @@ def test_degenerate_results_have_defined_values_everywhere(tmp_path, case):
 
 def test_findings_with_an_mtp_drafter_that_has_no_strict_cell(tmp_path):
     """Finding (3) averaged the MTP drafter's strict c_rel over no cell (StatisticsError): now '-'."""
-    from relaxspec.bench.findings import check_findings, format_findings
+    from relaxspec.study.findings import check_findings, format_findings
 
     with Store(tmp_path) as store:
         put(store, "ar", "ar", SAFE)
