@@ -229,3 +229,17 @@ def test_findings_with_an_mtp_drafter_that_has_no_strict_cell(tmp_path):
         findings = check_findings(store, rows, 0.03, None)
     text = format_findings(findings, rows, 0.03, None)
     assert "drafter-mtp -" in text and "nan" not in text
+
+
+def test_report_command_on_a_store_whose_ar_cell_emitted_no_tokens(tmp_path, capsys):
+    """`relaxspec report` (and --findings) on the store of issue 26's tiny bench: it ended in ZeroDivisionError."""
+    from relaxspec.cli import main
+
+    with Store(tmp_path) as store:
+        put(store, "ar", "ar", [0.0, 0.0], speed=0.0, length=0.0)
+        put(store, "strict", "strict", [0.0, 0.0], speed=0.0, length=0.0)
+    assert main(["report", str(tmp_path), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "strict" in out and "nan" not in out
+    assert main(["report", str(tmp_path), "--findings"]) == 0
+    assert "nan" not in capsys.readouterr().out

@@ -488,7 +488,8 @@ def format_findings(findings: list[Finding], rows: list[dict], max_drop: float, 
            f"{len(rows)} cells, tasks {', '.join(_tasks(rows))}).",
            f"Budget: a relaxed cell is within it when the lower end of its interval of (utility - strict's) at the "
            f"same N is >= -{max_drop:g}, beyond it when the upper end is < -{max_drop:g}, undecided otherwise "
-           f"(coupled Tango paired intervals at {confidence:.1%}). S: length-adjusted modelled speed-up {speed}.",
+           f"(coupled Tango paired intervals at {'-' if math.isnan(confidence) else format(confidence, '.1%')}). "
+           f"S: length-adjusted modelled speed-up {speed}.",
            f"Drafters: MTP {roles['mtp'] or '-'}; strong LM {roles['strong'] or '-'}, weak LM {roles['weak'] or '-'} "
            f"(strict acceptance rate: " + (", ".join(f"{d} {_f(a)}" for d, a in sorted(roles["agreement"].items()))
                                             or "no LM drafter") + ")",
