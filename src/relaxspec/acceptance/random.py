@@ -35,11 +35,20 @@ ACCEPT = 2  # the acceptance uniform of the draft at this position
 TOKEN = 3  # the verifier-side sample at this position: residual, bonus, or an AR step
 
 
+def check_seed(seed, what: str = "seed") -> int:
+    """A seed as given (an integer in [0, 2^64), where every value is a different seed), else a ValueError."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+        raise ValueError(f"{what} must be an integer in [0, 2^64), got {seed!r}")
+    return seed
+
+
 def derive_seed(*keys: int) -> int:
     """A 63-bit seed mixed from integer keys (splitmix64 chained), e.g.
-    derive_seed(call_seed, prompt_index) or derive_seed(bench_seed, prompt, repeat)."""
+    derive_seed(call_seed, prompt_index) or derive_seed(bench_seed, prompt, repeat). A key outside
+    [0, 2^64) is a ValueError (it would otherwise wrap: 2^64 would be the same seed as 0)."""
     state = 0x9E3779B97F4A7C15
     for key in keys:
+        check_seed(int(key))
         state = _splitmix64((state ^ (int(key) & ((1 << 64) - 1))) & ((1 << 64) - 1))
     return state & _MASK63
 

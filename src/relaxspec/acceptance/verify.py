@@ -124,6 +124,11 @@ def check_block(target_logits, draft_logits, draft_tokens, draft_probs=None) -> 
                                     or tuple(draft_probs.shape) != (B, N, V)):
         got = list(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
         raise ValueError(f"draft_probs must be a tensor [B, N, V] = [{B}, {N}, {V}], got {got}")
+    if draft_probs is not None:
+        if not bool(torch.isfinite(draft_probs).all()) or bool((draft_probs < 0).any()):
+            raise ValueError("draft_probs must be probabilities: finite and >= 0 (got NaN, inf or a negative value)")
+        if bool((draft_probs.sum(-1) <= 0).any()):
+            raise ValueError("draft_probs must be distributions: a row sums to 0 (every token has probability 0)")
     return N
 
 
@@ -157,6 +162,8 @@ def verify(
     x_1); default: `generator` (or torch's global generator) in call order.
     """
     rule = get_rule(method)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if greedy not in GREEDY_MODES:
         raise ValueError(f"greedy must be one of {', '.join(GREEDY_MODES)}, got {greedy!r}")
     check_sampling_args(temperature, top_k, top_p)

@@ -64,6 +64,7 @@ def csv_list(cast):
 
 def register(subparsers) -> None:
     from relaxspec.models.options import add_device_args, add_prompt_args
+    from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
 
     b = subparsers.add_parser("bench", help="run a grid of methods x parameters x draft lengths and store results",
                               description="Run the bench grid; every finished cell is stored at once.",
@@ -73,6 +74,7 @@ def register(subparsers) -> None:
     b.add_argument("--drafter", type=csv_list(str), help="drafter model(s), comma-separated")
     b.add_argument("--tasks", type=csv_list(str), help="arithmetic, sorting, humaneval, jsonl:PATH[:metric]")
     b.add_argument("--methods", type=csv_list(str), help="methods, see below")
+    b.add_argument("--unsafe-exec", action="store_true", help=UNSAFE_EXEC_HELP)
     b.add_argument("--draft-lengths", type=csv_list(int), help="e.g. 3,5")
     b.add_argument("--seed", type=csv_list(int), help="seed(s), comma-separated")
     b.add_argument("--limit", type=int, help=f"prompts per task (default {DEFAULT_LIMIT})")
@@ -159,10 +161,15 @@ def cmd_bench(args) -> int:
     import torch
 
     from relaxspec.bench.runner import plan, run_grid
+    from relaxspec.tasks import check_tasks, runs_code
+    from relaxspec.tasks.sandbox import require_isolation
 
     import warnings
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
     config = config_from_args(args)
+    check_tasks(config.tasks, config.limit)
+    if any(runs_code(t) for t in config.tasks):  # refused here, before any model loads, if unisolated
+        require_isolation(args.unsafe_exec)
     if args.threads:
         torch.set_num_threads(args.threads)
     cells = len(plan(config))

@@ -18,6 +18,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from relaxspec.acceptance.random import check_seed
 from relaxspec.bench.names import AR, FINDINGS_MAX_DROP
 
 DEFAULT_OUT = "relaxspec-results"
@@ -83,6 +84,8 @@ class BenchConfig:
         for name in ("verifiers", "drafters", "tasks", "draft_lengths", "seeds"):
             if not getattr(self, name):
                 raise ValueError(f"bench: {name.replace('_', ' ')} must not be empty")
+        for seed in self.seeds:
+            check_seed(seed, "bench: a seed")
         for n in self.draft_lengths:
             if not isinstance(n, int) or n < 1:
                 raise ValueError(f"bench: draft lengths must be integers >= 1, got {n!r}")
@@ -103,6 +106,7 @@ class BenchConfig:
         if self.repeats > 1 and self.temperature == 0:
             warnings.warn("bench: repeats > 1 at temperature 0 (greedy) repeat the same responses", stacklevel=2)
         self.method_specs()  # parsing raises on unknown rules / parameters
+        check_out_dir(self.out, "--out")
 
     def method_specs(self) -> list[tuple[str, dict]]:
         if self.methods is None:
@@ -161,15 +165,26 @@ def _default_model(attr: str) -> str:
     return getattr(family, attr)
 
 
-def load_toml(path: str | Path) -> dict:
+def check_out_dir(out, flag: str) -> None:
+    """ValueError unless `out` is a directory or can be created as one (no file in its way)."""
+    for path in [Path(out), *Path(out).parents]:
+        if path.exists():
+            if not path.is_dir():
+                raise ValueError(f"{flag} {out}: {path} is a file, not a directory")
+            return
+
+
+def load_toml(path: str | Path, what: str = "bench config") -> dict:
     import tomllib
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ValueError(f"bench config {str(path)!r} does not exist") from None
+        raise ValueError(f"{what} {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {str(path)!r} is a directory, not a TOML file") from None
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"bench config {path}: invalid TOML ({e})") from None
+        raise ValueError(f"{what} {path}: invalid TOML ({e})") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,4 +267,11 @@ def parse_method(item: str, pad_thresholds=DEFAULT_PAD_THRESHOLDS) -> list[tuple
         except ValueError:
             raise ValueError(f"method {item!r}: values of {pname!r} must be numbers, got {values!r}") from None
         axes.append((pname, vals))
-    return [(name, dict(zip([a for a, _ in axes], combo))) for combo in itertools.product(*[v for _, v in axes])]
+    points = [(name, dict(zip([a for a, _ in axes], combo))) for combo in itertools.product(*[v for _, v in axes])]
+    for pname, vals in axes:  # out-of-range values fail here, before any work (not in every cell)
+        for v in vals:
+            try:
+                rule.params[pname].check(v, name)
+            except ValueError as e:
+                raise ValueError(f"method {item!r}: {e}") from None
+    return points

@@ -16,7 +16,7 @@ from relaxspec.bench.metrics import (ALPHA, BEYOND, NO_STRICT, WITHIN, compare, 
                                      identical_fraction, is_decided, samples_needed)
 from relaxspec.bench.names import AR, STRICT, method_label
 from relaxspec.bench.speedup import C_REL_GRID, length_adjusted_speedup
-from relaxspec.bench.stats import METHOD, Interval
+from relaxspec.bench.stats import METHOD, Interval, ratio
 from relaxspec.bench.store import Store
 
 _SPEED = ["measured_c_rel", *[f"c{c:g}" for c in C_REL_GRID]]
@@ -119,7 +119,7 @@ def _vs_ar(store: Store, cell, base) -> dict:
         compare(store.utilities(cell.key), store.utilities(base.key), 1 - ALPHA)
     l_ar, l_m = base.metrics["mean_response_length"], m["mean_response_length"]
     out = {"utility_diff_vs_ar": diff.mean, "utility_diff_ci_low": diff.low, "utility_diff_ci_high": diff.high,
-           "measured_speedup_batched": m["tokens_per_s"] / base.metrics["tokens_per_s"],
+           "measured_speedup_batched": ratio(m["tokens_per_s"], base.metrics["tokens_per_s"]),
            "length_adjusted_block_aware_speedup_measured":
                length_adjusted_speedup(m["block_aware_speedup_measured"], l_ar, l_m)}
     for s in _SPEED:
@@ -249,7 +249,9 @@ def format_report(rows: list[dict], max_drop: float, groups_total: int | None = 
 
 def _format_group(rows: list[dict], max_drop: float) -> list[str]:
     s = rows[0]["settings"]
-    out = [f"== settings group {rows[0]['settings_group']}: {s['limit']} prompts, first look {s['first_repeats']} "
+    counts = sorted({r["n_prompts"] for r in rows})  # what the tasks had (a short file has fewer than the limit)
+    prompts = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    out = [f"== settings group {rows[0]['settings_group']}: {prompts} prompts, first look {s['first_repeats']} "
            f"repeats, at most {s['looks']} looks; temperature {s['temperature']}, top_k {s['top_k']}, top_p "
            f"{s['top_p']}, max {s['max_new_tokens']} new tokens; chat template {s['chat_template']}, system "
            f"{s['system']!r}; device {s['device'] or 'default'}, dtype {s['dtype'] or 'default'}; code "

@@ -34,7 +34,7 @@ def block_aware_speedup(tau: float, draft_length: int, c_rel: float, c_block: fl
 
 def length_adjusted_speedup(speedup: float, length_ar: float, length_method: float) -> float:
     """S_len = S * L_AR / L_method: a method whose answers are longer finishes later."""
-    if length_method <= 0:
+    if not length_method > 0:  # no tokens (or NaN): no defined value
         return float("nan")
     return speedup * length_ar / length_method
 

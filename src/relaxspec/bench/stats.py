@@ -67,6 +67,14 @@ class Interval:
 NAN_INTERVAL = Interval(math.nan, math.nan, math.nan, 0)
 
 
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, NaN (shown as "-") where it has no value: a zero or NaN denominator
+    (a cell that emitted no tokens, a speed-up of 0)."""
+    if denominator == 0 or math.isnan(denominator) or math.isnan(numerator):
+        return math.nan
+    return numerator / denominator
+
+
 def z_value(confidence: float) -> float:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")

@@ -100,6 +100,9 @@ class Store:
 
     @classmethod
     def open_existing(cls, out_dir: str | Path) -> "Store":
+        if Path(out_dir).is_file():
+            hint = f"; give its directory: {Path(out_dir).parent}" if Path(out_dir).name == DB_NAME else ""
+            raise ValueError(f"{out_dir} is a file, not a bench directory{hint}")
         if not (Path(out_dir) / DB_NAME).is_file():
             raise FileNotFoundError(f"no {DB_NAME} in {out_dir} (run `relaxspec bench --out {out_dir}` first)")
         return cls(out_dir)

@@ -44,6 +44,8 @@ def _read_prompts(args) -> list[str]:
     for line_no, record in jsonl_records(name, data):
         if not isinstance(record.get("prompt"), str):
             raise ValueError(f"{name}:{line_no}: expected an object with a string 'prompt'")
+        if not record["prompt"].strip():
+            raise ValueError(f"{name}:{line_no}: the prompt is empty or whitespace only")
         prompts.append(record["prompt"])
     if not prompts:
         raise ValueError(f"{name}: no prompts")
@@ -60,7 +62,7 @@ def apply_generate_config(args, defaults: dict) -> dict:
     bench's grammar 'NAME:PARAM=V;PARAM=V', come back as a dict (explicit --param wins)."""
     from relaxspec.bench.config import BenchConfig, load_toml, parse_method
 
-    data = load_toml(args.config)
+    data = load_toml(args.config, "generate config")
     known = set(BenchConfig.__dataclass_fields__) | {"verifier", "drafter", "task", "method", "draft_length", "seed",
                                                      "sampling"}
     for key, value in data.items():
@@ -85,14 +87,21 @@ def apply_generate_config(args, defaults: dict) -> dict:
 
 
 def cmd_generate(args) -> int:
+    from relaxspec.acceptance import check_sampling_args
+    from relaxspec.acceptance.random import check_seed
     from relaxspec.engine import generate
     from relaxspec.models import load_model
     from relaxspec.drafters import load_drafter
-    from relaxspec.models.options import device_kwargs, prompt_kwargs
+    from relaxspec.models.options import check_positive, device_kwargs, prompt_kwargs
 
     params = {}
     if args.config is not None:
         params = apply_generate_config(args, {k: args.parser_defaults[k] for k in GENERATE_KEYS})
+    if args.json and args.show:
+        raise ValueError("--show marks drafts in the text output; --json prints no text to mark (use one of them)")
+    check_seed(args.seed, "--seed")
+    check_positive(args, "max_new_tokens", "draft_length")
+    check_sampling_args(args.temperature, args.top_k, args.top_p)
     params.update(parse_params(args.param))
     prompts = _read_prompts(args)
     verifier = load_model(args.verifier, **device_kwargs(args))
@@ -108,7 +117,8 @@ def cmd_generate(args) -> int:
                    top_p=args.top_p, seed=args.seed, pivot_fn=pivot_fn, **prompt_kwargs(args), **params)
     if args.json:
         print(json.dumps({"results": [{"prompt": r.prompt, "text": r.text, "token_ids": r.token_ids,
-                                       "seed": r.seed, "stats": _public_stats(r.stats)} for r in out.results],
+                                       "seed": r.seed, "stats": r.stats.as_dict(per_result=True)}
+                                      for r in out.results],
                           "stats": _public_stats(out.stats)}))
         return 0
     for r in out.results:

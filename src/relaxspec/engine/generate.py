@@ -21,6 +21,7 @@ methods given the same seeds share every draw.
 from __future__ import annotations
 
 import numbers
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -40,8 +41,8 @@ from relaxspec.acceptance import (
 )
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.drafters import Drafter, as_drafter
-from relaxspec.models.hf import CausalLM, hidden_blocks
-from relaxspec.models.prompts import check_context, encode_prompts
+from relaxspec.models.hf import CausalLM, hidden_blocks, load_model
+from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
 from relaxspec.models.stream import Stream, left_pad, model_device
 from relaxspec.names import AR
 
@@ -108,7 +109,7 @@ def _hidden_layer(verifier: CausalLM, drafter: Drafter | None, pivot_fn) -> int 
 
 
 def generate(
-    verifier: CausalLM,
+    verifier: CausalLM | str,
     drafter: Drafter | CausalLM | str | None,
     prompts: list[str] | str,
     method: str = "strict",
@@ -136,10 +137,9 @@ def generate(
     A prompt that does not fit the models' context with `max_new_tokens` is an error. `pivot_fn`
     computes a rule's `pivot_prob` input from the verifier's hidden states (see relaxspec.pivot)."""
     check_sampling_args(temperature, top_k, top_p)
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not prompts:
-        raise ValueError("no prompts given")
+    if isinstance(verifier, (str, os.PathLike)):  # a name or a path, as the drafter argument accepts
+        verifier = load_model(verifier)
+    prompts = prompt_list(prompts)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     rule = None
@@ -170,7 +170,9 @@ def generate(
     encoded = check_context(encoded, max_new_tokens, verifier, getattr(drafter, "lm", None))
     ids, mask = left_pad(encoded, verifier.tokenizer, device)
     B = ids.shape[0]
-    N = draft_length if rule is not None else 0
+    # A round never proposes more than the room left, so a longer draft could not be used: N is bounded by
+    # max_new_tokens (and so are the per-position statistics, sized to N).
+    N = min(draft_length, max_new_tokens) if rule is not None else 0
     extra = rule.extra_draft_passes if rule is not None else 0  # drafter rows beyond N (bonus position)
     eos = verifier.eos_token_id
     outputs: list[list[int]] = [[] for _ in range(B)]

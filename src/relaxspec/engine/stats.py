@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 
+BATCH_ONLY = ("verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s")
+
+
 @dataclass
 class GenerationStats:
     draft_length: int = 0  # N (0 for autoregressive decoding)
@@ -78,11 +81,13 @@ class GenerationStats:
                     setattr(out, f.name, getattr(out, f.name) + getattr(p, f.name))
         return out
 
-    def as_dict(self) -> dict:
-        """Every field plus the derived rates (JSON-ready)."""
-        return {**asdict(self), "acceptance_rate": self.acceptance_rate,
-                "acceptance_rate_per_position": self.acceptance_rate_per_position,
-                "mean_acceptance_length": self.mean_acceptance_length}
+    def as_dict(self, per_result: bool = False) -> dict:
+        """Every field plus the derived rates (JSON-ready). per_result: without the fields that only the
+        whole call has (forward calls and times are batched over every prompt; 0 in a result's stats)."""
+        out = {**asdict(self), "acceptance_rate": self.acceptance_rate,
+               "acceptance_rate_per_position": self.acceptance_rate_per_position,
+               "mean_acceptance_length": self.mean_acceptance_length}
+        return {k: v for k, v in out.items() if k not in BATCH_ONLY} if per_result else out
 
     @classmethod
     def from_dict(cls, data: dict) -> "GenerationStats":

@@ -80,9 +80,20 @@ def cmd_models(args) -> int:
     from relaxspec.models import family
 
     if args.models_cmd == "path":
+        if args.name in family.BUILTIN_HEADS:  # the built-in drafter heads ship beside the family
+            print(family.head_directory(args.name))
+            return 0
+        if args.name not in family.FAMILY:
+            raise ValueError(f"unknown built-in model {args.name!r}; built-in: "
+                             f"{', '.join([*family.FAMILY, *family.BUILTIN_HEADS])}")
         print(family.builtin_path(args.name))
         return 0
     from relaxspec.models.options import device_kwargs
+    from relaxspec.tasks import runs_code
+    from relaxspec.tasks.sandbox import require_isolation
+
+    if any(runs_code(t) for t in args.tasks):  # refused here, before any model loads, if unisolated
+        require_isolation(args.unsafe_exec)
 
     if args.models_cmd == "train":
         from relaxspec.training.family import train_family
@@ -102,6 +113,7 @@ def cmd_models(args) -> int:
 
 def register(subparsers) -> None:
     from relaxspec.models.options import DefaultsHelpFormatter, add_device_args
+    from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
 
     sub, defaults = subparsers, DefaultsHelpFormatter
     md = sub.add_parser("models", help="the built-in model family")
@@ -118,6 +130,7 @@ def register(subparsers) -> None:
     for p in (ml, mt):
         p.add_argument("--tasks", nargs="*", default=["arithmetic", "sorting"])
         p.add_argument("--n", type=int, default=50, help="held-out problems per task for the accuracy table")
+        p.add_argument("--unsafe-exec", action="store_true", help=UNSAFE_EXEC_HELP)
         add_device_args(p)
     ml.add_argument("--dir", type=Path, default=BUILTIN_DIR, help="a family directory (default: the shipped one)")
     ml.add_argument("--threads", type=int, default=1, help="torch CPU threads for the latency column (as the bench)")

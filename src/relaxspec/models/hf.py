@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import statistics
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,7 +168,9 @@ def _from_pretrained(name: str, source: Path | str, dtype: torch.dtype, extra: d
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
     except Exception as e:  # noqa: BLE001 - corrupted config or weights: one clear line, not a traceback
-        raise ValueError(f"cannot load model {name!r}: {_first_line(e)}") from None
+        what = "the GGUF file is truncated or corrupt: " if "gguf_file" in extra and isinstance(
+            e, (struct.error, EOFError, ValueError, IndexError, KeyError)) else ""
+        raise ValueError(f"cannot load model {name!r}: {what}{_first_line(e)}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
     except Exception as e:  # noqa: BLE001 - a broken tokenizer file

@@ -26,9 +26,19 @@ def device_kwargs(args) -> dict:
 def add_prompt_args(parser) -> None:
     """--chat-template and --system; pass `prompt_kwargs(args)` to `generate` / `encode_prompts`."""
     parser.add_argument("--chat-template", default="auto", choices=CHAT_TEMPLATE_MODES,
-                        help="wrap each prompt in the tokenizer's chat template (auto: when it has one)")
+                        help="wrap each prompt in the tokenizer's chat template (auto: when it has one, except a "
+                        "prompt that already holds its markers, e.g. <|im_start|>, which is left as it is)")
     parser.add_argument("--system", default=None, metavar="TEXT", help="system turn before each prompt "
                         "(needs a chat template)")
+
+
+def check_positive(args, *names: str) -> None:
+    """ValueError naming the flag unless each of `names` (argparse dests) is > 0 (None: not given, fine).
+    Commands call it first, before loading models or doing any work."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
 
 
 def prompt_kwargs(args) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _fmt(x) -> str:
@@ -15,10 +16,16 @@ def cmd_label(args) -> int:
     import torch
 
     from relaxspec.models import load_model
-    from relaxspec.models.options import device_kwargs, prompt_kwargs
+    from relaxspec.models.options import check_positive, device_kwargs, prompt_kwargs
     from relaxspec.pivot.label import label_pivots, label_stats
     from relaxspec.tasks.synthetic import synthetic_task
 
+    check_positive(args, "prompts", "k", "max_new_tokens", "time_budget")
+    out = Path(args.out)
+    if out.is_dir():
+        raise ValueError(f"--out {args.out} is a directory; give the labels file to write (e.g. {out / 'labels.json'})")
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {args.out}: its directory {out.parent} does not exist")
     if args.threads:
         torch.set_num_threads(args.threads)
     task = synthetic_task(args.task, "pivot", args.prompts, args.seed)

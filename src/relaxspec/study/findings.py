@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from relaxspec.bench.metrics import BEYOND, NO_STRICT, WITHIN, compare, decision
 from relaxspec.bench.names import AR, FINDINGS_MAX_DROP, STRICT, method_label
 from relaxspec.bench.speedup import C_REL_GRID, rounds
-from relaxspec.bench.stats import Interval, ratio_interval
+from relaxspec.bench.stats import Interval, ratio, ratio_interval
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
 ALPHA = 0.05  # each verdict's error rate (see the module doc)
@@ -339,10 +339,11 @@ def finding_strong(store, rows: list[dict], roles: dict, column: str, c_rel: flo
     if missing:
         f.verdict, f.reason = _both_ways(False, False, missing)
         return f
-    c_rel_of = {d: statistics.fmean(r["c_rel_measured"] for r in rows if r["drafter"] == d and r["method"] == STRICT)
+    c_rel_of = {d: [r["c_rel_measured"] for r in rows if r["drafter"] == d and r["method"] == STRICT]
                 for d in (strong, mtp)}
+    c_rel_of = {d: statistics.fmean(v) if v else math.nan for d, v in c_rel_of.items()}  # no strict cell: no value
     higher = c_rel_of[strong] > c_rel_of[mtp]
-    f.evidence.append(f"measured c_rel: {strong} {c_rel_of[strong]:.3f}, {mtp} {c_rel_of[mtp]:.3f} (higher: {higher}; "
+    f.evidence.append(f"measured c_rel: {strong} {_f(c_rel_of[strong], 3)}, {mtp} {_f(c_rel_of[mtp], 3)} (higher: {higher}; "
                       "as `models list` measures them: an LM's one-token step, a head's time per drafted token "
                       "through the drafter protocol, over the verifier's step)")
     mine = lambda r: r["drafter"] == strong and _training_free(r)  # noqa: E731
@@ -391,10 +392,10 @@ def finding_weak_lengths(store, rows: list[dict], roles: dict, column: str, look
     for d in [weak] + [x for x in (roles["strong"], roles["mtp"]) if x]:
         longer, shorter, not_longer, undecided, ratios = length_changes(store, rows, d, confidence)
         counts[d] = (len(longer), len(shorter), len(undecided), len(longer) + len(not_longer) + len(undecided))
-        ratio = statistics.fmean(ratios) if ratios else math.nan
+        mean_ratio = statistics.fmean(ratios) if ratios else math.nan
         f.evidence.append(f"{d}: of {counts[d][3]} relaxed cells, {len(longer)} significantly longer than strict, "
                           f"{len(not_longer)} not longer ({len(shorter)} of them shorter), {len(undecided)} undecided; "
-                          f"mean S_len / S {_f(ratio)}")
+                          f"mean S_len / S {_f(mean_ratio)}")
         if d == weak:
             for r, i in sorted(longer, key=lambda x: -x[1].mean)[:3]:
                 f.evidence.append(f"  {_label(r)}: length {r['mean_response_length']:.0f} tokens, difference vs strict "
@@ -451,8 +452,8 @@ def finding_tune_n(store, rows: list[dict], column: str, c_rel: float | None, lo
         cells = [r for r in _speculative(rows, drafter, task) if not math.isnan(r[column])]
         strict = [r for r in cells if r["method"] == STRICT]
         top, bottom = max(strict, key=lambda r: r[column]), min(strict, key=lambda r: r[column])
-        ratio = {r["key"]: speed_ratio(store, top, r, c_rel, confidence) for r in cells if r["key"] != top["key"]}
-        bound = lambda r, end: getattr(ratio[r["key"]], end) if r["key"] in ratio else 1.0  # noqa: E731
+        ratios = {r["key"]: speed_ratio(store, top, r, c_rel, confidence) for r in cells if r["key"] != top["key"]}
+        bound = lambda r, end: getattr(ratios[r["key"]], end) if r["key"] in ratios else 1.0  # noqa: E731
         # holds for the pair when strict's best rivals every eligible cell: by lower bounds with the undecided
         # cells eligible (against the finding), by upper bounds with the cells within only (in its favour)
         results[True].append(all(bound(r, "low") >= COMPARABLE for r in cells
@@ -463,7 +464,7 @@ def finding_tune_n(store, rows: list[dict], column: str, c_rel: float | None, lo
                           f"{_f(top[column])}x (N={top['draft_length']}) by tuning N; best within budget "
                           f"{method_label(best['method'], json.loads(best['params']))} N={best['draft_length']} "
                           f"{_f(best[column])}x; strict's best / it "
-                          + (_ci(ratio[best["key"]]) if best["key"] in ratio else "1 (itself)"))
+                          + (_ci(ratios[best["key"]]) if best["key"] in ratios else "1 (itself)"))
     if not pairs:
         f.verdict, f.reason = _both_ways(False, False, "strict cells at two draft lengths or more, with AR (S)")
         return f
@@ -532,7 +533,7 @@ def finding_pad(store, rows: list[dict], column: str, looks: int, max_drop: floa
                for r in rows
                if (r["drafter"], r["task"], r["draft_length"], r["seed"]) == (p["drafter"], p["task"], p["draft_length"],
                                                                              p["seed"]) and _training_free(r)
-               and not math.isnan(r[column]) and abs(r[column] / p[column] - 1) <= MATCH]
+               and not math.isnan(r[column]) and abs(ratio(r[column], p[column]) - 1) <= MATCH]
     f.intervals, f.confidence = len(matched), simultaneous(looks, len(matched))
     for p, r in matched:
         i = compare(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
@@ -582,7 +583,7 @@ def format_findings(findings: list[Finding], rows: list[dict], max_drop: float, 
            f"same N is >= -{max_drop:g}, beyond it when the upper end is < -{max_drop:g}, undecided otherwise "
            f"(coupled paired intervals, clustered by prompt). S: length-adjusted modelled speed-up {speed}.",
            f"Drafters: MTP {roles['mtp'] or '-'}; strong LM {roles['strong'] or '-'}, weak LM {roles['weak'] or '-'} "
-           f"(strict acceptance rate: " + (", ".join(f"{d} {a:.2f}" for d, a in sorted(roles["agreement"].items()))
+           f"(strict acceptance rate: " + (", ".join(f"{d} {_f(a)}" for d, a in sorted(roles["agreement"].items()))
                                             or "no LM drafter") + ")",
            "Verdict: the finding's test counted with the undecided cells against it and in its favour: confirmed "
            "if it holds both ways, not confirmed if it fails both ways, inconclusive otherwise or with evidence "

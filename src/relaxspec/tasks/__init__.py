@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from relaxspec.tasks import arithmetic, sorting, synthetic  # noqa: F401  (public submodules)
 from relaxspec.tasks.base import Example, Task, final_answer, parse_number
 from relaxspec.tasks.benchmarks import BENCHMARKS
@@ -17,6 +19,21 @@ from relaxspec.tasks.benchmarks import BENCHMARKS
 BUILTIN_TASKS = ("arithmetic", "sorting", *BENCHMARKS)
 KNOWN_SPECS = ("arithmetic", "sorting", "jsonl:PATH[:exact|numeric|contains]", *(f"{b}[:PATH]" for b in BENCHMARKS))
 DEFAULT_SYNTHETIC_N = 100
+
+
+def runs_code(spec) -> bool:
+    """Whether the task named by `spec` scores responses by running them (in the code sandbox)."""
+    name = spec.partition(":")[0] if isinstance(spec, str) else None
+    return name in BENCHMARKS and BENCHMARKS[name].metric == "tests-passed"
+
+
+def check_tasks(specs, limit: int | None = None) -> None:
+    """Load every task that is local (built-in or a file) now, so that an unknown name or a missing, empty or
+    malformed file is one error before any work; hub benchmarks are only checked by name (no download here)."""
+    for spec in specs:
+        name, _, path = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+        if not (name in BENCHMARKS and not path):
+            get_task(spec, limit=limit)
 
 
 def get_task(spec: str, limit: int | None = None, seed: int = 0, prompt_template: str | None = None) -> Task:
@@ -42,6 +59,8 @@ def get_task(spec: str, limit: int | None = None, seed: int = 0, prompt_template
         head, sep, tail = rest.rpartition(":")
         if sep and tail in METRICS:
             path, metric = head, tail
+        elif sep and head and not Path(rest).exists() and Path(head).is_file():
+            raise ValueError(f"unknown metric {tail!r} in {spec!r} ({', '.join(METRICS)})")
         if not path:
             raise ValueError(f"task spec {spec!r} names no file; use jsonl:PATH[:metric]")
         task = jsonl_task(path, metric)

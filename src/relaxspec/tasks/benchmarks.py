@@ -255,6 +255,8 @@ BENCHMARKS = {b.name: b for b in [
 def read_rows(path: str | Path) -> Rows:
     """Rows of a local JSONL (.jsonl or .json, one object a line) or parquet file, keys lower-cased."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"dataset file {str(path)!r} is a directory, not a JSONL or parquet file")
     if not path.is_file():
         raise ValueError(f"dataset file {str(path)!r} does not exist")
     if path.suffix == ".parquet":

@@ -18,12 +18,13 @@ def cmd_drafter(args) -> int:
     from relaxspec.models import load_model
     from relaxspec.drafters.mtp import HeadConfig
     from relaxspec.training.mtp import TrainConfig, train_head, training_prompts
-    from relaxspec.models.options import device_kwargs
+    from relaxspec.models.options import check_positive, device_kwargs
 
     if args.kind != "mtp":
         raise ValueError(f"drafter kind {args.kind!r} cannot be trained; trainable kinds: mtp")
     if args.prompts is None and not args.task:
         raise ValueError("give the training prompts: --prompts FILE or --task NAME (repeatable)")
+    check_positive(args, "steps", "batch_size", "unroll", "lr", "max_new_tokens", "n", "gen_batch", "stop_after")
     torch.set_num_threads(args.threads)
     verifier = load_model(args.verifier, **device_kwargs(args))
     prompts = training_prompts(args.task or [], args.n, args.prompts)

@@ -29,6 +29,7 @@ def _positive_or_measured(text: str):
 
 def register(subparsers) -> None:
     from relaxspec.bench.commands import csv_list
+    from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
     from relaxspec.tune.objective import OBJECTIVES
     from relaxspec.tune.run import (DEFAULT_BUDGET_MINUTES, DEFAULT_HELDOUT_PROMPTS, DEFAULT_HELDOUT_REPEATS,
                                     DEFAULT_MAX_DROP, DEFAULT_OUT, DEFAULT_SEARCH_PROMPTS)
@@ -40,6 +41,7 @@ def register(subparsers) -> None:
     t.add_argument("--verifier", help="verifier model (default: the built-in one)")
     t.add_argument("--drafter", help="drafter model (default: the built-in one)")
     t.add_argument("--task", default="arithmetic", help="arithmetic, sorting, humaneval, jsonl:PATH[:metric]")
+    t.add_argument("--unsafe-exec", action="store_true", help=UNSAFE_EXEC_HELP)
     t.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP,
                    help=f"utility drop vs strict allowed (upper 95%% bound; default {DEFAULT_MAX_DROP})")
     t.add_argument("--objective", choices=OBJECTIVES, default="length-adjusted",
@@ -86,9 +88,13 @@ def cmd_tune(args) -> int:
     import torch
 
     from relaxspec.tune.report import format_report, write_outputs
+    from relaxspec.tasks import runs_code
+    from relaxspec.tasks.sandbox import require_isolation
     from relaxspec.tune.run import TuneConfig, run_tune
 
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
+    if runs_code(args.task):  # refused here, before any model loads, if unisolated
+        require_isolation(args.unsafe_exec)
     torch.set_num_threads(args.threads)
     config = TuneConfig(verifier=args.verifier, drafter=args.drafter, task=args.task, max_drop=args.max_drop,
                         objective=args.objective, c_rel=args.c_rel, c_block=args.c_block, methods=args.methods,

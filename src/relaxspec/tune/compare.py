@@ -120,7 +120,7 @@ def tune_choice(tune_dir: str | Path) -> Config:
     path = Path(tune_dir) / TOML_NAME
     if not path.is_file():
         raise ValueError(f"tune vs grid: {path} does not exist (no choice: run relaxspec tune first)")
-    data = load_toml(path)
+    data = load_toml(path, "tune choice")
     [(method, params)] = parse_method(data["method"])
     return make_config(method, params, data.get("draft_length", 0) if method != AR else 0)
 

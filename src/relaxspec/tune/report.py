@@ -67,7 +67,8 @@ def format_report(result) -> str:
         lines.append(f"  speed constants at N={race.choice.draft_length}: c_rel {arm.c_rel:.3f}, c_block {arm.c_block:.3f} "
                      f"({'given' if cfg.c_rel else 'measured'} / {'given' if cfg.c_block else 'measured'} now)")
         lines.append(f"  {race.choice.label}: speed-up {_ci(arm.speed(1 - ALPHA))}, utility diff vs strict "
-                     f"{_ci(arm.diff(1 - ALPHA))}, outputs identical to strict {arm.identical():.0%}")
+                     f"{_ci(arm.diff(1 - ALPHA))}, outputs identical to strict "
+                     f"{'-' if math.isnan(arm.identical()) else format(arm.identical(), '.0%')}")
         if conf.strict_best is not None:
             lines.append(f"  {conf.strict_best.config.label} (best strict in the search): speed-up "
                          f"{_ci(conf.strict_best.speed(1 - ALPHA))}")

@@ -19,6 +19,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+from relaxspec.acceptance.random import check_seed
 from relaxspec.bench.config import BenchConfig, extra_draft_passes
 from relaxspec.bench.stats import Interval, paired_diff_interval
 from relaxspec.bench.sampling import TUNE_HELDOUT_PROMPTS
@@ -51,7 +52,8 @@ class TuneConfig:
     heldout_prompts: int = DEFAULT_HELDOUT_PROMPTS
     heldout_repeats: int = DEFAULT_HELDOUT_REPEATS
     sizes: tuple = DEFAULT_SIZES  # samples per configuration at each rung
-    caps: tuple = DEFAULT_CAPS  # configurations going on after each rung but the last
+    caps: tuple | None = None  # configurations going on after each rung but the last (None: the default caps,
+    # as many as the rungs need: DEFAULT_CAPS's first ones, its last repeated beyond them)
     seed: int = 0
     temperature: float = 0.7
     top_k: int | None = None
@@ -74,8 +76,11 @@ class TuneConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"tune: {name.replace('_', ' ')} must be a positive integer, got {value!r}")
+        check_seed(self.seed, "tune: seed")
         if not self.budget_minutes > 0:
             raise ValueError(f"tune: budget must be > 0 minutes, got {self.budget_minutes}")
+        if self.caps is None:
+            self.caps = tuple(DEFAULT_CAPS[min(i, len(DEFAULT_CAPS) - 1)] for i in range(len(self.sizes) - 1))
         validate_schedule(self.sizes, self.caps)
 
     def bench_config(self, limit: int) -> BenchConfig:
