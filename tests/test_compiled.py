@@ -8,11 +8,15 @@ import torch
 from relaxspec.engine.generate import generate
 from relaxspec.models import load_model
 from relaxspec.models.compiled import CompiledLlama, StaticKVCache
+from relaxspec.models.device import resolve_device
 from relaxspec.models.fast_llama import FastLlama
 from relaxspec.models.hf import CausalLM
 from relaxspec.tasks import synthetic
 
 B = 4  # every compiled call uses this batch size (one graph per step width)
+# The default device ($RELAXSPEC_DEVICE, else cuda when available): benchmarks/gpu_check.sh runs this file on
+# CUDA, where the compiled steps replay CUDA graphs.
+DEVICE = resolve_device(None)
 
 
 def _tiny(layers: int, hidden: int, seed: int, sharpen: float):
@@ -26,7 +30,7 @@ def _tiny(layers: int, hidden: int, seed: int, sharpen: float):
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
                       max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
                       pad_token_id=tokenizer.pad_token_id)
-    model = LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(cfg).to(DEVICE).eval()  # float32
     with torch.no_grad():
         model.lm_head.weight.mul_(sharpen)
     return model, tokenizer
@@ -75,16 +79,16 @@ def test_compiled_steps_match_eager_logits_with_holes_and_rows_leaving(tiny_pair
 
     (v, _), (vc, _) = tiny_pairs
     encoded = [v.tokenizer(p)["input_ids"] for p in _prompts(B)]
-    ids, mask = left_pad(encoded, v.tokenizer)
+    ids, mask = left_pad(encoded, v.tokenizer, DEVICE)
     vc.fast.plan(ids.shape[1] + 16, (4,))
     outs = []
     for lm in (v, vc):
         s = Stream(lm)
         s.prefill(ids[:, :-3], mask[:, :-3])
         a, _ = s.feed(ids[:, -3:])  # 3 tokens: padded to the planned width 4 when compiled
-        s.invalidate_tail(torch.tensor([1, 3, 2, 3]), 3)  # holes
+        s.invalidate_tail(torch.tensor([1, 3, 2, 3], device=DEVICE), 3)  # holes
         b, hidden = s.feed(ids[:, -2:], hidden_layer=(0, -1))  # 2 tokens: padded to 4 too
-        s.select(torch.tensor([3, 1]))  # rows leave: the compiled cache keeps its buffers' shape
+        s.select(torch.tensor([3, 1], device=DEVICE))  # rows leave: the compiled cache keeps its buffers' shape
         c, _ = s.feed(ids[[3, 1], -1:])
         outs.append((a, b, hidden, c))
     assert isinstance(Stream(vc).cache, StaticKVCache)
