@@ -45,7 +45,10 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default=None)
     p.add_argument("--step-rounds", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--warm-cache", action="store_true", help="keep inductor's on-disk cache (default: a fresh one)")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="use inductor's on-disk cache as set up (default: a fresh one, for cold compile times)")
+    p.add_argument("--require-equal", action="store_true",
+                   help="at T=0, exit 1 when compiled tokens differ from eager ones (float32: expected equal)")
     p.add_argument("--modes", default="eager,compiled")
     return p.parse_args(argv)
 
@@ -128,7 +131,7 @@ def main(argv=None) -> int:
                     if not usable[name, method] or (method == AR and name != drafter_names[0]):
                         continue
                     t1, _ = run(mode, name, method, [warm] * batch)
-                    t2, _ = run(mode, name, method, [warm] * batch)
+                    t2 = run(mode, name, method, [warm] * batch)[0] if mode == "compiled" else float("nan")
                     print(f"  {mode:9s} b{batch:<3d} {name:16s} {method:10s} first call {t1:7.2f} s, "
                           f"second {t2:6.2f} s", flush=True)
 
@@ -214,7 +217,7 @@ def main(argv=None) -> int:
                       flush=True)
     if compared:
         print(f"\nT=0: compiled tokens == eager tokens on {compared - mismatches} of {compared} (prompt, method) runs")
-    return 1 if mismatches else 0
+    return 1 if mismatches and args.require_equal else 0
 
 
 if __name__ == "__main__":
