@@ -110,9 +110,10 @@ class CompiledLlama(FastLlama):
             for t in (*[w for layer in self.weights for w in layer], self.embed, self.final_norm, self.head,
                       self.cos, self.sin):
                 torch._dynamo.mark_static_address(t)
-        config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
-        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
+        config = torch._dynamo.config  # the names since torch 2.7 (cache_size_limit before)
+        for name, limit in (("recompile_limit", RECOMPILE_LIMIT), ("accumulated_recompile_limit", 4 * RECOMPILE_LIMIT)):
+            if hasattr(config, name):
+                setattr(config, name, max(getattr(config, name), limit))
         self.compiled_step = torch.compile(self.step, fullgraph=True, dynamic=False,
                                            mode="reduce-overhead" if self.cuda_graphs else None)
 
