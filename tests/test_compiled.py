@@ -145,3 +145,26 @@ def test_builtin_pair_compiled_equals_eager_greedy():
     for drafter in (dc, "drafter-weak"):
         sd = generate(vc, drafter, prompts, method="strict", draft_length=3, max_new_tokens=48)
         assert [r.token_ids for r in sd.results] == [r.token_ids for r in ar.results]
+
+
+def test_compile_flag_reaches_load_model_and_the_cell_key():
+    from dataclasses import replace
+
+    from relaxspec.bench.cell import CellSpec, cell_config, model_options
+    from relaxspec.bench.commands import config_from_args
+    from relaxspec.cli import build_parser
+    from relaxspec.tune.run import TuneConfig
+
+    parser = build_parser()
+    off = config_from_args(parser.parse_args(["bench"]))
+    on = config_from_args(parser.parse_args(["bench", "--compile"]))
+    assert (off.compile, on.compile) == (False, True)
+    assert "compile" not in model_options(off) and model_options(on)["compile"] is True
+    spec = CellSpec(verifier="verifier", drafter="drafter-weak", task="arithmetic", method="strict", params={},
+                    draft_length=3, seed=0)
+    versions = {"verifier": "v", "drafter-weak": "d", "code": "c"}
+    assert "compile" not in cell_config(spec, off, versions)  # keys of runs without --compile are unchanged
+    assert cell_config(spec, on, versions) == {**cell_config(spec, off, versions), "compile": True}
+    assert replace(TuneConfig(), compile=True).bench_config(10).compile
+    assert parser.parse_args(["generate", "--compile", "--prompt", "x"]).compile
+    assert parser.parse_args(["tune", "--compile"]).compile
