@@ -27,8 +27,8 @@ def add_compile_arg(parser) -> None:
     """--compile (generate, bench, tune); pass `compile=args.compile` to `load_model`."""
     parser.add_argument("--compile", action="store_true", default=None,
                         help="run the models' steps through torch.compile with a static KV cache (Llama "
-                             "architectures; CUDA graphs on CUDA; off by default: slower on the CPUs measured "
-                             "once compile time counts, see README)")
+                             "architectures; CUDA graphs on CUDA; compiles for a minute or more first; off by "
+                             "default: slower on the CPU measured, see README)")
 
 
 def add_prompt_args(parser) -> None:
