@@ -62,6 +62,10 @@ def test_compiled_greedy_equals_eager_and_ar_on_a_ragged_batch_without_recompili
     ar_c = generate(vc, None, prompts, method="ar", max_new_tokens=24)
     assert [r.token_ids for r in ar_c.results] == [r.token_ids for r in ar.results]
     assert len({r.stats.mean_acceptance_length for r in sd.results}) > 1  # rows did accept differently
+    # A model drafting for itself: two live caches of one compiled model (the buffer pool must not share them).
+    own = generate(vc, vc, prompts, method="strict", draft_length=3, max_new_tokens=24)
+    assert [r.token_ids for r in own.results] == [r.token_ids for r in ar.results]
+    assert own.stats.drafts_accepted == own.stats.drafts_proposed  # its own drafts: all accepted
     # Warmed up: other prompts (other lengths), other max_new_tokens within the same capacity, an early
     # stop of some rows: no step may compile again.
     others = _prompts(B, offset=B)
@@ -168,3 +172,18 @@ def test_compile_flag_reaches_load_model_and_the_cell_key():
     assert replace(TuneConfig(), compile=True).bench_config(10).compile
     assert parser.parse_args(["generate", "--compile", "--prompt", "x"]).compile
     assert parser.parse_args(["tune", "--compile"]).compile
+
+
+def test_cache_buffers_are_pooled_per_shape_but_never_shared_by_live_caches(tiny_pairs):
+    # CUDA graphs read the cache in place: a later call must find the same buffers (same addresses).
+    _, (vc, _) = tiny_pairs
+    first = vc.new_cache()
+    first.reserve(B, 40)
+    address = first.kv[0].data_ptr()
+    del first
+    second = vc.new_cache()
+    second.reserve(B, 40)
+    assert second.kv[0].data_ptr() == address and second.capacity % 256 == 0
+    third = vc.new_cache()  # while `second` lives: its own buffers
+    third.reserve(B, 40)
+    assert third.kv[0].data_ptr() != address and third.mask.data_ptr() != second.mask.data_ptr()

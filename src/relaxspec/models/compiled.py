@@ -26,6 +26,8 @@ the built-in pair and tiny Llamas (tests/test_compiled.py), and strict stays los
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -43,7 +45,8 @@ def _round_up(n: int, quantum: int) -> int:
 class StaticKVCache:
     """Per-layer buffers [B, 2 * KV heads, capacity, D] (keys, then values), the mask [B, capacity] of each
     row's real slots, and `length`, the slots in use. `rows`: the buffer rows of the rows still in the batch
-    (None: all of them)."""
+    (None: all of them). The buffers come from the model's pool (`CompiledLlama.buffers_for`): a later cache of
+    the same shape reuses them once this one is gone, so CUDA graphs keep their addresses from call to call."""
 
     def __init__(self, model: "CompiledLlama", capacity: int):
         self.model = model
@@ -74,17 +77,11 @@ class StaticKVCache:
         the content, when a step would run past the capacity)."""
         if self.mask is not None and needed <= self.capacity:
             return
-        m = self.model
         capacity = _round_up(max(needed, self.planned, 2 * self.capacity), CAPACITY_QUANTUM)
-        kv = [torch.zeros((batch, 2 * m.kv_heads, capacity, m.head_dim), dtype=m.dtype, device=m.device)
-              for _ in range(m.num_layers)]
-        mask = torch.zeros((batch, capacity), dtype=torch.bool, device=m.device)
+        kv, mask = self.model.buffers_for(self, batch, capacity)
         if self.mask is not None:
             for new, old in zip(kv, self.kv):
-                new[:, :, :self.capacity] = old
-        if m.device.type == "cuda":  # CUDA graphs read and write these in place instead of copying them
-            for t in (*kv, mask):
-                torch._dynamo.mark_static_address(t)
+                new[:, :, :self.capacity] = old[:, :, :self.capacity]
         self.kv, self.mask = kv, mask
 
 
@@ -105,6 +102,7 @@ class CompiledLlama(FastLlama):
         self.cos, self.sin = self.rope_scale * angles.cos(), self.rope_scale * angles.sin()
         self.capacity = 0  # planned slots for the next caches (0: as the first feed needs)
         self.blocks: tuple[int, ...] = ()  # planned step widths above 1
+        self._pool: dict = {}  # (batch, capacity) -> (kv buffers, mask, weakref to the cache using them)
         self.cuda_graphs = self.device.type == "cuda"
         if self.cuda_graphs:
             for t in (*[w for layer in self.weights for w in layer], self.embed, self.final_norm, self.head,
@@ -116,6 +114,26 @@ class CompiledLlama(FastLlama):
                 setattr(config, name, max(getattr(config, name), limit))
         self.compiled_step = torch.compile(self.step, fullgraph=True, dynamic=False,
                                            mode="reduce-overhead" if self.cuda_graphs else None)
+
+    def buffers_for(self, cache: StaticKVCache, batch: int, capacity: int):
+        """(kv buffers, mask) for `cache`: the pooled ones of this shape unless another live cache holds them
+        (then fresh ones, e.g. a model drafting for itself). Stale content is harmless: every forward rewrites
+        the whole mask, and a slot is only read where the mask allows it."""
+        key = (batch, capacity)
+        pooled = self._pool.get(key)
+        holder = None if pooled is None else pooled[2]()
+        if pooled is not None and holder is None:
+            self._pool[key] = (pooled[0], pooled[1], weakref.ref(cache))
+            return pooled[0], pooled[1]
+        kv = [torch.zeros((batch, 2 * self.kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device)
+              for _ in range(self.num_layers)]
+        mask = torch.zeros((batch, capacity), dtype=torch.bool, device=self.device)
+        if self.cuda_graphs:  # CUDA graphs read and write these in place instead of copying them
+            for t in (*kv, mask):
+                torch._dynamo.mark_static_address(t)
+        if pooled is None:
+            self._pool[key] = (kv, mask, weakref.ref(cache))
+        return kv, mask
 
     def plan(self, capacity: int, blocks: tuple[int, ...]) -> None:
         """Shapes of the next caches: `capacity` slots, steps of more than one token padded to `blocks`."""
@@ -209,7 +227,10 @@ def plan_static_shapes(verifier, drafter_lm, capacity: int, block: int) -> None:
     """Tell compiled models the shapes of a generate call: the verifier steps 1 token (AR) or `block`
     (N + 1) at a time, an LM drafter 1 or 2 (its catch-up token and the last one); both caches hold
     `capacity` slots. Models that are not compiled are left alone."""
-    for lm, blocks in ((verifier, (block,)), (drafter_lm, (2,))):
+    plans = {}  # one plan per model: a model drafting for itself steps all of these widths
+    for lm, width in ((verifier, block), (drafter_lm, 2)):
         fast = getattr(lm, "fast", None)
         if isinstance(fast, CompiledLlama):
-            fast.plan(capacity, blocks)
+            plans.setdefault(id(fast), (fast, set()))[1].add(width)
+    for fast, widths in plans.values():
+        fast.plan(capacity, tuple(widths))
