@@ -9,7 +9,7 @@
 #   without SmolLM2 (one call, nothing carried): SMOLLM2=0 bash benchmarks/gpu_check.sh
 #   a dry run of every step here, on the CPU, with tiny sizes: DEVICE=cpu bash benchmarks/gpu_check.sh
 #
-# Steps, each under its own time limit (the sum stays under 8 minutes):
+# Steps, each under its own time limit (100 + 100 + 160 + 100 s; the whole script stops by 470 s):
 # 1. CUDA-only tests (tests/test_cuda.py: bf16 defaults, strict greedy == AR greedy in float32, CPU/CUDA
 #    agreement, every rule sampling in bf16, PAD, SmolLM2 in bf16);
 # 2. correctness on the device in float32: strict greedy == AR greedy and a Monte Carlo test of strict
@@ -25,7 +25,11 @@ PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3
 DEV=${DEVICE:-cuda}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 status=0
-step() { local limit=$(( $1 * SCALE )) name=$2; shift 2; echo; echo "=== $name (limit ${limit} s)"; local t=$SECONDS
+# Each step's limit is cut to what is left of BUDGET (seconds for the whole script, 470: under 8 minutes).
+step() { local limit=$(( $1 * SCALE )) name=$2; shift 2
+         local left=$(( ${BUDGET:-470} * SCALE - SECONDS )); [ "$left" -lt "$limit" ] && limit=$left
+         [ "$limit" -ge 10 ] || { status=1; echo "--- SKIPPED (no time left): $name"; return; }
+         echo; echo "=== $name (limit ${limit} s)"; local t=$SECONDS
          timeout "$limit" "$@"; local rc=$?; [ "$rc" -eq 0 ] || { status=1; echo "--- FAILED ($rc): $name"; }
          echo "--- $name: $(( SECONDS - t )) s"; }
 
@@ -53,11 +57,11 @@ else  # the built-in pair (and, on the CPU, SmolLM2's compile would take minutes
 fi
 
 if [ "$DEV" = cuda ]; then
-    step 120 "CUDA-only tests (bf16 and float32)" "$PY" -m pytest -q -p no:cacheprovider -x tests/test_cuda.py
+    step 100 "CUDA-only tests (bf16 and float32)" "$PY" -m pytest -q -p no:cacheprovider -x tests/test_cuda.py
 else
     step 60 "CUDA-only tests (all skip without CUDA: collection only)" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
 fi
-step 110 "correctness on $DEV in float32: strict greedy == AR greedy, Monte Carlo strict; compiled == eager" \
+step 100 "correctness on $DEV in float32: strict greedy == AR greedy, Monte Carlo strict; compiled == eager" \
     env RELAXSPEC_DEVICE="$DEV" RELAXSPEC_DTYPE=float32 "$PY" -m pytest -q -p no:cacheprovider \
     tests/test_compiled.py "tests/test_engine.py::test_greedy_strict_equals_ar_batch_one_and_ragged" \
     "tests/test_engine.py::test_sampled_strict_matches_ar_sampling"
@@ -66,8 +70,8 @@ step 110 "correctness on $DEV in float32: strict greedy == AR greedy, Monte Carl
 TABLE=("$PY" benchmarks/compile_speed.py --device "$DEV" --dtype "$DTYPE" --verifier "$VERIFIER" --drafters "$DRAFTERS"
        --methods ar,strict,typical,mentored --prompts "$PROMPTS" --max-new-tokens "$NEW" --temperature 0.7
        --task "$TASK" --step-rounds "$ROUNDS" --threads 1 --warm-cache)
-step 170 "speed table on $DEV ($DTYPE), batch 1: $VERIFIER with $DRAFTERS, eager vs --compile" "${TABLE[@]}" --batch-sizes 1
-step 120 "speed table on $DEV ($DTYPE), batch $BIG" "${TABLE[@]}" --batch-sizes "$BIG"
+step 160 "speed table on $DEV ($DTYPE), batch 1: $VERIFIER with $DRAFTERS, eager vs --compile" "${TABLE[@]}" --batch-sizes 1
+step 100 "speed table on $DEV ($DTYPE), batch $BIG" "${TABLE[@]}" --batch-sizes "$BIG"
 echo
 if [ "$status" -eq 0 ]; then echo "gpu_check: all steps passed ($SECONDS s)"; else echo "gpu_check: some step FAILED, see above ($SECONDS s)"; fi
 exit "$status"
