@@ -56,7 +56,7 @@ def cell_config(spec: CellSpec, config: BenchConfig, versions: dict) -> dict:
         "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
         "max_new_tokens": config.max_new_tokens, "batch_size": config.batch_size,
         "device": config.device, "dtype": config.dtype, "chat_template": config.chat_template,
-        "system": config.system,
+        "system": config.system, **({"compile": True} if config.compile else {}),  # absent when off: old keys hold
         "pad_classifier": versions.get("pad_classifier") if needs_classifier(spec.method) else None,
         "code_version": versions["code"],
     }
@@ -139,8 +139,9 @@ def generation_options(config: BenchConfig) -> dict:
 
 
 def model_options(config: BenchConfig) -> dict:
-    """load_model keyword arguments the user set (--device, --dtype)."""
-    return {k: v for k, v in (("device", config.device), ("dtype", config.dtype)) if v is not None}
+    """load_model keyword arguments the user set (--device, --dtype, --compile)."""
+    return {k: v for k, v in (("device", config.device), ("dtype", config.dtype), ("compile", config.compile or None))
+            if v is not None}
 
 
 class CellRunner:

@@ -63,7 +63,7 @@ def csv_list(cast):
 
 
 def register(subparsers) -> None:
-    from relaxspec.models.options import add_device_args, add_prompt_args
+    from relaxspec.models.options import add_compile_arg, add_device_args, add_prompt_args
     from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
 
     b = subparsers.add_parser("bench", help="run a grid of methods x parameters x draft lengths and store results",
@@ -96,6 +96,7 @@ def register(subparsers) -> None:
     b.add_argument("--max-new-tokens", type=int, help=f"default {DEFAULT_MAX_NEW_TOKENS}")
     b.add_argument("--batch-size", type=int, help=f"sequences per generate call (default {DEFAULT_BATCH_SIZE})")
     add_device_args(b)
+    add_compile_arg(b)
     add_prompt_args(b)
     b.add_argument("--pad-thresholds", type=csv_list(float), help="default 0.3,0.5,0.7")
     b.add_argument("--pad-classifier", help="PAD classifier path (default: the built-in one)")
@@ -130,6 +131,7 @@ _FLAG_TO_FIELD = {"verifier": "verifiers", "drafter": "drafters", "tasks": "task
                   "looks": "looks", "time_budget_s": "time_budget_s", "speed_prompts": "speed_prompts", "workers": "workers",
                   "max_drop": "max_drop", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                   "max_new_tokens": "max_new_tokens", "batch_size": "batch_size", "device": "device", "dtype": "dtype",
+                  "compile": "compile",
                   "chat_template": "chat_template", "system": "system", "pad_thresholds": "pad_thresholds",
                   "pad_classifier": "pad_classifier", "out": "out"}
 

@@ -74,6 +74,7 @@ class BenchConfig:
     batch_size: int = DEFAULT_BATCH_SIZE  # sequences per generate() call
     device: str | None = None  # passed to load_model when set
     dtype: str | None = None  # passed to load_model when set
+    compile: bool = False  # load_model(compile=True): compiled steps (models/compiled.py)
     chat_template: str = "auto"  # passed to generate
     system: str | None = None  # system prompt, passed to generate
     pad_thresholds: list[float] = field(default_factory=lambda: list(DEFAULT_PAD_THRESHOLDS))

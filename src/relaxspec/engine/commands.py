@@ -104,7 +104,7 @@ def cmd_generate(args) -> int:
     check_sampling_args(args.temperature, args.top_k, args.top_p)
     params.update(parse_params(args.param))
     prompts = _read_prompts(args)
-    verifier = load_model(args.verifier, **device_kwargs(args))
+    verifier = load_model(args.verifier, **device_kwargs(args), compile=bool(args.compile))
     drafter = None if args.method == AR else load_drafter(args.drafter, verifier)
     pivot_fn = None
     if args.method == "pad":
@@ -180,7 +180,7 @@ def render_trace(result, tokenizer, color: bool = False) -> str:
 
 def register(subparsers) -> None:
     from relaxspec.models.family import DEFAULT_DRAFTER, DEFAULT_VERIFIER
-    from relaxspec.models.options import DefaultsHelpFormatter, add_device_args, add_prompt_args
+    from relaxspec.models.options import DefaultsHelpFormatter, add_compile_arg, add_device_args, add_prompt_args
 
     sub, defaults = subparsers, DefaultsHelpFormatter
     g = sub.add_parser("generate", help="speculative (or autoregressive) generation", formatter_class=defaults)
@@ -203,6 +203,7 @@ def register(subparsers) -> None:
     g.add_argument("--seed", type=int, default=0, help="sequence i samples with a seed derived from (SEED, i)")
     add_prompt_args(g)
     add_device_args(g)
+    add_compile_arg(g)
     g.add_argument("--force", action="store_true",
                    help="pad: use the pivot classifier even with models other than the ones it was trained with")
     g.add_argument("--json", action="store_true", help="print exactly one JSON object")

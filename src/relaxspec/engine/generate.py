@@ -41,6 +41,7 @@ from relaxspec.acceptance import (
 )
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.drafters import Drafter, as_drafter
+from relaxspec.models.compiled import plan_static_shapes
 from relaxspec.models.hf import CausalLM, hidden_blocks, load_model
 from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
 from relaxspec.models.stream import Stream, left_pad, model_device
@@ -174,6 +175,8 @@ def generate(
     # max_new_tokens (and so are the per-position statistics, sized to N).
     N = min(draft_length, max_new_tokens) if rule is not None else 0
     extra = rule.extra_draft_passes if rule is not None else 0  # drafter rows beyond N (bonus position)
+    # compiled models: static cache capacity and step widths of this call (models/compiled.py)
+    plan_static_shapes(verifier, getattr(drafter, "lm", None), ids.shape[1] + max_new_tokens + N + 1, N + 1)
     eos = verifier.eos_token_id
     outputs: list[list[int]] = [[] for _ in range(B)]
     traces: list[list[Round]] = [[] for _ in range(B)]

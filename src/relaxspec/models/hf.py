@@ -39,6 +39,11 @@ class CausalLM:
         return "fast" if self.fast is not None else "transformers"
 
     @property
+    def compiled(self) -> bool:
+        """Its steps run through torch.compile (`load_model(..., compile=True)`, models/compiled.py)."""
+        return getattr(self.fast, "compiled_step", None) is not None
+
+    @property
     def device(self) -> torch.device:
         return self.model.get_output_embeddings().weight.device
 
@@ -113,7 +118,8 @@ def crop_cache(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend: str = "auto") -> CausalLM:
+def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend: str = "auto",
+               compile: bool = False) -> CausalLM:
     """A built-in model by name (see `relaxspec models list`), a local Hugging Face model directory, a hub id
     (`org/name`, from the local Hugging Face cache: nothing is downloaded unless HF_HUB_OFFLINE=0), or a
     GGUF file (`FILE.gguf`, `DIR::FILE.gguf`, or `smollm2`; dequantized on load).
@@ -123,10 +129,14 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     backend "auto" runs Llama-architecture models on a CPU through the lean FastLlama path (same weights,
     same logits, less per-call overhead) and everything else through `transformers`; "fast" forces
     FastLlama (a ValueError for other architectures), "transformers" forces the latter.
+    compile: run the engine's steps through torch.compile with a static KV cache (models/compiled.py; Llama
+    architectures, on any device; CUDA graphs on CUDA); off by default (on a CPU it was measured slower).
     Every failure to load is a one-line ValueError naming the model.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if compile and backend == "transformers":
+        raise ValueError("compile=True compiles the lean Llama path: it cannot run with backend 'transformers'")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     name = str(name_or_path)
@@ -155,6 +165,13 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     if backend == "fast" and not FastLlama.supports(model):
         raise ValueError(f"backend 'fast' supports {FastLlama.SUPPORTED} with default RoPE, not model {name!r} "
                          f"({type(model).__name__}); use backend 'auto' or 'transformers'")
+    if compile:
+        from relaxspec.models.compiled import CompiledLlama
+
+        if not FastLlama.supports(model):
+            raise ValueError(f"compile supports {FastLlama.SUPPORTED} with default RoPE, not model {name!r} "
+                             f"({type(model).__name__})")
+        return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=CompiledLlama(model))
     use_fast = backend == "fast" or (backend == "auto" and device.type == "cpu" and FastLlama.supports(model))
     return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=FastLlama(model) if use_fast else None)
 

@@ -23,6 +23,14 @@ def device_kwargs(args) -> dict:
     return {"device": args.device, "dtype": args.dtype}
 
 
+def add_compile_arg(parser) -> None:
+    """--compile (generate, bench, tune); pass `compile=args.compile` to `load_model`."""
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="run the models' steps through torch.compile with a static KV cache (Llama "
+                             "architectures; CUDA graphs on CUDA; compiles for a minute or more first; off by "
+                             "default: slower on the CPU measured, see README)")
+
+
 def add_prompt_args(parser) -> None:
     """--chat-template and --system; pass `prompt_kwargs(args)` to `generate` / `encode_prompts`."""
     parser.add_argument("--chat-template", default="auto", choices=CHAT_TEMPLATE_MODES,

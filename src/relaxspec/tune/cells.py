@@ -37,7 +37,8 @@ class SampleJob(SpecJob):
 
     @staticmethod
     def cache_key(bench: BenchConfig, with_pad: bool) -> str:
-        return repr((bench.verifiers, bench.drafters, bench.device, bench.dtype, bench.pad_classifier, with_pad))
+        return repr((bench.verifiers, bench.drafters, bench.device, bench.dtype, bench.compile, bench.pad_classifier,
+                     with_pad))
 
     def run(self, cache: dict):
         import torch

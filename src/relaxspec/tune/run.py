@@ -62,6 +62,7 @@ class TuneConfig:
     speed_prompts: int = 10  # batch-1 timing prompts (objective measured-bs1 only)
     pad_classifier: str | None = None
     out: str = DEFAULT_OUT
+    compile: bool = False  # load_model(compile=True) for the bench cells (models/compiled.py)
 
     def validate(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -89,7 +90,8 @@ class TuneConfig:
         return BenchConfig(verifiers=[self.verifier or DEFAULT_VERIFIER], drafters=[self.drafter or DEFAULT_DRAFTER],
                            tasks=[self.task], seeds=[self.seed], limit=limit, temperature=self.temperature,
                            top_k=self.top_k, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
-                           speed_prompts=self.speed_prompts, pad_classifier=self.pad_classifier, out=str(self.out))
+                           speed_prompts=self.speed_prompts, pad_classifier=self.pad_classifier, out=str(self.out),
+                           compile=self.compile)
 
 
 def search_jobs(n: int, prompts: int) -> list[tuple[int, int]]:
