@@ -177,7 +177,7 @@ def test_relaxed_rule_accepts_more_than_strict(builtin_pair):
     assert strict.stats.acceptance_rate < 1.0
 
 
-def _tiny_hf_model(tmp_path, kind: str, vocab: int = 64, seed: int = 0) -> CausalLM:
+def _tiny_hf_model(tmp_path, kind: str, vocab: int = 64, seed: int = 0, n_positions: int = 256) -> CausalLM:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -187,14 +187,14 @@ def _tiny_hf_model(tmp_path, kind: str, vocab: int = 64, seed: int = 0) -> Causa
                                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                                              initializer_range=0.5, eos_token_id=1, pad_token_id=0))
     else:
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=2, n_positions=256,
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=2, n_positions=n_positions,
                                            initializer_range=0.5, eos_token_id=1, pad_token_id=0))
     chars = [chr(ord("a") + i % 26) + str(i // 26) for i in range(vocab - 2)]
     tok = Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}},
                                      unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
-    path = tmp_path / f"{kind}-{vocab}-{seed}"
+    path = tmp_path / f"{kind}-{vocab}-{seed}-{n_positions}"
     model.save_pretrained(path)
     fast.save_pretrained(path)
     return load_model(path)
@@ -232,3 +232,55 @@ def test_errors(tmp_path, builtin_pair):
         generate(verifier, drafter, ["x"], method="strict", temperature=-1)
     with pytest.raises(ValueError, match="delta"):
         generate(verifier, drafter, ["x"], method="cactus", delta=-0.5)
+
+
+def test_accounting_is_exact(builtin_pair):
+    """tau = tokens emitted / sequence rounds, counted from the outputs themselves: a round emits its kept
+    drafts and one more token, less what EOS or the length limit cut off. The case of issue 25 (8 arithmetic
+    prompts, strict N=5, T=0.7, max_new_tokens=13) reported tau 3.58 for 3.15 emitted per round."""
+    verifier, drafter = builtin_pair
+    out = generate(verifier, drafter, _prompts(8), method="strict", draft_length=5, temperature=0.7,
+                   max_new_tokens=13, seed=0)
+    emitted = rounds = 0
+    for r in out.results:
+        ended_by_eos = len(r.token_ids) < 13  # it stopped early: only EOS does that
+        tokens = len(r.token_ids) + ended_by_eos
+        assert sum(rd.tokens for rd in r.trace) == tokens == r.stats.emitted_tokens
+        assert r.stats.generated_tokens == len(r.token_ids)
+        assert r.stats.sequence_rounds == len(r.trace)
+        assert r.stats.mean_acceptance_length == pytest.approx(tokens / len(r.trace))
+        # Accepted drafts are those that reached the output; every round emits them plus at most one token.
+        assert r.stats.drafts_accepted == sum(min(rd.num_accepted, rd.tokens) for rd in r.trace)
+        assert all(rd.tokens in (min(rd.num_accepted, rd.tokens), rd.num_accepted + 1) for rd in r.trace)
+        emitted, rounds = emitted + tokens, rounds + len(r.trace)
+    assert out.stats.mean_acceptance_length == pytest.approx(emitted / rounds)
+    assert out.stats.emitted_tokens == emitted
+    ar = generate(verifier, None, _prompts(3), method="ar", temperature=0.7, max_new_tokens=40, seed=0)
+    assert ar.stats.mean_acceptance_length == 1.0  # an ending EOS is one round's one emitted token
+
+
+def test_drafts_never_pass_the_context_limit(tmp_path):
+    """Prompts of different lengths, each with exactly its context's room for max_new_tokens (GPT-2's
+    learned position embeddings end there): rows with less room draft less, no position fed to either
+    model passes the context, and every output is as alone."""
+    verifier = _tiny_hf_model(tmp_path, "gpt2", seed=0, n_positions=24)
+    drafter = _tiny_hf_model(tmp_path, "gpt2", seed=1, n_positions=24)
+    prompts = ["a0 b0 c0", "d0 e0 f0 g0 h0 i0 j0 k0 l0", "m0 n0", "o0 p0 q0 r0 s0"]
+    lengths = [len(verifier.tokenizer(p)["input_ids"]) for p in prompts]
+    highest = []
+    for lm in (verifier, drafter):
+        forward = lm.forward
+
+        def recording(ids, cache, mask, positions, forward=forward, **kw):
+            highest.append(int(positions.max()))
+            return forward(ids, cache, mask, positions, **kw)
+
+        lm.forward = recording
+    kw = dict(method="strict", draft_length=5, max_new_tokens=24 - max(lengths), temperature=1.0)
+    for seed in range(6):
+        seeds = [seed * 10 + i for i in range(len(prompts))]
+        batch = generate(verifier, drafter, prompts, seed=seeds, **kw)  # prompt 1 fills its context exactly
+        for i, prompt in enumerate(prompts):
+            assert batch.results[i].token_ids == generate(verifier, drafter, [prompt], seed=[seeds[i]],
+                                                          **kw).results[0].token_ids
+        assert max(highest) < 24

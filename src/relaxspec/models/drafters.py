@@ -65,15 +65,17 @@ class Stream:
             valid = torch.ones_like(ids)
         else:
             positions = start + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
+        if self.lm.max_position_embeddings:  # a row's padding columns past its room (never kept) stay in range
+            positions = positions.clamp(max=self.lm.max_position_embeddings - 1)
         self.mask = torch.cat([self.mask, valid], dim=1)
         logits, hidden = self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
         return logits.float(), hidden  # rules see float32 whatever the model's dtype
 
-    def invalidate_tail(self, keep: torch.Tensor, width: int) -> None:
+    def invalidate_tail(self, keep: torch.Tensor, width: int, longest: int | None = None) -> None:
         """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
-        tail columns that no row uses any more."""
+        tail columns that no row uses any more (`longest`: keep.max() when the caller knows it on the host)."""
         self.mask[:, -width:] *= torch.arange(width, device=self.device) < keep[:, None]
-        length = self.mask.shape[1] - width + int(keep.max())
+        length = self.mask.shape[1] - width + (int(keep.max()) if longest is None else longest)
         if length < self.mask.shape[1]:
             crop_cache(self.cache, length)
             self.mask = self.mask[:, :length]
