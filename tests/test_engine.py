@@ -284,3 +284,40 @@ def test_drafts_never_pass_the_context_limit(tmp_path):
             assert batch.results[i].token_ids == generate(verifier, drafter, [prompt], seed=[seeds[i]],
                                                           **kw).results[0].token_ids
         assert max(highest) < 24
+
+
+@pytest.mark.parametrize("backend", ["fast", "transformers"])
+def test_per_row_cache_under_ragged_acceptance_matches_a_recompute(backend):
+    """Rows keep very different numbers of slots round after round, and the row that keeps the most changes
+    (as in a large batch), so dead slots pile up in every row and compaction runs; after every rollback each row's next logits equal a fresh
+    forward over that row's real tokens alone, and the cache stays within the bound of the longest row."""
+    lm = load_model("verifier", backend=backend)
+    prompts = _prompts(2) + _prompts(1, "sorting")
+    from relaxspec.engine.generate import _left_pad
+    from relaxspec.models.prompts import encode_prompts
+
+    encoded = encode_prompts(lm.tokenizer, prompts)
+    ids, mask = _left_pad(encoded, lm.tokenizer)
+    stream = Stream(lm)
+    stream.slack = 4
+    stream.prefill(ids, mask)
+    texts = [list(row) for row in encoded]
+    generator = torch.Generator().manual_seed(0)
+    width = 5
+    for step in range(12):
+        block = torch.randint(3, lm.vocab_size, (3, width), generator=generator)
+        logits, _ = stream.feed(block)
+        keep = torch.tensor([1, 0, int(torch.randint(0, width, (1,), generator=generator))])
+        keep[step % 3] = width
+        stream.invalidate_tail(keep, width)
+        for b in range(3):
+            texts[b].extend(block[b, :keep[b]].tolist())
+        probe = torch.randint(3, lm.vocab_size, (3, 1), generator=generator)
+        got, _ = stream.feed(probe)
+        stream.invalidate_tail(torch.zeros(3, dtype=torch.long), 1)  # the probe is not kept
+        for b in range(3):
+            row = torch.tensor([texts[b] + probe[b].tolist()])
+            fresh, _ = lm.forward(row, lm.new_cache(), torch.ones_like(row), torch.arange(row.shape[1])[None])
+            assert torch.allclose(got[b, -1], fresh[0, -1], atol=1e-4), (step, b)
+        assert stream.length <= max(map(len, texts)) + stream.slack + width + 1
+    assert stream.compactions >= 3
