@@ -321,3 +321,45 @@ def test_per_row_cache_under_ragged_acceptance_matches_a_recompute(backend):
             assert torch.allclose(got[b, -1], fresh[0, -1], atol=1e-4), (step, b)
         assert stream.length <= max(map(len, texts)) + stream.slack + width + 1
     assert stream.compactions >= 3
+
+
+def test_auto_draft_length_follows_the_heuristic_schedule_and_stays_lossless(builtin_pair):
+    """draft_length="auto": each sequence starts at 5 drafts, +2 after a fully accepted round, -1 after any
+    other, within [1, 10]; greedy strict still equals AR, sampled outputs are batch invariant, and the
+    sampled tokens follow AR sampling (Monte Carlo, 5 sigma)."""
+    from relaxspec.engine.generate import AUTO_MAX, AUTO_START
+
+    verifier, drafter = builtin_pair
+    prompts = _prompts(3) + _prompts(2, "sorting")
+    ar = generate(verifier, None, prompts, method="ar", max_new_tokens=60)
+    auto = generate(verifier, drafter, prompts, method="strict", draft_length="auto", max_new_tokens=60)
+    assert [r.token_ids for r in auto.results] == [r.token_ids for r in ar.results]
+    lengths = set()
+    for r in auto.results:
+        expected, produced = AUTO_START, 0
+        for rd in r.trace:
+            room = 60 - produced - 1
+            assert len(rd.drafts) == min(expected, room)
+            lengths.add(len(rd.drafts))
+            full = rd.num_accepted == len(rd.drafts)
+            expected = min(AUTO_MAX, max(1, expected + (2 if full else -1)))
+            produced += rd.tokens
+    assert len(lengths) >= 4  # the schedule moved both ways
+    sampled = dict(method="strict", draft_length="auto", temperature=0.7, top_p=0.9, max_new_tokens=30)
+    batch = generate(verifier, drafter, prompts, seed=[11, 12, 13, 14, 15], **sampled)
+    alone = generate(verifier, drafter, prompts[3:4], seed=[14], **sampled)
+    assert alone.results[0].token_ids == batch.results[3].token_ids
+    with pytest.raises(ValueError, match="draft_length"):
+        generate(verifier, drafter, ["x"], method="strict", draft_length="often")
+    n, prompt = 400, _prompts(1)[0]
+    sd = generate(verifier, drafter, [prompt] * n, method="strict", draft_length="auto", seed=4, temperature=0.7,
+                  max_new_tokens=16)
+    ref = generate(verifier, None, [prompt] * n, method="ar", seed=5, temperature=0.7, max_new_tokens=16)
+    spread = []
+    for position in (5, 10, 15):
+        a = _freq([r.token_ids[position] for r in sd.results], verifier.vocab_size)
+        b = _freq([r.token_ids[position] for r in ref.results], verifier.vocab_size)
+        pooled = (a + b) / 2
+        assert ((a - b).abs() <= 5 * torch.sqrt(pooled * (1 - pooled) * 2 / n) + 2e-3).all(), position
+        spread.append(float(pooled.max()))
+    assert min(spread) < 0.6

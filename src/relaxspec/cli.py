@@ -131,6 +131,16 @@ def apply_generate_config(args, defaults: dict) -> dict:
     return params
 
 
+def draft_length_arg(text: str):
+    """--draft-length: an integer, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
 def cmd_generate(args) -> int:
     from relaxspec.engine import generate
     from relaxspec.models import load_model
@@ -286,7 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt")
     src.add_argument("--prompts", help="JSONL file with a 'prompt' per line ('-': standard input)")
-    g.add_argument("--draft-length", type=int, default=5, help="tokens the drafter proposes per round (N)")
+    g.add_argument("--draft-length", type=draft_length_arg, default=5,
+                   help="tokens the drafter proposes per round (N), or 'auto': 5, +2 after a fully accepted round, "
+                        "-1 after any other, within [1, 10], per sequence")
     g.add_argument("--max-new-tokens", type=int, default=128, help="generated tokens per prompt, at most")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     g.add_argument("--top-k", type=int, help="keep the k most likely tokens (default: all)")

@@ -46,6 +46,8 @@ from relaxspec.models.hf import CausalLM, hidden_blocks
 from relaxspec.models.prompts import check_context, encode_prompts
 
 AR = "ar"
+AUTO = "auto"  # draft_length: transformers' heuristic schedule per sequence
+AUTO_START, AUTO_MAX = 5, 10  # its first draft length and its bound (it never goes below 1)
 
 
 @dataclass
@@ -100,8 +102,12 @@ class _Book:
     output lengths (numpy, vectorised over the rows) and a log of the rounds, from which the outputs, the
     counts of GenerationStats and the `--show` trace are assembled once at the end."""
 
-    def __init__(self, B: int, N: int, max_new_tokens: int, eos: int | None, device, trace: bool):
+    def __init__(self, B: int, N: int, max_new_tokens: int, eos: int | None, device, trace: bool,
+                 auto: bool = False):
         self.N, self.max_new_tokens, self.eos, self.device, self.trace = N, max_new_tokens, eos, device, trace
+        # draft_length="auto": each sequence's own draft length, +2 after a round that accepted all its drafts,
+        # -1 after any other, within [1, N] (transformers' "heuristic" num_assistant_tokens schedule).
+        self.schedule = np.full(B, AUTO_START, dtype=np.int64) if auto else None
         self.live = np.arange(B)  # the sequence of each live row
         self.length = np.zeros(B, dtype=np.int64)  # output tokens so far (an ending EOS is not one)
         self.positions = np.arange(N + 1)
@@ -118,14 +124,19 @@ class _Book:
 
     def draft_lengths(self) -> tuple[int, torch.Tensor | None]:
         """(the round's block width, each row's own number of drafts, or None when all draft that many): a row
-        drafts at most its room minus one, and N."""
+        drafts at most its room minus one, and N (or its own schedule's length)."""
         length = self.length[self.live]
-        if self.max_new_tokens - int(length.max()) - 1 >= self.N:  # every row has room for N drafts (AR: 0)
+        room = self.max_new_tokens - length - 1
+        if self.schedule is None and int(room.min()) >= self.N:  # every row drafts N (AR: 0)
             self.proposed = self.N
             return self.N, None
-        self.proposed = np.minimum(np.maximum(self.max_new_tokens - length - 1, 0), self.N)
-        width = max(1, int(self.proposed.max()))
-        return width, torch.from_numpy(self.proposed).to(self.device)
+        lengths = np.minimum(np.maximum(room, 0), self.N if self.schedule is None else self.schedule[self.live])
+        width = max(1, int(lengths.max()))
+        if (lengths == width).all():
+            self.proposed = width
+            return width, None
+        self.proposed = lengths
+        return width, torch.from_numpy(lengths).to(self.device)
 
     def record(self, tokens, accepted, drafts=None, relaxed_only=None) -> list[int] | None:
         """Log each live row's round (tokens [L, C]: the kept drafts, then the emitted token; accepted [L];
@@ -151,6 +162,8 @@ class _Book:
                 appended = np.where(stop, is_eos.argmax(axis=1), appended)
                 emitted = appended + stop
         length = self.length[rows] = length + appended
+        if self.schedule is not None:
+            self.schedule[rows] = np.clip(self.schedule[rows] + np.where(n == self.proposed, 2, -1), 1, self.N)
         self.log.append((rows, np.broadcast_to(self.proposed, rows.shape), emitted, appended, host))
         self.longest_kept = int(n.max()) + 1
         done = length >= self.max_new_tokens
@@ -226,7 +239,7 @@ def generate(
     drafter: Drafter | CausalLM | str | None,
     prompts: list[str] | str,
     method: str = "strict",
-    draft_length: int = 5,
+    draft_length: int | str = 5,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_k: int | None = None,
@@ -240,6 +253,10 @@ def generate(
     """Generate from `verifier` with `drafter` proposing `draft_length` tokens per round under
     acceptance rule `method` (any name in relaxspec.acceptance.RULES), or plain autoregressive
     decoding with method="ar". temperature 0 is greedy. Stops at EOS or `max_new_tokens`.
+    draft_length "auto": each sequence drafts 5 tokens, then 2 more after a round that accepted all of
+    them and 1 fewer after any other, within [1, 10] (transformers' heuristic schedule; its own history
+    only, so outputs stay batch invariant). Near `max_new_tokens` a sequence drafts at most its room
+    minus one.
     `drafter`: any Drafter (relaxspec.models.drafters: LM, MTP head, prompt lookup), a CausalLM (an
     LM drafter) or a drafter name for `load_drafter`.
 
@@ -261,8 +278,9 @@ def generate(
         rule = get_rule(method)  # unknown method -> ValueError listing the known ones
         if drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (only 'ar' runs without one)")
-        if isinstance(draft_length, bool) or not isinstance(draft_length, numbers.Integral) or draft_length < 1:
-            raise ValueError(f"draft_length must be an integer >= 1, got {draft_length!r}")
+        if draft_length != AUTO and (isinstance(draft_length, bool) or not isinstance(draft_length, numbers.Integral)
+                                     or draft_length < 1):
+            raise ValueError(f"draft_length must be an integer >= 1 or {AUTO!r}, got {draft_length!r}")
         drafter = as_drafter(drafter, verifier)
         drafter.check(verifier, rule)
         wants_pivot = "pivot_prob" in rule.inputs and "pivot_prob" not in rule_params
@@ -288,10 +306,10 @@ def generate(
     encoded = check_context(encoded, max_new_tokens, verifier, getattr(drafter, "lm", None))
     ids, mask = _left_pad(encoded, verifier.tokenizer, device)
     B = ids.shape[0]
-    N = draft_length if rule is not None else 0
+    N = 0 if rule is None else AUTO_MAX if draft_length == AUTO else draft_length
     extra = rule.extra_draft_passes if rule is not None else 0  # drafter rows beyond N (bonus position)
     eos = verifier.eos_token_id
-    book = _Book(B, N, max_new_tokens, eos, device, trace=rule is not None)
+    book = _Book(B, N, max_new_tokens, eos, device, trace=rule is not None, auto=rule is not None and draft_length == AUTO)
     stats = GenerationStats(draft_length=N, sequences=B)
 
     t_start = time.perf_counter()
