@@ -9,8 +9,13 @@ Each round, for every live row:
      drafter by its own rule, reading the verifier's hidden states if it drafts from them); `last`
      becomes the emitted token.
 
-Rows accept different numbers of drafts, so each row's positions come from its own attention-mask
-row while all rows share one cache length (see relaxspec.models.hf).
+Rows accept different numbers of drafts, so each row keeps its own positions while all rows share one
+cache length, and the slots a row has dead are dropped by a bounded compaction (relaxspec.models.drafters'
+`Stream`). Near `max_new_tokens` each row drafts at most its own room minus one (ragged draft lengths
+within a block, verify's `num_drafts`), so a row's rounds never depend on its batch.
+
+Per round the host gets one copy of the round's outcome (accepted counts and tokens, for the trace the
+drafts); the outputs, statistics and traces are assembled from that log at the end.
 
 Randomness (DESIGN.md, "Coupled randomness"): each sequence has its own seed, and every draw it
 consumes (drafter sample, acceptance uniform, residual / bonus / AR sample) is keyed by (that seed,
@@ -25,9 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import torch
-
 import numpy as np
+import torch
 
 from relaxspec.acceptance import (
     DRAFT,
