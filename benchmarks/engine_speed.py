@@ -4,7 +4,7 @@
     python benchmarks/engine_speed.py --batch 200 [--draft-lengths 3 5 10] [--temperatures 0.7]
 
 With --batch B: throughput instead of latency, `x batch` = tokens/s of strict over AR on B prompts in one
-call, with the caches' compaction of dead slots (relaxspec.models.drafters.Stream) on, and off for
+call, with the caches' compaction of dead slots (relaxspec.models.stream.Stream) on, and off for
 comparison (a row then attends over every slot the round's best row added); runs take turns, medians.
 
 Every figure is a ratio measured in this run on the same prompts (batch 1, one prompt at a time, as
@@ -66,7 +66,7 @@ def time_row(verifier, drafter, prompts, n, temperature, max_new_tokens, with_hf
 
 def batch_rows(verifier, drafter, prompts, draft_lengths, temperatures, max_new_tokens, repeats):
     """x batch (strict tokens/s over AR tokens/s on all prompts in one call), compaction on and off."""
-    from relaxspec.models.drafters import Stream
+    from relaxspec.models.stream import Stream
 
     print(f"batch {len(prompts)}; max_new_tokens {max_new_tokens}; medians of {repeats} interleaved runs")
     print(f"{'temp':>5} {'N':>3} {'tau':>6} {'x batch':>8} {'no compaction':>14} {'AR tok/s':>9}")

@@ -1,7 +1,7 @@
 """Batched speculative generation: draft N tokens, verify them in one verifier pass, roll back.
 
 Each round, for every live row:
-  1. the drafter (relaxspec.models.drafters: an LM, an MTP head, prompt lookup) proposes x_1..x_N
+  1. the drafter (relaxspec.drafters: an LM, an MTP head, prompt lookup) proposes x_1..x_N
      with its processed distribution q (one-hot for prompt lookup);
   2. the verifier scores [last, x_1..x_N] in one forward (logits for N drafts + bonus);
   3. `verify` (any acceptance rule) keeps n drafts and emits one more token;
@@ -10,14 +10,14 @@ Each round, for every live row:
      becomes the emitted token.
 
 Rows accept different numbers of drafts, so each row keeps its own positions while all rows share one
-cache length, and the slots a row has dead are dropped by a bounded compaction (relaxspec.models.drafters'
+cache length, and the slots a row has dead are dropped by a bounded compaction (relaxspec.models.stream's
 `Stream`). Near `max_new_tokens` each row drafts at most its own room minus one (ragged draft lengths
 within a block, verify's `num_drafts`), so a row's rounds never depend on its batch.
 
 Per round the host gets one copy of the round's outcome (accepted counts and tokens, for the trace the
 drafts); the outputs, statistics and traces are assembled from that log at the end.
 
-Randomness (DESIGN.md, "Coupled randomness"): each sequence has its own seed, and every draw it
+Randomness (docs/design.md, "Coupled randomness"): each sequence has its own seed, and every draw it
 consumes (drafter sample, acceptance uniform, residual / bonus / AR sample) is keyed by (that seed,
 the absolute output position, the purpose), so outputs do not depend on the batch, and two
 methods given the same seeds share every draw.
@@ -45,11 +45,12 @@ from relaxspec.acceptance import (
 )
 from relaxspec.acceptance.verify import VerifyStep
 from relaxspec.engine.stats import GenerationStats
-from relaxspec.models.drafters import Drafter, Stream, as_drafter, model_device
+from relaxspec.drafters import Drafter, as_drafter
 from relaxspec.models.hf import CausalLM, hidden_blocks
 from relaxspec.models.prompts import check_context, encode_prompts
+from relaxspec.models.stream import Stream, left_pad, model_device
+from relaxspec.names import AR
 
-AR = "ar"
 AUTO = "auto"  # draft_length: transformers' heuristic schedule per sequence
 AUTO_START, AUTO_MAX = 5, 10  # its first draft length and its bound (it never goes below 1)
 
@@ -88,17 +89,6 @@ def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int
         return logits.argmax(dim=-1), None
     probs = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     return draws.sample(probs, purpose, offset), probs
-
-
-def _left_pad(encoded: list[list[int]], tokenizer, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, encoded))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    device = torch.device("cpu") if device is None else device
-    rows = [[pad] * (width - len(row)) + row for row in encoded]
-    ids = torch.tensor(rows, dtype=torch.long, device=device)
-    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in encoded], dtype=torch.long,
-                        device=device)
-    return ids, mask
 
 
 class _Book:
@@ -261,7 +251,7 @@ def generate(
     them and 1 fewer after any other, within [1, 10] (transformers' heuristic schedule; its own history
     only, so outputs stay batch invariant). Near `max_new_tokens` a sequence drafts at most its room
     minus one.
-    `drafter`: any Drafter (relaxspec.models.drafters: LM, MTP head, prompt lookup), a CausalLM (an
+    `drafter`: any Drafter (relaxspec.drafters: LM, MTP head, prompt lookup), a CausalLM (an
     LM drafter) or a drafter name for `load_drafter`.
 
     seed: an int (sequence i gets `derive_seed(seed, i)`) or one int per prompt (a per-request seed,
@@ -308,7 +298,7 @@ def generate(
     inputs = {name: value for name, value in rule_params.items() if rule is not None and name in rule.inputs}
     encoded = encode_prompts(verifier.tokenizer, prompts, chat_template=chat_template, system=system)
     encoded = check_context(encoded, max_new_tokens, verifier, getattr(drafter, "lm", None))
-    ids, mask = _left_pad(encoded, verifier.tokenizer, device)
+    ids, mask = left_pad(encoded, verifier.tokenizer, device)
     B = ids.shape[0]
     N = 0 if rule is None else AUTO_MAX if draft_length == AUTO else draft_length
     extra = rule.extra_draft_passes if rule is not None else 0  # drafter rows beyond N (bonus position)
