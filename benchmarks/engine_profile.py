@@ -6,7 +6,8 @@ Runs the built-in pair (strict, one prompt at a time, one thread) under cProfile
 greedy, and prints per setting: ms per round (verify steps), ms per emitted token, the share of the time
 inside the models' forward calls, and (with --top K) the K most expensive functions by own time.
 cProfile inflates tiny Python calls, so the absolute figures are above an unprofiled run's; the share
-outside the forwards is what the lean loop cuts.
+outside the forwards is what the lean loop cuts. The profiler's clock is this thread's CPU time, so other
+processes' load inflates the figures less (cache and memory contention still do).
 """
 
 from __future__ import annotations
