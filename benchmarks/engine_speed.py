@@ -1,6 +1,11 @@
 """Engine speed: strict speculative decoding vs autoregressive, measured and modelled, plus HF's peer.
 
     python benchmarks/engine_speed.py [--prompts 50] [--max-new-tokens 128] [--repeats 3] [--device cuda --dtype bfloat16]
+    python benchmarks/engine_speed.py --batch 200 [--draft-lengths 3 5 10] [--temperatures 0.7]
+
+With --batch B: throughput instead of latency, `x batch` = tokens/s of strict over AR on B prompts in one
+call, with the caches' compaction of dead slots (relaxspec.models.stream.Stream) on, and off for
+comparison (a row then attends over every slot the round's best row added); runs take turns, medians.
 
 Every figure is a ratio measured in this run on the same prompts (batch 1, one prompt at a time, as
 speculative decoding is used for latency). Modelled speed-up = tau / (1 + N * c_rel), with c_rel the
@@ -59,6 +64,39 @@ def time_row(verifier, drafter, prompts, n, temperature, max_new_tokens, with_hf
     return seconds, (rounds + accepted) / rounds
 
 
+def batch_rows(verifier, drafter, prompts, draft_lengths, temperatures, max_new_tokens, repeats):
+    """x batch (strict tokens/s over AR tokens/s on all prompts in one call), compaction on and off."""
+    from relaxspec.models.stream import Stream
+
+    print(f"batch {len(prompts)}; max_new_tokens {max_new_tokens}; medians of {repeats} interleaved runs")
+    print(f"{'temp':>5} {'N':>3} {'tau':>6} {'x batch':>8} {'no compaction':>14} {'AR tok/s':>9}")
+    default_slack = Stream.slack
+
+    def tokens_per_s(method, n, temperature, slack):
+        Stream.slack = slack
+        try:
+            start = time.perf_counter()
+            out = generate(verifier, drafter if method != "ar" else None, prompts, method=method, draft_length=n,
+                           max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_p=0.95 if temperature else None, seed=0)
+            return out.stats.generated_tokens / (time.perf_counter() - start), out.stats.mean_acceptance_length
+        finally:
+            Stream.slack = default_slack
+
+    for temperature in temperatures:
+        for n in draft_lengths:
+            runs = {"ar": [], "on": [], "off": []}
+            tau = 0.0
+            for _ in range(repeats):
+                runs["ar"].append(tokens_per_s("ar", 0, temperature, default_slack)[0])
+                speed, tau = tokens_per_s("strict", n, temperature, default_slack)
+                runs["on"].append(speed)
+                runs["off"].append(tokens_per_s("strict", n, temperature, 10 ** 9)[0])
+            ar = statistics.median(runs["ar"])
+            print(f"{temperature:5.1f} {n:3d} {tau:6.2f} {statistics.median(runs['on']) / ar:7.2f}x "
+                  f"{statistics.median(runs['off']) / ar:13.2f}x {ar:9.0f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--verifier", default="verifier")
@@ -69,11 +107,17 @@ def main():
     ap.add_argument("--draft-lengths", type=int, nargs="*", default=[3, 5, 8])
     ap.add_argument("--repeats", type=int, default=3, help="median over this many repeats of each row")
     ap.add_argument("--threads", type=int, default=1, help="tiny models run best on one thread")
+    ap.add_argument("--batch", type=int, default=0, help="measure x batch on this many prompts in one call instead")
+    ap.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 0.7])
     add_device_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     verifier, drafter = load_model(args.verifier, **device_kwargs(args)), load_model(args.drafter, **device_kwargs(args))
+    if args.batch:
+        prompts = synthetic_task(args.task, "test", args.batch).prompts
+        batch_rows(verifier, drafter, prompts, args.draft_lengths, args.temperatures, args.max_new_tokens, args.repeats)
+        return
     prompts = synthetic_task(args.task, "test", args.prompts).prompts
     # Step latencies measured in turns, several times over, medians: the machine's speed drifts.
     calls = {"verifier": (verifier, 1), "drafter": (drafter, 1)}
@@ -92,7 +136,7 @@ def main():
           + ", ".join(f"N={n}: {c:.2f}" for n, c in c_block.items()))
     print(f"{'temp':>5} {'N':>3} {'tau':>6} {'measured':>9} {'modelled':>9} {'overhead':>9} {'block-aware':>12} "
           f"{'HF peer':>8} {'ours/HF':>8}")
-    for temperature in (0.0, 0.7):
+    for temperature in args.temperatures:
         for n in args.draft_lengths:
             ratios, hf_ratios, taus = [], [], []
             for _ in range(args.repeats):

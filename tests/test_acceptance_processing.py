@@ -91,3 +91,27 @@ def test_sample_rows_law_and_zero_weights():
 def test_process_logits_rejects_bad_sampling_args(bad):
     with pytest.raises(ValueError):
         process_logits(torch.zeros(1, 3), **bad)
+
+
+def _top_p_reference(z, top_p):
+    """The definition: a stable descending sort, a token dropped once the more likely ones hold top_p."""
+    sorted_z, order = z.sort(dim=-1, descending=True, stable=True)
+    probs = sorted_z.softmax(dim=-1)
+    drop = probs.cumsum(dim=-1) - probs >= top_p
+    drop[..., 0] = False
+    return ~torch.zeros_like(drop).scatter_(-1, order, drop)
+
+
+@pytest.mark.parametrize("V", [700, 6000])  # a sort below 4096 tokens, topk with a growing k above
+def test_top_p_keeps_the_defined_set_ties_lowest_index_first(V):
+    torch.manual_seed(0)
+    z = torch.randn(7, V) * torch.tensor([[0.5], [2.0], [5.0], [20.0], [1.0], [3.0], [1.0]])
+    z[4] = torch.round(z[4] * 2)  # many exact ties, at every cut
+    z[5, 10:200] = 9.0  # a tie among the most likely tokens: which of them are kept is defined by index
+    z[6, V // 2:] = float("-inf")  # masked tokens
+    z = z.double()  # float64: the two ways of summing the masses agree to far below any token's probability
+    for top_p in (1e-6, 0.3, 0.77, 0.95, 0.999):
+        kept = process_logits(z, top_p=top_p) > 0
+        assert torch.equal(kept, _top_p_reference(z, top_p)), top_p
+    tied = process_logits(z[5:6], top_p=0.3)[0, 10:200] > 0
+    assert tied.any() and not tied.all() and torch.equal(tied, tied.sort(descending=True, stable=True).values)

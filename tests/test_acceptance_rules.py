@@ -338,3 +338,39 @@ def test_pad_greedy_classifier_branch_uses_the_untempered_probability():
     strict = verify("pad", target, draft, torch.tensor([[1]]), temperature=0.0, threshold=0.0,
                     pivot_prob=torch.zeros(1, 1))
     assert int(strict.num_accepted) == 0
+
+
+@pytest.mark.parametrize("method", list(RULES))
+@pytest.mark.parametrize("greedy", [False, True])
+def test_num_drafts_verifies_each_row_as_its_own_shorter_block(method, greedy):
+    """verify(num_drafts=k): row b's result is that of the block cut to its first k[b] drafts (its token
+    after them from the rule's bonus at position k[b]), with the same per-sequence draws; k = 0 samples
+    the verifier's position 0 like an AR step. So a row's result does not depend on the block's width."""
+    from relaxspec.acceptance import SequenceSeeds
+
+    B, N, V = 6, 4, 12
+    target, draft = random_block(seed=5, B=B, N=N, V=V, bonus_draft=True)
+    sampling = dict(temperature=0.0 if greedy else 0.9, top_p=None if greedy else 0.95)
+    tokens = sample_drafts(draft, N, sampling, seed=2)
+    k = torch.tensor([4, 2, 0, 1, 3, 0])
+    seeds = SequenceSeeds(range(B), torch.device("cpu"))
+    start = torch.arange(B) * 7
+    params = _inputs(method, (B, N), seed=3)
+    extra = RULES[method].extra_draft_passes
+    ragged = verify(method, target, draft if extra else draft[:, :N], tokens, **sampling, num_drafts=k,
+                    random=seeds.at(start, N), **params)
+    for b in range(B):
+        one = SequenceSeeds([b], torch.device("cpu")).at(start[b:b + 1], N)
+        if k[b] == 0:
+            if greedy:
+                assert ragged.tokens[b, 0] == target[b, 0].argmax()
+            else:
+                assert ragged.tokens[b, 0] == one.sample(process_logits(target[b:b + 1, 0], **sampling), 3)
+            assert ragged.num_accepted[b] == 0
+            continue
+        n = int(k[b])
+        alone = verify(method, target[b:b + 1, :n + 1], draft[b:b + 1, :n + extra], tokens[b:b + 1, :n], **sampling,
+                       random=one, **{name: value[b:b + 1, :n] for name, value in params.items()})
+        assert ragged.num_accepted[b] == alone.num_accepted[0], b
+        assert torch.equal(ragged.tokens[b, :n + 1], alone.tokens[0]), b
+        assert not ragged.accepted[b, n:].any()

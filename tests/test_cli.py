@@ -19,7 +19,8 @@ def test_generate_json_is_one_object_with_the_documented_fields():
                     "--temperature", "0.7", "--max-new-tokens", "24", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    keys = {"draft_length", "sequences", "sequence_rounds", "drafts_proposed", "drafts_accepted", "accepted_per_position",
+    keys = {"draft_length", "sequences", "sequence_rounds", "drafts_proposed", "drafts_accepted", "drafts_cut",
+            "emitted_tokens", "accepted_per_position",
             "proposed_per_position",
             "acceptance_rate", "acceptance_rate_per_position", "mean_acceptance_length", "generated_tokens",
             "verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s"}

@@ -177,7 +177,7 @@ def test_relaxed_rule_accepts_more_than_strict(builtin_pair):
     assert strict.stats.acceptance_rate < 1.0
 
 
-def _tiny_hf_model(tmp_path, kind: str, vocab: int = 64, seed: int = 0) -> CausalLM:
+def _tiny_hf_model(tmp_path, kind: str, vocab: int = 64, seed: int = 0, n_positions: int = 256) -> CausalLM:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -187,14 +187,14 @@ def _tiny_hf_model(tmp_path, kind: str, vocab: int = 64, seed: int = 0) -> Causa
                                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                                              initializer_range=0.5, eos_token_id=1, pad_token_id=0))
     else:
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=2, n_positions=256,
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=2, n_positions=n_positions,
                                            initializer_range=0.5, eos_token_id=1, pad_token_id=0))
     chars = [chr(ord("a") + i % 26) + str(i // 26) for i in range(vocab - 2)]
     tok = Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}},
                                      unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
-    path = tmp_path / f"{kind}-{vocab}-{seed}"
+    path = tmp_path / f"{kind}-{vocab}-{seed}-{n_positions}"
     model.save_pretrained(path)
     fast.save_pretrained(path)
     return load_model(path)
@@ -232,3 +232,134 @@ def test_errors(tmp_path, builtin_pair):
         generate(verifier, drafter, ["x"], method="strict", temperature=-1)
     with pytest.raises(ValueError, match="delta"):
         generate(verifier, drafter, ["x"], method="cactus", delta=-0.5)
+
+
+def test_accounting_is_exact(builtin_pair):
+    """tau = tokens emitted / sequence rounds, counted from the outputs themselves: a round emits its kept
+    drafts and one more token, less what EOS or the length limit cut off. The case of issue 25 (8 arithmetic
+    prompts, strict N=5, T=0.7, max_new_tokens=13) reported tau 3.58 for 3.15 emitted per round."""
+    verifier, drafter = builtin_pair
+    out = generate(verifier, drafter, _prompts(8), method="strict", draft_length=5, temperature=0.7,
+                   max_new_tokens=13, seed=0)
+    emitted = rounds = 0
+    for r in out.results:
+        ended_by_eos = len(r.token_ids) < 13  # it stopped early: only EOS does that
+        tokens = len(r.token_ids) + ended_by_eos
+        assert sum(rd.tokens for rd in r.trace) == tokens == r.stats.emitted_tokens
+        assert r.stats.generated_tokens == len(r.token_ids)
+        assert r.stats.sequence_rounds == len(r.trace)
+        assert r.stats.mean_acceptance_length == pytest.approx(tokens / len(r.trace))
+        # Accepted drafts are those that reached the output; every round emits them plus at most one token.
+        assert r.stats.drafts_accepted == sum(min(rd.num_accepted, rd.tokens) for rd in r.trace)
+        assert all(rd.tokens in (min(rd.num_accepted, rd.tokens), rd.num_accepted + 1) for rd in r.trace)
+        emitted, rounds = emitted + tokens, rounds + len(r.trace)
+    assert out.stats.mean_acceptance_length == pytest.approx(emitted / rounds)
+    assert out.stats.emitted_tokens == emitted
+    ar = generate(verifier, None, _prompts(3), method="ar", temperature=0.7, max_new_tokens=40, seed=0)
+    assert ar.stats.mean_acceptance_length == 1.0  # an ending EOS is one round's one emitted token
+
+
+def test_drafts_never_pass_the_context_limit(tmp_path):
+    """Prompts of different lengths, each with exactly its context's room for max_new_tokens (GPT-2's
+    learned position embeddings end there): rows with less room draft less, no position fed to either
+    model passes the context, and every output is as alone."""
+    verifier = _tiny_hf_model(tmp_path, "gpt2", seed=0, n_positions=24)
+    drafter = _tiny_hf_model(tmp_path, "gpt2", seed=1, n_positions=24)
+    prompts = ["a0 b0 c0", "d0 e0 f0 g0 h0 i0 j0 k0 l0", "m0 n0", "o0 p0 q0 r0 s0"]
+    lengths = [len(verifier.tokenizer(p)["input_ids"]) for p in prompts]
+    highest = []
+    for lm in (verifier, drafter):
+        forward = lm.forward
+
+        def recording(ids, cache, mask, positions, forward=forward, **kw):
+            highest.append(int(positions.max()))
+            return forward(ids, cache, mask, positions, **kw)
+
+        lm.forward = recording
+    kw = dict(method="strict", draft_length=5, max_new_tokens=24 - max(lengths), temperature=1.0)
+    for seed in range(6):
+        seeds = [seed * 10 + i for i in range(len(prompts))]
+        batch = generate(verifier, drafter, prompts, seed=seeds, **kw)  # prompt 1 fills its context exactly
+        for i, prompt in enumerate(prompts):
+            assert batch.results[i].token_ids == generate(verifier, drafter, [prompt], seed=[seeds[i]],
+                                                          **kw).results[0].token_ids
+        assert max(highest) < 24
+
+
+@pytest.mark.parametrize("backend", ["fast", "transformers"])
+def test_per_row_cache_under_ragged_acceptance_matches_a_recompute(backend):
+    """Rows keep very different numbers of slots round after round, and the row that keeps the most changes
+    (as in a large batch), so dead slots pile up in every row and compaction runs; after every rollback each row's next logits equal a fresh
+    forward over that row's real tokens alone, and the cache stays within the bound of the longest row."""
+    lm = load_model("verifier", backend=backend)
+    prompts = _prompts(2) + _prompts(1, "sorting")
+    from relaxspec.models.stream import left_pad
+    from relaxspec.models.prompts import encode_prompts
+
+    encoded = encode_prompts(lm.tokenizer, prompts)
+    ids, mask = left_pad(encoded, lm.tokenizer)
+    stream = Stream(lm)
+    stream.slack = 4
+    stream.prefill(ids, mask)
+    texts = [list(row) for row in encoded]
+    generator = torch.Generator().manual_seed(0)
+    width = 5
+    for step in range(12):
+        block = torch.randint(3, lm.vocab_size, (3, width), generator=generator)
+        logits, _ = stream.feed(block)
+        keep = torch.tensor([1, 0, int(torch.randint(0, width, (1,), generator=generator))])
+        keep[step % 3] = width
+        stream.invalidate_tail(keep, width)
+        for b in range(3):
+            texts[b].extend(block[b, :keep[b]].tolist())
+        probe = torch.randint(3, lm.vocab_size, (3, 1), generator=generator)
+        got, _ = stream.feed(probe)
+        stream.invalidate_tail(torch.zeros(3, dtype=torch.long), 1)  # the probe is not kept
+        for b in range(3):
+            row = torch.tensor([texts[b] + probe[b].tolist()])
+            fresh, _ = lm.forward(row, lm.new_cache(), torch.ones_like(row), torch.arange(row.shape[1])[None])
+            assert torch.allclose(got[b, -1], fresh[0, -1], atol=1e-4), (step, b)
+        assert stream.length <= max(map(len, texts)) + stream.slack + width + 1
+    assert stream.compactions >= 3
+
+
+def test_auto_draft_length_follows_the_heuristic_schedule_and_stays_lossless(builtin_pair):
+    """draft_length="auto": each sequence starts at 5 drafts, +2 after a fully accepted round, -1 after any
+    other, within [1, 10]; greedy strict still equals AR, sampled outputs are batch invariant, and the
+    sampled tokens follow AR sampling (Monte Carlo, 5 sigma)."""
+    from relaxspec.engine.generate import AUTO_MAX, AUTO_START
+
+    verifier, drafter = builtin_pair
+    prompts = _prompts(3) + _prompts(2, "sorting")
+    ar = generate(verifier, None, prompts, method="ar", max_new_tokens=60)
+    auto = generate(verifier, drafter, prompts, method="strict", draft_length="auto", max_new_tokens=60)
+    assert [r.token_ids for r in auto.results] == [r.token_ids for r in ar.results]
+    lengths = set()
+    for r in auto.results:
+        expected, produced = AUTO_START, 0
+        for rd in r.trace:
+            room = 60 - produced - 1
+            assert len(rd.drafts) == min(expected, room)
+            lengths.add(len(rd.drafts))
+            full = rd.num_accepted == len(rd.drafts)
+            expected = min(AUTO_MAX, max(1, expected + (2 if full else -1)))
+            produced += rd.tokens
+    assert len(lengths) >= 4  # the schedule moved both ways
+    sampled = dict(method="strict", draft_length="auto", temperature=0.7, top_p=0.9, max_new_tokens=30)
+    batch = generate(verifier, drafter, prompts, seed=[11, 12, 13, 14, 15], **sampled)
+    alone = generate(verifier, drafter, prompts[3:4], seed=[14], **sampled)
+    assert alone.results[0].token_ids == batch.results[3].token_ids
+    with pytest.raises(ValueError, match="draft_length"):
+        generate(verifier, drafter, ["x"], method="strict", draft_length="often")
+    n, prompt = 400, _prompts(1)[0]
+    sd = generate(verifier, drafter, [prompt] * n, method="strict", draft_length="auto", seed=4, temperature=0.7,
+                  max_new_tokens=16)
+    ref = generate(verifier, None, [prompt] * n, method="ar", seed=5, temperature=0.7, max_new_tokens=16)
+    spread = []
+    for position in (5, 10, 15):
+        a = _freq([r.token_ids[position] for r in sd.results], verifier.vocab_size)
+        b = _freq([r.token_ids[position] for r in ref.results], verifier.vocab_size)
+        pooled = (a + b) / 2
+        assert ((a - b).abs() <= 5 * torch.sqrt(pooled * (1 - pooled) * 2 / n) + 2e-3).all(), position
+        spread.append(float(pooled.max()))
+    assert min(spread) < 0.6

@@ -142,3 +142,75 @@ def test_every_engine_tensor_follows_the_models_device():
         with torch.device("meta"):
             got = generate(verifier, d, prompts, seed=2, **kw)
         assert [r.token_ids for r in got.results] == [r.token_ids for r in expected.results], kw
+
+
+def test_round_draws_equal_the_scalar_definition_of_the_streams():
+    """A round's draws, computed for every row, position and purpose in one vectorised hash, are bit for
+    bit the reference `stream_bits` (plain Python ints), and so are the draws computed on demand."""
+    from relaxspec.acceptance.random import stream_bits
+
+    seeds = [0, 1, derive_seed(3), (1 << 63) - 1, 0xFFFFFFFF, 1 << 32]
+    starts = [0, 5, 17, 1 << 31, (1 << 32) - 3, 123456]
+    width = 4
+    table = SequenceSeeds(seeds, torch.device("cpu")).at(torch.tensor(starts), width)
+    lazy = SequenceSeeds(seeds, torch.device("cpu")).at(torch.tensor(starts))
+
+    def u24(s, purpose, pos):
+        return (stream_bits(s, purpose, 0, pos) >> 8) / (1 << 24)
+
+    def u53(s, purpose, pos):
+        return ((stream_bits(s, purpose, 1, pos) >> 5) * (1 << 26) + (stream_bits(s, purpose, 2, pos) >> 6)) / (1 << 53)
+
+    for draws in (table, lazy):
+        accept = draws.uniform(ACCEPT, width)
+        assert accept.tolist() == [[u24(s, ACCEPT, t + i) for i in range(width)] for s, t in zip(seeds, starts)]
+        for purpose, offsets in ((DRAFT, range(width)), (TOKEN, range(width + 1))):
+            for i in offsets:
+                assert draws.uniform53(purpose, i).tolist() == [u53(s, purpose, t + i) for s, t in zip(seeds, starts)]
+        per_row = torch.tensor([0, 4, 2, 1, 3, 4])  # verify's residual / bonus draw at start + n per row
+        assert draws.uniform53(TOKEN, per_row).tolist() == [u53(s, TOKEN, t + int(n))
+                                                            for s, t, n in zip(seeds, starts, per_row)]
+
+
+def test_streams_keep_64_bits_between_sequences():
+    """Two seeds whose (seed, purpose) reduced to the same 32-bit state under the former streams (which
+    hashed seed and purpose to 32 bits before mixing in the position, so they shared every draw) have
+    different streams now; so do seeds that agree in their low or high 32 bits."""
+    from relaxspec.acceptance.random import stream_bits
+
+    def old_hash(x):
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    c = (ACCEPT * 0x9E3779B9) & 0xFFFFFFFF  # the former key word of ACCEPT
+    low1, high1 = 12345, 678
+    for low2 in range(1, 100):  # the first partner whose high half fits a 63-bit seed
+        high2 = old_hash(low1 ^ c) ^ high1 ^ old_hash(low2 ^ c)
+        if high2 < 1 << 31:
+            break
+    seed1, seed2 = (high1 << 32) | low1, (high2 << 32) | low2
+    assert old_hash(old_hash(low1 ^ c) ^ high1) == old_hash(old_hash(low2 ^ c) ^ high2)  # collided before
+    for a, b in [(seed1, seed2), (5, 5 | (1 << 40)), (7 << 32, (7 << 32) | 9)]:
+        same = sum(stream_bits(a, ACCEPT, 0, t) == stream_bits(b, ACCEPT, 0, t) for t in range(64))
+        assert same <= 1, (a, b)
+
+
+@pytest.mark.parametrize("method, n", [("strict", 5), ("typical", 4)])
+def test_batch_invariant_at_the_length_limit(builtin_pair, method, n):
+    """Rows with different room left draft at most their own room minus one, so a prompt's output with its
+    seed is the same alone and in a batch of 8 even when it stops at max_new_tokens."""
+    verifier, drafter = builtin_pair
+    prompts = _mixed_batch()
+    seeds = [derive_seed(1, i) for i in range(len(prompts))]  # with these, strict's rows 0 and 5 differed before
+    kw = dict(method=method, draft_length=n, temperature=0.7, max_new_tokens=11)
+    batch = generate(verifier, drafter, prompts, seed=seeds, **kw)
+    assert sum(len(r.token_ids) == 11 for r in batch.results) >= 4  # most hit the limit
+    # Rounds near the limit were ragged: some rows proposed fewer drafts than others in the same block.
+    assert any(len(rd.drafts) < n for r in batch.results for rd in r.trace)
+    for i, prompt in enumerate(prompts):
+        alone = generate(verifier, drafter, [prompt], seed=[seeds[i]], **kw)
+        assert alone.results[0].token_ids == batch.results[i].token_ids, i
+        assert [len(rd.drafts) for rd in alone.results[0].trace] == [len(rd.drafts) for rd in batch.results[i].trace]

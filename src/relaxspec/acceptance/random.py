@@ -11,10 +11,16 @@ Two sources with one interface, `Draws`:
 * `GeneratorDraws`: a plain `torch.Generator` (or the global one), for `verify` used on its
   own, where there is no notion of an output position.
 
-The hash is Wellons' "lowbias32" (two xor-shift-multiply rounds on 32-bit words), chained
-over the key words. It is written with int64 tensor ops that never overflow, so it gives
-the same bits on every device. Uniforms for acceptance tests take 24 bits (float32); the
-uniform that picks a token by inverse CDF takes 53 bits from two hashes (float64 where the
+The definition (`stream_bits`, plain Python, is the reference the tensor code is tested against):
+a stream (seed, purpose, word) has a 64-bit key, splitmix64 of the seed mixed with the purpose and
+word, computed once per sequence on the host; the 32 bits at output position t are
+lowbias32(lowbias32(key_low ^ t) ^ key_high), Wellons' "lowbias32" being two
+xor-shift-multiply rounds on a 32-bit word. Both key halves enter every draw, so two sequences
+share a stream only if their 64-bit keys are equal (not, as a 32-bit state would allow, one in
+2^32 pairs). The tensor code uses int64 ops that never overflow, so it gives the same bits on
+every device, and a round's draws (every row, position and purpose) come from one vectorised hash
+(`SequenceSeeds.at(start, width)`). Uniforms for acceptance tests take 24 bits (float32, word 0);
+the uniform that picks a token by inverse CDF takes 53 bits from words 1 and 2 (float64 where the
 device has it).
 """
 
@@ -28,11 +34,14 @@ from relaxspec.acceptance.processing import sample_rows, sample_with_uniform
 
 _MASK32 = 0xFFFFFFFF
 _MASK63 = (1 << 63) - 1
+_MASK64 = (1 << 64) - 1
 
 # What a draw is for. A sequence consumes at most one draw of each purpose per output position.
 DRAFT = 1  # the drafter's sample of the token at this position
 ACCEPT = 2  # the acceptance uniform of the draft at this position
 TOKEN = 3  # the verifier-side sample at this position: residual, bonus, or an AR step
+PURPOSES = (DRAFT, ACCEPT, TOKEN)
+WORDS = 3  # word 0: a 24-bit uniform; words 1 and 2: the two halves of a 53-bit uniform
 
 
 def check_seed(seed, what: str = "seed") -> int:
@@ -49,16 +58,35 @@ def derive_seed(*keys: int) -> int:
     state = 0x9E3779B97F4A7C15
     for key in keys:
         check_seed(int(key))
-        state = _splitmix64((state ^ (int(key) & ((1 << 64) - 1))) & ((1 << 64) - 1))
+        state = _splitmix64((state ^ (int(key) & _MASK64)) & _MASK64)
     return state & _MASK63
 
 
 def _splitmix64(x: int) -> int:
-    m = (1 << 64) - 1
+    m = _MASK64
     x = (x + 0x9E3779B97F4A7C15) & m
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
     return x ^ (x >> 31)
+
+
+def stream_key(seed: int, purpose: int, word: int) -> int:
+    """The 64-bit key of stream (seed, purpose, word)."""
+    return _splitmix64(seed ^ ((purpose * WORDS + word) * 0xD1B54A32D192ED03 & _MASK64))
+
+
+def _lowbias32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def stream_bits(seed: int, purpose: int, word: int, position: int) -> int:
+    """The 32 random bits of stream (seed, purpose, word) at output `position`: the reference definition."""
+    key = stream_key(seed, purpose, word)
+    return _lowbias32(_lowbias32((key & _MASK32) ^ (position & _MASK32)) ^ (key >> 32))
 
 
 def _mul32(x: torch.Tensor, m: int) -> torch.Tensor:
@@ -69,11 +97,26 @@ def _mul32(x: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on int64 tensors holding 32-bit words."""
     x = x ^ (x >> 16)
     x = _mul32(x, 0x7FEB352D)
     x = x ^ (x >> 15)
     x = _mul32(x, 0x846CA68B)
     return x ^ (x >> 16)
+
+
+def _bits(key_low: torch.Tensor, key_high: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """`stream_bits` on tensors: keys and positions of the same (broadcast) shape."""
+    return _hash32(_hash32(key_low ^ (positions & _MASK32)) ^ key_high)
+
+
+def _uniform24(bits: torch.Tensor, dtype) -> torch.Tensor:
+    return (bits >> 8).to(dtype) * (1.0 / (1 << 24))  # 24 bits: exact in float32
+
+
+def _uniform53(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    dtype = torch.float32 if high.device.type == "mps" else torch.float64  # mps has no float64
+    return ((high >> 5).to(dtype) * float(1 << 26) + (low >> 6).to(dtype)) * (1.0 / (1 << 53))  # 27 + 26 bits
 
 
 class Draws:
@@ -105,49 +148,84 @@ class GeneratorDraws(Draws):
         return sample_rows(weights, self.generator)
 
 
+def _round_lanes(width: int) -> list[tuple[int, int, int]]:
+    """(purpose, word, positions) a round of `width` drafts reads: the drafter's 53-bit samples and the
+    acceptance uniforms at offsets 0..width-1, the verifier's 53-bit sample at 0..width."""
+    return [(DRAFT, 1, width), (DRAFT, 2, width), (ACCEPT, 0, width), (TOKEN, 1, width + 1), (TOKEN, 2, width + 1)]
+
+
+_LAYOUTS: dict = {}  # (width, device) -> (key column, position offset) of every lane of a round
+
+
 class CounterDraws(Draws):
-    """Counter-based draws for B sequences whose next output position is `start[b]`."""
+    """Counter-based draws for B sequences whose next output position is `start[b]`.
 
-    def __init__(self, seeds_low: torch.Tensor, seeds_high: torch.Tensor, start: torch.Tensor):
-        self.low, self.high, self.start = seeds_low, seeds_high, start
+    With `width`, the draws a round of `width` drafts consumes (DRAFT and ACCEPT at offsets
+    0..width-1, TOKEN at 0..width) are computed up front in one vectorised hash, and read from
+    that table; draws outside it are computed on demand (same values)."""
 
-    def _bits(self, purpose: int, positions: torch.Tensor, word: int) -> torch.Tensor:
-        """32 random bits per (row, position): [B, K] int64 for positions [B, K]."""
-        h = _hash32(self.low.unsqueeze(-1) ^ ((purpose * 0x9E3779B9 + word * 0x85EBCA6B) & _MASK32))
-        h = _hash32(h ^ self.high.unsqueeze(-1))
-        return _hash32(h ^ (positions & _MASK32))
+    def __init__(self, keys_low: torch.Tensor, keys_high: torch.Tensor, start: torch.Tensor,
+                 width: int | None = None):
+        self.low, self.high, self.start = keys_low, keys_high, start  # keys [B, purposes * WORDS]
+        self._table = None if width is None else self._round_table(width)
+
+    def _raw(self, purpose: int, word: int, positions: torch.Tensor) -> torch.Tensor:
+        """32 bits per (row, position): [B, K] int64 for positions [B, K]."""
+        c = (purpose - 1) * WORDS + word
+        return _bits(self.low[:, c:c + 1], self.high[:, c:c + 1], positions)
+
+    def _round_table(self, width: int) -> dict:
+        """{(purpose, word): [B, columns] bits} for one round, from one hash over every lane."""
+        lanes = _round_lanes(width)
+        key = (width, self.start.device)
+        if key not in _LAYOUTS:
+            columns = [(p - 1) * WORDS + w for p, w, k in lanes for _ in range(k)]
+            offsets = [i for _, _, k in lanes for i in range(k)]
+            _LAYOUTS[key] = (torch.tensor(columns, device=self.start.device),
+                             torch.tensor(offsets, device=self.start.device))
+        columns, offsets = _LAYOUTS[key]
+        bits = _bits(self.low[:, columns], self.high[:, columns], self.start.unsqueeze(-1) + offsets)
+        return dict(zip([(p, w) for p, w, _ in lanes], bits.split([k for _, _, k in lanes], dim=1)))
+
+    def _words(self, purpose: int, word: int, offset: torch.Tensor | int, width: int = 1) -> torch.Tensor:
+        """Bits [B, width] of (purpose, word) at positions start + offset + 0..width-1 (offset [B] or int)."""
+        table = None if self._table is None else self._table.get((purpose, word))
+        if table is not None and isinstance(offset, int) and offset + width <= table.shape[1]:
+            return table[:, offset:offset + width]
+        if table is not None and width == 1 and isinstance(offset, torch.Tensor):
+            return table.gather(1, offset.unsqueeze(-1))
+        positions = (self.start + offset).unsqueeze(-1) + torch.arange(width, device=self.start.device)
+        return self._raw(purpose, word, positions)
 
     def uniform(self, purpose: int, width: int, dtype=torch.float32) -> torch.Tensor:
-        positions = self.start.unsqueeze(-1) + torch.arange(width, device=self.start.device)
-        bits = self._bits(purpose, positions, 0) >> 8  # 24 bits: exact in float32
-        return bits.to(dtype) * (1.0 / (1 << 24))
+        return _uniform24(self._words(purpose, 0, 0, width), dtype)
 
     def uniform53(self, purpose: int, offset: torch.Tensor | int = 0) -> torch.Tensor:
         """[B] float64 uniforms (53 bits) at positions start + offset (float32 on mps)."""
-        positions = (self.start + offset).unsqueeze(-1)
-        high = (self._bits(purpose, positions, 1) >> 5).squeeze(-1)  # 27 bits
-        low = (self._bits(purpose, positions, 2) >> 6).squeeze(-1)  # 26 bits
-        dtype = torch.float32 if self.start.device.type == "mps" else torch.float64
-        return (high.to(dtype) * float(1 << 26) + low.to(dtype)) * (1.0 / (1 << 53))
+        return _uniform53(self._words(purpose, 1, offset), self._words(purpose, 2, offset)).squeeze(-1)
 
     def sample(self, weights, purpose, offset=0):
         return sample_with_uniform(weights, self.uniform53(purpose, offset))
 
 
 class SequenceSeeds:
-    """The seeds of the live rows of a batch, as two 32-bit halves on the batch's device."""
+    """The stream keys of the live rows of a batch (two 32-bit halves per purpose and word) on its device."""
 
     def __init__(self, seeds: Sequence[int], device):
         seeds = [int(s) for s in seeds]
         for s in seeds:
             if not 0 <= s <= _MASK63:
                 raise ValueError(f"a sequence seed must be an integer in [0, 2^63), got {s}")
-        self.low = torch.tensor([s & _MASK32 for s in seeds], dtype=torch.long, device=device)
-        self.high = torch.tensor([s >> 32 for s in seeds], dtype=torch.long, device=device)
+        keys = [[stream_key(s, p, w) for p in PURPOSES for w in range(WORDS)] for s in seeds]
+        self.low = torch.tensor([[k & _MASK32 for k in row] for row in keys], dtype=torch.long,
+                                device=device).reshape(len(seeds), len(PURPOSES) * WORDS)
+        self.high = torch.tensor([[k >> 32 for k in row] for row in keys], dtype=torch.long,
+                                 device=device).reshape(len(seeds), len(PURPOSES) * WORDS)
 
-    def at(self, start: torch.Tensor) -> CounterDraws:
-        """Draws for rows whose next output position is start [B]."""
-        return CounterDraws(self.low, self.high, start)
+    def at(self, start: torch.Tensor, width: int | None = None) -> CounterDraws:
+        """Draws for rows whose next output position is start [B]; with `width`, a round of that many
+        drafts' draws computed at once."""
+        return CounterDraws(self.low, self.high, start, width)
 
     def select(self, rows: torch.Tensor) -> None:
         self.low, self.high = self.low[rows], self.high[rows]

@@ -61,9 +61,15 @@ def build_context(
     once (`draft_probs`, if given, are the drafter's already processed distributions [B, N, V],
     e.g. those its drafts were sampled from)."""
     check_sampling_args(temperature, top_k, top_p)
-    N = check_block(target_logits, draft_logits, draft_tokens, draft_probs)
+    check_block(target_logits, draft_logits, draft_tokens, draft_probs)
+    return _context(target_logits, draft_logits, draft_tokens, draft_probs, temperature=temperature, top_k=top_k,
+                    top_p=top_p)
+
+
+def _context(target_logits, draft_logits, draft_tokens, draft_probs, **sampling) -> VerifyContext:
+    """build_context without the checks."""
+    N = draft_tokens.shape[1]
     target_logits, draft_logits = as_float(target_logits), as_float(draft_logits)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if draft_probs is None:
         draft_probs = process_logits(draft_logits[:, :N], **sampling)
     return VerifyContext(
@@ -145,6 +151,7 @@ def verify(
     random: Draws | None = None,
     draft_probs: torch.Tensor | None = None,
     greedy: str = "rule",
+    num_drafts: torch.Tensor | None = None,
     **params,
 ) -> VerifyResult:
     """Verify a block of drafts with acceptance rule `method` (see `RULES`).
@@ -160,61 +167,118 @@ def verify(
     random: where the acceptance uniforms and the residual/bonus sample come from (a `Draws`,
     e.g. `SequenceSeeds(...).at(start)` for per-sequence streams keyed by the output position of
     x_1); default: `generator` (or torch's global generator) in call order.
+    num_drafts: long [B] in 0..N, how many of its drafts row b proposes (default: all N); its
+    later columns are padding, and the token after its last draft comes from the rule's bonus at
+    that position (so a row's result does not depend on the block width: the engine's ragged
+    rounds near the length limit).
+
+    Every argument is checked here; `VerifyStep` is the same computation for a caller (the engine)
+    that checks its arguments once per call path instead of once per block.
     """
-    rule = get_rule(method)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    if greedy not in GREEDY_MODES:
-        raise ValueError(f"greedy must be one of {', '.join(GREEDY_MODES)}, got {greedy!r}")
-    check_sampling_args(temperature, top_k, top_p)
-    if is_greedy(temperature) and (rule.greedy_closed_form or greedy == "strict"):
-        check_block(target_logits, draft_logits, draft_tokens, draft_probs)
-        rule.validate(params, batch_shape=tuple(draft_tokens.shape), draft_rows=draft_logits.shape[1])
-        return _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens.long(), draft_probs)
-    ctx = build_context(
-        target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        draft_probs=draft_probs,
-    )
-    params = rule.validate(params, batch_shape=tuple(draft_tokens.shape), draft_rows=draft_logits.shape[1])
-    B, N = ctx.batch_size, ctx.num_drafts
-    drafts = ctx.drafts()
-
-    accept_prob = rule.accept_prob(drafts, **params)
-    strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x)
-    if random is None:
-        random = GeneratorDraws(generator, B, accept_prob.device)
-    u = random.uniform(ACCEPT, N, dtype=accept_prob.dtype)
-    accepted = u < accept_prob
-
-    # The drafts before the first rejection are kept; n counts them (N if every draft passed).
-    kept = accepted.cumprod(dim=1).bool()  # [B, N]
-    n = kept.sum(dim=1)
-
-    # One residual row per sequence, at its first rejection (row N-1 is a
-    # placeholder for fully accepted sequences, which take the bonus instead).
-    # Weights need not be normalised to be sampled; a residual without mass
-    # falls back to p at that position.
-    at_row = ctx.rows(torch.arange(B, device=n.device), n.clamp(max=N - 1))
-    residual = rule.residual(at_row, **params)
-    stopped = (n < N).unsqueeze(1)
-    use_residual = stopped & (residual.sum(dim=-1, keepdim=True) > 0)
-    final = torch.where(stopped, at_row.p, rule.bonus(ctx, **params))
-    final = torch.where(use_residual, residual, final)
-    last = random.sample(final, TOKEN, offset=n)  # [B], drawn for output position start + n
-
-    tokens = _emitted_tokens(ctx.draft_tokens, kept, n, last)
-
-    return VerifyResult(
-        num_accepted=n,
-        tokens=tokens,
-        accept_prob=accept_prob,
-        strict_accept_prob=strict_accept_prob,
-        accepted=accepted,
-        relaxed_only=accepted & kept & ~(u < strict_accept_prob),
-    )
+    step = VerifyStep(method, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, **{
+        name: value for name, value in params.items() if name not in get_rule(method).inputs})
+    N = check_block(target_logits, draft_logits, draft_tokens, draft_probs)
+    inputs = {name: value for name, value in params.items() if name in step.rule.inputs}
+    step.rule.validate({**step.params, **inputs}, batch_shape=tuple(draft_tokens.shape),
+                       draft_rows=draft_logits.shape[1])
+    if num_drafts is not None:
+        if (not isinstance(num_drafts, torch.Tensor) or num_drafts.dtype not in (torch.long, torch.int32)
+                or tuple(num_drafts.shape) != (draft_tokens.shape[0],)):
+            raise ValueError(f"num_drafts must be an integer tensor [B] = [{draft_tokens.shape[0]}]")
+        if num_drafts.device != draft_tokens.device or bool(((num_drafts < 0) | (num_drafts > N)).any()):
+            raise ValueError(f"num_drafts must lie in [0, N] = [0, {N}], on the drafts' device")
+        num_drafts = num_drafts.long()
+    return step(target_logits, draft_logits, draft_tokens.long(), generator=generator, random=random,
+                draft_probs=draft_probs, num_drafts=num_drafts, **inputs)
 
 
-def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs) -> VerifyResult:
+class VerifyStep:
+    """`verify` with its rule, parameters and sampling settings checked once: calling it runs one block
+    without re-checking the block (the caller guarantees what `check_block` checks: float logits
+    without NaN / +inf, drafts in range, matching shapes and devices). Per-block tensor inputs (e.g.
+    PAD's `pivot_prob`) are still checked on every call: they are new data each block."""
+
+    def __init__(self, method: str, *, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, greedy: str = "rule", **params):
+        self.rule = get_rule(method)
+        if greedy not in GREEDY_MODES:
+            raise ValueError(f"greedy must be one of {', '.join(GREEDY_MODES)}, got {greedy!r}")
+        check_sampling_args(temperature, top_k, top_p)
+        inputs = {name: params.pop(name) for name in list(params) if name in self.rule.inputs}
+        if inputs:
+            raise ValueError(f"rule {self.rule.name!r}: pass the input(s) {sorted(inputs)} per block, when calling")
+        # Numeric and choice parameters; tensor inputs come with each block (placeholders stand in here).
+        placeholders = {name: torch.full((), spec.low, device="cpu") for name, spec in self.rule.inputs.items()}
+        checked = self.rule.validate({**params, **placeholders})
+        self.params = {name: checked[name] for name in self.rule.params}
+        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.closed_form = is_greedy(temperature) and (self.rule.greedy_closed_form or greedy == "strict")
+
+    def __call__(self, target_logits, draft_logits, draft_tokens, *, generator=None, random: Draws | None = None,
+                 draft_probs=None, num_drafts: torch.Tensor | None = None, **inputs) -> VerifyResult:
+        rule = self.rule
+        params = dict(self.params)
+        for name, spec in rule.inputs.items():
+            params[name] = rule._check_input(spec, inputs.get(name), tuple(draft_tokens.shape))
+        if self.closed_form:
+            return _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens, draft_probs, num_drafts)
+        ctx = _context(target_logits, draft_logits, draft_tokens, draft_probs, **self.sampling)
+        B, N = ctx.batch_size, ctx.num_drafts
+        drafts = ctx.drafts()
+
+        accept_prob = rule.accept_prob(drafts, **params)
+        strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x)
+        if random is None:
+            random = GeneratorDraws(generator, B, accept_prob.device)
+        u = random.uniform(ACCEPT, N, dtype=accept_prob.dtype)
+        accepted = u < accept_prob
+        if num_drafts is not None:  # a row's padding columns are never proposed
+            accepted &= torch.arange(N, device=accepted.device) < num_drafts.unsqueeze(1)
+
+        # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
+        # every draft passed).
+        kept = accepted.cumprod(dim=1).bool()  # [B, N]
+        n = kept.sum(dim=1)
+
+        # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
+        # accepted sequences, which take the bonus instead). Weights need not be normalised to be
+        # sampled; a residual without mass falls back to p at that position.
+        at_row = ctx.rows(torch.arange(B, device=n.device), n.clamp(max=N - 1))
+        residual = rule.residual(at_row, **params)
+        stopped = (n < (N if num_drafts is None else num_drafts)).unsqueeze(1)
+        use_residual = stopped & (residual.sum(dim=-1, keepdim=True) > 0)
+        bonus = rule.bonus(ctx if num_drafts is None else _at_bonus(ctx, num_drafts), **params)
+        final = torch.where(stopped, at_row.p, bonus)
+        final = torch.where(use_residual, residual, final)
+        last = random.sample(final, TOKEN, offset=n)  # [B], drawn for output position start + n
+
+        tokens = _emitted_tokens(ctx.draft_tokens, kept, n, last)
+
+        return VerifyResult(
+            num_accepted=n,
+            tokens=tokens,
+            accept_prob=accept_prob,
+            strict_accept_prob=strict_accept_prob,
+            accepted=accepted,
+            relaxed_only=accepted & kept & ~(u < strict_accept_prob),
+        )
+
+
+def _at_bonus(ctx: VerifyContext, num_drafts: torch.Tensor) -> VerifyContext:
+    """The block seen from each row's own bonus position num_drafts[b]: a context whose last row
+    (what `Rule.bonus` reads) is row num_drafts[b] of p, the target logits and the drafter's logits
+    (clamped to the rows the drafter gave: a rule without an extra drafter pass does not read it)."""
+    rows = torch.arange(ctx.batch_size, device=num_drafts.device)
+    drafter_row = num_drafts.clamp(max=ctx.draft_logits.shape[1] - 1)
+    return VerifyContext(p=ctx.p[rows, num_drafts].unsqueeze(1), q=ctx.q,
+                         target_logits=ctx.target_logits[rows, num_drafts].unsqueeze(1),
+                         draft_logits=ctx.draft_logits[rows, drafter_row].unsqueeze(1),
+                         draft_tokens=ctx.draft_tokens, temperature=ctx.temperature, top_k=ctx.top_k, top_p=ctx.top_p)
+
+
+def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs, num_drafts=None) -> VerifyResult:
     """Strict at temperature 0 in closed form (vLLM's greedy path): p is one-hot on the verifier's
     argmax, so min(1, p(x)/q(x)) is 1 exactly where the draft is that argmax and q(x) > 0 (q one-hot
     on the drafter's argmax, or draft_probs where given), 0 elsewhere; the residual (p - q)+, or p
@@ -227,6 +291,8 @@ def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs
     else:
         proposable = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1) > 0
     match = (draft_tokens == best[:, :N]) & proposable
+    if num_drafts is not None:
+        match &= torch.arange(N, device=match.device) < num_drafts.unsqueeze(1)
     kept = match.cumprod(dim=1).bool()
     n = kept.sum(dim=1)
     tokens = _emitted_tokens(draft_tokens, kept, n, best.gather(1, n.unsqueeze(1)).squeeze(1))

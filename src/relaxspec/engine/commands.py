@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -84,6 +85,16 @@ def apply_generate_config(args, defaults: dict) -> dict:
             raise ValueError(f"generate: method {args.method!r} names {len(specs)} settings; give one")
         args.method, params = specs[0]
     return params
+
+
+def draft_length_arg(text: str):
+    """--draft-length: an integer, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def cmd_generate(args) -> int:
@@ -195,7 +206,9 @@ def register(subparsers) -> None:
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt")
     src.add_argument("--prompts", help="JSONL file with a 'prompt' per line ('-': standard input)")
-    g.add_argument("--draft-length", type=int, default=5, help="tokens the drafter proposes per round (N)")
+    g.add_argument("--draft-length", type=draft_length_arg, default=5,
+                   help="tokens the drafter proposes per round (N), or 'auto': 5, +2 after a fully accepted round, "
+                        "-1 after any other, within [1, 10], per sequence")
     g.add_argument("--max-new-tokens", type=int, default=128, help="generated tokens per prompt, at most")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     g.add_argument("--top-k", type=int, help="keep the k most likely tokens (default: all)")

@@ -9,8 +9,13 @@ Each round, for every live row:
      drafter by its own rule, reading the verifier's hidden states if it drafts from them); `last`
      becomes the emitted token.
 
-Rows accept different numbers of drafts, so each row's positions come from its own attention-mask
-row while all rows share one cache length (see relaxspec.models.hf).
+Rows accept different numbers of drafts, so each row keeps its own positions while all rows share one
+cache length, and the slots a row has dead are dropped by a bounded compaction (relaxspec.models.stream's
+`Stream`). Near `max_new_tokens` each row drafts at most its own room minus one (ragged draft lengths
+within a block, verify's `num_drafts`), so a row's rounds never depend on its batch.
+
+Per round the host gets one copy of the round's outcome (accepted counts and tokens, for the trace the
+drafts); the outputs, statistics and traces are assembled from that log at the end.
 
 Randomness (docs/design.md, "Coupled randomness"): each sequence has its own seed, and every draw it
 consumes (drafter sample, acceptance uniform, residual / bonus / AR sample) is keyed by (that seed,
@@ -26,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from relaxspec.acceptance import (
@@ -37,8 +43,8 @@ from relaxspec.acceptance import (
     get_rule,
     is_greedy,
     process_logits,
-    verify,
 )
+from relaxspec.acceptance.verify import VerifyStep
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.drafters import Drafter, as_drafter
 from relaxspec.models.compiled import plan_static_shapes
@@ -47,15 +53,19 @@ from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
 from relaxspec.models.stream import Stream, left_pad, model_device
 from relaxspec.names import AR
 
+AUTO = "auto"  # draft_length: transformers' heuristic schedule per sequence
+AUTO_START, AUTO_MAX = 5, 10  # its first draft length and its bound (it never goes below 1)
+
 
 @dataclass
 class Round:
     """One verify step of one sequence, kept for `--show`."""
 
-    drafts: list[int]
-    num_accepted: int
+    drafts: list[int]  # the drafts this sequence proposed (fewer than N near the length limit)
+    num_accepted: int  # drafts verify kept (an EOS among them cuts the output there)
     emitted: int  # the residual-or-bonus token
     relaxed_only: list[bool]  # accepted although the strict test (same uniform) would have rejected
+    tokens: int = 0  # tokens this round emitted (an ending EOS included): sum over rounds = stats.emitted_tokens
 
 
 @dataclass
@@ -81,6 +91,117 @@ def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int
         return logits.argmax(dim=-1), None
     probs = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     return draws.sample(probs, purpose, offset), probs
+
+
+class _Book:
+    """Per-sequence bookkeeping of a generate call, from one copy of each round to the host: the live rows'
+    output lengths (numpy, vectorised over the rows) and a log of the rounds, from which the outputs, the
+    counts of GenerationStats and the `--show` trace are assembled once at the end."""
+
+    def __init__(self, B: int, N: int, max_new_tokens: int, eos: int | None, device, trace: bool,
+                 auto: bool = False):
+        self.N, self.max_new_tokens, self.eos, self.device, self.trace = N, max_new_tokens, eos, device, trace
+        # draft_length="auto": each sequence's own draft length, +2 after a round that accepted all its drafts,
+        # -1 after any other, within [1, N] (transformers' "heuristic" num_assistant_tokens schedule).
+        self.schedule = np.full(B, AUTO_START, dtype=np.int64) if auto else None
+        self.live = np.arange(B)  # the sequence of each live row
+        self.length = np.zeros(B, dtype=np.int64)  # output tokens so far (an ending EOS is not one)
+        self.positions = np.arange(N + 1)
+        self.log = []  # per round: rows, accepted, tokens, drafts proposed, tokens emitted, appended, drafts, relaxed
+        self.longest_kept = 0  # the most slots a live row keeps of this round's verifier block
+
+    @property
+    def live_count(self) -> int:
+        return len(self.live)
+
+    def start(self) -> torch.Tensor:
+        """The next output position of each live row."""
+        return torch.from_numpy(self.length[self.live]).to(self.device)
+
+    def draft_lengths(self) -> tuple[int, torch.Tensor | None]:
+        """(the round's block width, each row's own number of drafts, or None when all draft that many): a row
+        drafts at most its room minus one, and N (or its own schedule's length)."""
+        length = self.length[self.live]
+        room = self.max_new_tokens - length - 1
+        if self.schedule is None and int(room.min()) >= self.N:  # every row drafts N (AR: 0)
+            self.proposed = self.N
+            return self.N, None
+        lengths = np.minimum(np.maximum(room, 0), self.N if self.schedule is None else self.schedule[self.live])
+        width = max(1, int(lengths.max()))
+        if (lengths == width).all():
+            self.proposed = width
+            return width, None
+        self.proposed = lengths
+        return width, torch.from_numpy(lengths).to(self.device)
+
+    def record(self, tokens, accepted, drafts=None, relaxed_only=None) -> list[int] | None:
+        """Log each live row's round (tokens [L, C]: the kept drafts, then the emitted token; accepted [L];
+        for the trace, the round's drafts and relaxed_only [L, C - 1]); returns the rows that stay live, or
+        None if all do."""
+        width, pad = tokens.shape[1] - 1, self.N - tokens.shape[1] + 1
+        parts = [accepted[:, None], tokens]
+        if drafts is not None:
+            parts += [drafts, relaxed_only.long()]
+        if pad:  # a fixed layout, so that the log is one array at the end: [n, tokens, drafts, relaxed] padded to N
+            filler = tokens.new_zeros((tokens.shape[0], pad))
+            parts = parts[:2] + [filler] + parts[2:3] + [filler] + parts[3:] + [filler]
+        host = torch.cat(parts, dim=1).cpu().numpy()  # the round's one copy to the host
+        rows, n, tokens = self.live, host[:, 0], host[:, 1:width + 2]
+        length = self.length[rows]
+        appended = emitted = np.minimum(n + 1, self.max_new_tokens - length)  # the length limit
+        stop = None
+        if self.eos is not None:  # an EOS ends the output (it is emitted, not appended)
+            is_eos = tokens == self.eos
+            if is_eos.any():
+                is_eos &= self.positions[:width + 1] < appended[:, None]
+                stop = is_eos.any(axis=1)
+                appended = np.where(stop, is_eos.argmax(axis=1), appended)
+                emitted = appended + stop
+        length = self.length[rows] = length + appended
+        if self.schedule is not None:
+            self.schedule[rows] = np.clip(self.schedule[rows] + np.where(n == self.proposed, 2, -1), 1, self.N)
+        self.log.append((rows, np.broadcast_to(self.proposed, rows.shape), emitted, appended, host))
+        self.longest_kept = int(n.max()) + 1
+        done = length >= self.max_new_tokens
+        if stop is not None:
+            done |= stop
+        if not done.any():
+            return None
+        keep = np.flatnonzero(~done)
+        self.live = rows[keep]
+        return keep.tolist()
+
+    def results(self) -> tuple[list[list[int]], list[GenerationStats], list[list[Round]]]:
+        """Per sequence: output tokens, GenerationStats and trace."""
+        B, N = len(self.length), self.N
+        outputs: list[list[int]] = [[] for _ in range(B)]
+        traces: list[list[Round]] = [[] for _ in range(B)]
+        rows, proposed, emitted, appended, host = (np.concatenate([entry[i] for entry in self.log]) for i in range(5))
+        n = host[:, 0]
+        columns = (host[:, 1:N + 2], host[:, N + 2:2 * N + 2], host[:, 2 * N + 2:].astype(bool))
+        lists = [a.tolist() for a in (rows, n, proposed, emitted, appended, *columns)]
+        for seq, kept, k, count, length, tokens, drafts, flags in zip(*lists):
+            outputs[seq].extend(tokens[:length])
+            if self.trace:
+                traces[seq].append(Round(drafts=drafts[:k], num_accepted=kept, emitted=tokens[kept],
+                                         relaxed_only=flags[:k], tokens=count))
+        counted = np.minimum(n, emitted)  # kept drafts that reached the output (not cut by an EOS before them)
+
+        def per_sequence(values, width=None):
+            total = np.zeros((B,) if width is None else (B, width), dtype=np.int64)
+            np.add.at(total, rows, values)
+            return total.tolist()
+
+        rounds, emitted_total = per_sequence(np.ones_like(n)), per_sequence(emitted)
+        proposed_total, accepted, cut = per_sequence(proposed), per_sequence(counted), per_sequence(n - counted)
+        position = np.arange(N)
+        per_proposed = per_sequence(position < proposed[:, None], N)
+        per_accepted = per_sequence(position < counted[:, None], N)
+        stats = [GenerationStats(draft_length=N, sequences=1, sequence_rounds=rounds[b], drafts_proposed=proposed_total[b],
+                                 drafts_accepted=accepted[b], drafts_cut=cut[b], generated_tokens=len(outputs[b]),
+                                 emitted_tokens=emitted_total[b], proposed_per_position=per_proposed[b],
+                                 accepted_per_position=per_accepted[b]) for b in range(B)]
+        return outputs, stats, traces
 
 
 def _sequence_seeds(seed, batch_size: int) -> list[int]:
@@ -114,7 +235,7 @@ def generate(
     drafter: Drafter | CausalLM | str | None,
     prompts: list[str] | str,
     method: str = "strict",
-    draft_length: int = 5,
+    draft_length: int | str = 5,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_k: int | None = None,
@@ -128,6 +249,10 @@ def generate(
     """Generate from `verifier` with `drafter` proposing `draft_length` tokens per round under
     acceptance rule `method` (any name in relaxspec.acceptance.RULES), or plain autoregressive
     decoding with method="ar". temperature 0 is greedy. Stops at EOS or `max_new_tokens`.
+    draft_length "auto": each sequence drafts 5 tokens, then 2 more after a round that accepted all of
+    them and 1 fewer after any other, within [1, 10] (transformers' heuristic schedule; its own history
+    only, so outputs stay batch invariant). Near `max_new_tokens` a sequence drafts at most its room
+    minus one.
     `drafter`: any Drafter (relaxspec.drafters: LM, MTP head, prompt lookup), a CausalLM (an
     LM drafter) or a drafter name for `load_drafter`.
 
@@ -148,8 +273,9 @@ def generate(
         rule = get_rule(method)  # unknown method -> ValueError listing the known ones
         if drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (only 'ar' runs without one)")
-        if isinstance(draft_length, bool) or not isinstance(draft_length, numbers.Integral) or draft_length < 1:
-            raise ValueError(f"draft_length must be an integer >= 1, got {draft_length!r}")
+        if draft_length != AUTO and (isinstance(draft_length, bool) or not isinstance(draft_length, numbers.Integral)
+                                     or draft_length < 1):
+            raise ValueError(f"draft_length must be an integer >= 1 or {AUTO!r}, got {draft_length!r}")
         drafter = as_drafter(drafter, verifier)
         drafter.check(verifier, rule)
         wants_pivot = "pivot_prob" in rule.inputs and "pivot_prob" not in rule_params
@@ -167,20 +293,22 @@ def generate(
     seeds = _sequence_seeds(seed, len(prompts))
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     greedy = is_greedy(temperature)
+    # The rule's parameters are checked once here; each round runs the block unchecked.
+    step = None if rule is None else VerifyStep(method, **sampling, **{
+        name: value for name, value in rule_params.items() if name not in rule.inputs})
+    inputs = {name: value for name, value in rule_params.items() if rule is not None and name in rule.inputs}
     encoded = encode_prompts(verifier.tokenizer, prompts, chat_template=chat_template, system=system)
     encoded = check_context(encoded, max_new_tokens, verifier, getattr(drafter, "lm", None))
     ids, mask = left_pad(encoded, verifier.tokenizer, device)
     B = ids.shape[0]
     # A round never proposes more than the room left, so a longer draft could not be used: N is bounded by
     # max_new_tokens (and so are the per-position statistics, sized to N).
-    N = min(draft_length, max_new_tokens) if rule is not None else 0
+    N = 0 if rule is None else min(AUTO_MAX if draft_length == AUTO else draft_length, max_new_tokens)
     extra = rule.extra_draft_passes if rule is not None else 0  # drafter rows beyond N (bonus position)
     # compiled models: static cache capacity and step widths of this call (models/compiled.py)
     plan_static_shapes(verifier, getattr(drafter, "lm", None), ids.shape[1] + max_new_tokens + N + 1, N + 1)
     eos = verifier.eos_token_id
-    outputs: list[list[int]] = [[] for _ in range(B)]
-    traces: list[list[Round]] = [[] for _ in range(B)]
-    seq_stats = [GenerationStats(draft_length=N, sequences=1) for _ in range(B)]
+    book = _Book(B, N, max_new_tokens, eos, device, trace=rule is not None, auto=rule is not None and draft_length == AUTO)
     stats = GenerationStats(draft_length=N, sequences=B)
 
     t_start = time.perf_counter()
@@ -191,28 +319,24 @@ def generate(
     if rule is not None:
         drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
     last = ids[:, -1].clone()
-    live = list(range(B))  # which sequence each batch row belongs to
-    produced = torch.zeros(B, dtype=torch.long, device=device)  # tokens emitted so far, per live row
-    sequence_seeds = SequenceSeeds([seeds[b] for b in live], device)
+    sequence_seeds = SequenceSeeds(seeds, device)
 
-    n_round = 0  # drafts per round (AR: none)
-    while live:
-        draws = None if greedy else sequence_seeds.at(produced)
+    while book.live_count:
+        # Each row drafts at most its own room minus one (a round emits up to n + 1 tokens), so a row's
+        # rounds do not depend on the other rows of the batch; the block is as wide as the roomiest
+        # row's, the others' extra columns are padding (verify's num_drafts).
+        width, num_drafts = book.draft_lengths()
+        draws = None if greedy else sequence_seeds.at(book.start(), width if rule is not None else 0)
         if rule is None:
             t0 = time.perf_counter()
             logits, _ = target.feed(last[:, None])
             token, _ = _sample(logits[:, -1], **sampling, draws=draws, purpose=TOKEN)
             stats.verifier_forwards += 1
             stats.time_verify_s += time.perf_counter() - t0
-            emitted = token[:, None]
-            accepted = torch.zeros(len(live), dtype=torch.long, device=device)
-            results = None
+            tokens, accepted, results = token[:, None], torch.zeros_like(token), None
         else:
-            # Draft no further than the roomiest row can still use: a round emits up to n + 1 tokens.
-            room = max_new_tokens - min(len(outputs[b]) for b in live)
-            n_round = max(1, min(N, room - 1))
             t0 = time.perf_counter()
-            proposal = drafter.propose(last, n_round, extra, lambda logits, i: _sample(
+            proposal = drafter.propose(last, width, extra, lambda logits, i: _sample(
                 logits, **sampling, draws=draws, purpose=DRAFT, offset=i))
             draft_tokens, draft_logits = proposal.tokens, proposal.logits
             stats.drafter_forwards += proposal.forwards
@@ -222,45 +346,26 @@ def generate(
             target_logits, hidden = target.feed(torch.cat([last[:, None], draft_tokens], dim=1),
                                                 hidden_layer=hidden_layer)
             stats.verifier_forwards += 1
-            params = dict(rule_params)
+            params = dict(inputs)
             if pivot_fn is not None:
-                params["pivot_prob"] = pivot_fn(hidden[:, 1:], target_logits[:, :n_round],
-                                                draft_logits[:, :n_round], draft_tokens)
-            results = verify(method, target_logits, draft_logits, draft_tokens, **sampling, random=draws,
-                             draft_probs=proposal.probs, **params)
-            accepted = results.num_accepted
+                params["pivot_prob"] = pivot_fn(hidden[:, 1:], target_logits[:, :width], draft_logits[:, :width],
+                                                draft_tokens)
+            results = step(target_logits, draft_logits, draft_tokens, random=draws, draft_probs=proposal.probs,
+                           num_drafts=num_drafts, **params)
+            accepted, tokens = results.num_accepted, results.tokens
             stats.time_verify_s += time.perf_counter() - t1
 
+        # One copy to the host per round: what each row appended and whether it is done.
+        done = book.record(tokens, accepted, *(() if results is None else (draft_tokens, results.relaxed_only)))
+        last = tokens.gather(1, accepted[:, None]).squeeze(1)
+        if rule is not None:
             # Roll back both to `last` + the accepted drafts (the drafter gets the verifier's hidden
             # states of that block when it drafts from them).
-            target.invalidate_tail(accepted + 1, n_round + 1)
+            target.invalidate_tail(accepted + 1, width + 1, longest=book.longest_kept)
             drafter.rollback(accepted, hidden if drafter_hidden else None)
-            emitted = results.tokens
-
-        # Bookkeeping per sequence (plain lists: one copy out of the tensors per round).
-        accepted_list, emitted_list = accepted.tolist(), emitted.tolist()
-        if results is not None:
-            drafts_list, relaxed_list = draft_tokens.tolist(), results.relaxed_only.tolist()
-        done = []
-        for b, seq in enumerate(live):
-            n = accepted_list[b]
-            new = emitted_list[b][: n + 1]
-            out = outputs[seq]
-            room = max_new_tokens - len(out)
-            stop = eos is not None and eos in new[:room]
-            out.extend(new[: min(room, new.index(eos) if stop else room)])
-            seq_stats[seq].add_round(n, n_round)
-            if results is not None:
-                traces[seq].append(Round(drafts=drafts_list[b], num_accepted=n, emitted=new[n],
-                                         relaxed_only=relaxed_list[b]))
-            done.append(stop or len(out) >= max_new_tokens)
-        last = emitted.gather(1, accepted[:, None]).squeeze(1)
-        produced = produced + accepted + 1
-        if any(done):
-            keep_list = [b for b, d in enumerate(done) if not d]
-            keep = torch.tensor(keep_list, dtype=torch.long, device=device)
-            live = [live[b] for b in keep_list]
-            last, produced = last[keep], produced[keep]
+        if done is not None:
+            keep = torch.tensor(done, dtype=torch.long, device=device)
+            last = last[keep]
             sequence_seeds.select(keep)
             target.select(keep)
             if rule is not None:
@@ -268,14 +373,14 @@ def generate(
 
     stats.time_total_s = time.perf_counter() - t_start
     tokenizer = verifier.tokenizer
+    outputs, seq_stats, traces = book.results()
     results = []
     for seq, prompt in enumerate(prompts):
-        seq_stats[seq].generated_tokens = len(outputs[seq])
         results.append(SequenceResult(prompt=prompt, text=tokenizer.decode(outputs[seq], skip_special_tokens=True),
                                       token_ids=outputs[seq], stats=seq_stats[seq], trace=traces[seq],
                                       seed=seeds[seq]))
     merged = GenerationStats.merge(seq_stats)
-    for name in ("sequences", "sequence_rounds", "drafts_proposed", "drafts_accepted", "proposed_per_position",
-                 "accepted_per_position", "generated_tokens"):
+    for name in ("sequences", "sequence_rounds", "drafts_proposed", "drafts_accepted", "drafts_cut",
+                 "proposed_per_position", "accepted_per_position", "generated_tokens", "emitted_tokens"):
         setattr(stats, name, getattr(merged, name))
     return GenerationOutput(results=results, stats=stats)

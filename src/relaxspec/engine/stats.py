@@ -5,7 +5,9 @@ Two kinds of count are kept apart:
   AR: one per token), from which the mean acceptance length tau comes;
 * batched forward calls, `verifier_forwards` / `drafter_forwards` (one call serves every live
   row), which is what wall time pays for.
-Mean acceptance length includes the bonus token (1.0 for autoregressive decoding).
+Mean acceptance length tau is exact: the tokens the rounds emitted (the residual / bonus token and an
+ending EOS included) over the rounds, so 1.0 for autoregressive decoding; a draft that verify kept but
+that EOS or the length limit then cut off is not counted as accepted (`drafts_cut` counts those).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ class GenerationStats:
     sequences: int = 0
     sequence_rounds: int = 0  # verify steps summed over sequences
     drafts_proposed: int = 0  # N per round, fewer in a last round with less room left
-    drafts_accepted: int = 0
+    drafts_accepted: int = 0  # accepted drafts that reached the output
+    drafts_cut: int = 0  # drafts verify kept that an earlier EOS (or the length limit) cut off
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
-    generated_tokens: int = 0
+    generated_tokens: int = 0  # output tokens (an ending EOS is not part of the output)
+    emitted_tokens: int = 0  # tokens the rounds emitted: generated_tokens plus an ending EOS per sequence
     verifier_forwards: int = 0  # batched verifier forward calls
     drafter_forwards: int = 0  # batched drafter forward calls (extra bonus-position passes included)
     time_draft_s: float = 0.0
@@ -37,15 +41,6 @@ class GenerationStats:
             self.accepted_per_position = [0] * self.draft_length
         if not self.proposed_per_position:
             self.proposed_per_position = [0] * self.draft_length
-
-    def add_round(self, num_accepted: int, num_proposed: int) -> None:
-        self.sequence_rounds += 1
-        self.drafts_proposed += num_proposed
-        self.drafts_accepted += num_accepted
-        for i in range(num_proposed):
-            self.proposed_per_position[i] += 1
-        for i in range(num_accepted):
-            self.accepted_per_position[i] += 1
 
     @property
     def acceptance_rate(self) -> float:
@@ -59,9 +54,12 @@ class GenerationStats:
 
     @property
     def mean_acceptance_length(self) -> float:
-        """tau: tokens emitted per sequence round, bonus included (1.0 for AR)."""
+        """tau: tokens emitted per sequence round, bonus included (1.0 for AR). Stats without
+        `emitted_tokens` (made by hand, or stored before it existed) count rounds + accepted drafts."""
         if not self.sequence_rounds:
             return 0.0
+        if self.emitted_tokens:
+            return self.emitted_tokens / self.sequence_rounds
         return (self.sequence_rounds + self.drafts_accepted) / self.sequence_rounds
 
     @classmethod

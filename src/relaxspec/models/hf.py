@@ -118,6 +118,33 @@ def crop_cache(cache, length: int) -> None:
         cache.crop(-extra)
 
 
+def can_gather_cache(cache) -> bool:
+    """Whether `gather_cache` can rearrange this cache: FastLlama's, or transformers' DynamicCache of plain
+    full-attention layers."""
+    if hasattr(cache, "kv"):
+        return True
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
+
+
+@torch.inference_mode()
+def gather_cache(cache, index: torch.Tensor) -> None:
+    """Keep, in row b, the cache slots index[b] in that order (index [B, L']): the cache then has L' slots."""
+    width = index.shape[1]
+    if hasattr(cache, "kv"):  # FastLlama's KVCache: buffers [B, 2 * KV heads, capacity, D]
+        for buf in cache.kv:
+            if buf is not None:
+                used = buf[:, :, :cache.length]
+                buf[:, :, :width] = used.gather(2, index[:, None, :, None].expand(-1, buf.shape[1], -1, buf.shape[3]))
+        cache.length = width
+        return
+    for layer in cache.layers:  # transformers' DynamicLayer: keys, values [B, heads, L, D]
+        if layer.keys is not None and layer.keys.numel():
+            expanded = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys, layer.values = layer.keys.gather(2, expanded), layer.values.gather(2, expanded)
+
+
 def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend: str = "auto",
                compile: bool = False) -> CausalLM:
     """A built-in model by name (see `relaxspec models list`), a local Hugging Face model directory, a hub id

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from relaxspec.models.hf import CausalLM, crop_cache
+from relaxspec.models.hf import CausalLM, can_gather_cache, crop_cache, gather_cache
 
 
 def model_device(lm: CausalLM) -> torch.device:
@@ -27,18 +27,37 @@ def left_pad(encoded: list[list[int]], tokenizer, device=None) -> tuple[torch.Te
 
 
 class Stream:
-    """One model's cache plus the per-row attention mask over its slots (a row's real slots also
-    count its positions, so there is no separate counter to keep in step)."""
+    """One model's cache plus the per-row attention mask over its slots and each row's next position.
+
+    Rows of a batch accept different numbers of drafts: every row's cache grows by the same block, the
+    slots a row rejects are masked out (rollback is a mask update plus a crop of the columns no row uses),
+    and each row keeps its own position counter. The slots one row has dead while another accepted more
+    are dropped by compaction once they exceed a bound (`slack`), so a row that accepts little attends
+    over about the longest row's real length instead of the sum of every round's best acceptance. The
+    mask lives in a buffer grown by doubling: a feed writes its columns, nothing is reallocated per round."""
+
+    slack = 32  # dead slots tolerated in the longest row's span before compacting (checked every `slack` slots)
 
     def __init__(self, lm: CausalLM, device: torch.device | None = None):
         self.lm = lm
         self.device = model_device(lm) if device is None else device
         self.cache = lm.new_cache()
-        self.mask = None  # [B, L] 1 where the cache slot belongs to the row's sequence
+        self.length = 0  # cache slots in use
+        self._mask = None  # [B, capacity]: 1 where the cache slot belongs to the row's sequence
+        self.next_position = None  # [B] the position of each row's next real slot
+        self._checked = 0  # the length at which dead slots were last counted
+        self.compactions = 0
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[B, length] 1 where the cache slot belongs to the row's sequence."""
+        return self._mask[:, :self.length]
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, hidden_layer=None):
         """Returns the hidden state asked for ([B, T, H]; None if not asked or T == 0)."""
-        self.mask = torch.zeros((ids.shape[0], 0), dtype=torch.long, device=self.device)
+        self._mask = torch.zeros((ids.shape[0], max(64, 2 * ids.shape[1])), dtype=torch.long, device=self.device)
+        self.length = self._checked = 0
+        self.next_position = torch.zeros(ids.shape[0], dtype=torch.long, device=self.device)
         if ids.shape[1]:
             return self.feed(ids, mask, hidden_layer=hidden_layer)[1]
         return None
@@ -46,26 +65,58 @@ class Stream:
     def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None):
         """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good;
         None: all are). Returns float32 logits [B, T, V] and the hidden state asked for (or None)."""
-        # A row's next position is its number of real slots so far.
-        start = self.mask.sum(dim=1, keepdim=True)
+        T = ids.shape[1]
+        start = self.next_position[:, None]
         if valid is None:
-            positions = start + torch.arange(ids.shape[1], device=self.device)
-            valid = torch.ones_like(ids)
+            positions = start + torch.arange(T, device=self.device)
+            self.next_position = self.next_position + T
         else:
             positions = start + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
-        self.mask = torch.cat([self.mask, valid], dim=1)
+            self.next_position = self.next_position + valid.sum(dim=1)
+        if self.lm.max_position_embeddings:  # a row's padding columns past its room (never kept) stay in range
+            positions = positions.clamp(max=self.lm.max_position_embeddings - 1)
+        if self.length + T > self._mask.shape[1]:
+            grown = self._mask.new_zeros((self._mask.shape[0], 2 * (self.length + T)))
+            grown[:, :self.length] = self.mask
+            self._mask = grown
+        self._mask[:, self.length:self.length + T] = 1 if valid is None else valid
+        self.length += T
         logits, hidden = self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
         return logits.float(), hidden  # rules see float32 whatever the model's dtype
 
-    def invalidate_tail(self, keep: torch.Tensor, width: int) -> None:
+    def invalidate_tail(self, keep: torch.Tensor, width: int, longest: int | None = None) -> None:
         """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
-        tail columns that no row uses any more."""
-        self.mask[:, -width:] *= torch.arange(width, device=self.device) < keep[:, None]
-        length = self.mask.shape[1] - width + int(keep.max())
-        if length < self.mask.shape[1]:
+        tail columns that no row uses any more (`longest`: keep.max() when the caller knows it on the host),
+        and compact when dead slots exceed the bound."""
+        tail = self._mask[:, self.length - width:self.length]
+        before = tail.sum(dim=1)
+        tail *= torch.arange(width, device=self.device) < keep[:, None]
+        self.next_position = self.next_position - (before - tail.sum(dim=1))
+        length = self.length - width + (int(keep.max()) if longest is None else longest)
+        if length < self.length:
             crop_cache(self.cache, length)
-            self.mask = self.mask[:, :length]
+            self.length = length
+        if self.length - self._checked >= self.slack:
+            self.compact()
+
+    def compact(self, slack: int | None = None) -> None:
+        """Drop dead slots (rolled back, or padding) when the longest row's real slots fall more than `slack`
+        short of the cache length: each row's real slots move, in order, to the end of a span as long as the
+        longest row's. Positions are unchanged (they were applied when the slots were written)."""
+        slack = self.slack if slack is None else slack
+        self._checked = self.length
+        valid = self.mask
+        longest = int(valid.sum(dim=1).max())
+        if self.length - longest <= slack or not can_gather_cache(self.cache):
+            return
+        # A stable sort of 0/1 puts each row's dead slots first, then its real ones in order; the last
+        # `longest` columns hold every real slot.
+        index = torch.argsort(valid, dim=1, stable=True)[:, self.length - longest:]
+        gather_cache(self.cache, index)
+        self._mask[:, :longest] = valid.gather(1, index)
+        self.length = self._checked = longest
+        self.compactions += 1
 
     def select(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
-        self.mask = self.mask[rows]
+        self._mask, self.next_position = self._mask[rows], self.next_position[rows]
