@@ -268,7 +268,7 @@ def load_drafter(name: str | Path, verifier: CausalLM) -> Drafter:
         return NgramDrafter(verifier.vocab_size, name=text, **parse_ngram(text))
     if mtp.is_mtp(text):
         return mtp.load_mtp_drafter(text, verifier)
-    return LMDrafter(load_model(name, device=verifier.device, dtype=verifier.dtype))
+    return LMDrafter(load_model(name, device=verifier.device, dtype=verifier.weight_format))
 
 
 def measure_draft_latency(drafter: Drafter, verifier: CausalLM, context: int = 128, n: int = 5,
