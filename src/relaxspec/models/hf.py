@@ -38,7 +38,7 @@ class CausalLM:
     def __post_init__(self):
         if not self.weight_format:
             self.weight_format = (self.fast.weight_format if self.fast is not None
-                                  else str(self.model.get_output_embeddings().weight.dtype).removeprefix("torch."))
+                                  else str(self.model.get_input_embeddings().weight.dtype).removeprefix("torch."))
 
     @property
     def backend(self) -> str:
@@ -46,7 +46,7 @@ class CausalLM:
 
     @property
     def device(self) -> torch.device:
-        return self.model.get_output_embeddings().weight.device
+        return self.model.get_input_embeddings().weight.device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -55,7 +55,7 @@ class CausalLM:
             return torch.quint4x2
         if self.weight_format == "bfloat16":
             return torch.bfloat16
-        return self.model.get_output_embeddings().weight.dtype
+        return self.model.get_input_embeddings().weight.dtype
 
     @property
     def max_position_embeddings(self) -> int | None:
@@ -64,7 +64,7 @@ class CausalLM:
 
     @property
     def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+        return self.model.get_output_embeddings().out_features  # (an nn.Linear, or one in a format)
 
     @property
     def num_layers(self) -> int:

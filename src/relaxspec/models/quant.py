@@ -13,9 +13,13 @@ LM head) are stored once, in that format, and multiplied by a stock kernel:
 
 What stays float32 in every format: the activations between layers and the residual stream, norms and their
 weights, RoPE, attention (softmax, KV cache), the embedding table, and the logits (always float32 before any
-rule). The bfloat16 and int4 kernels compute each output row from its own input row only (no split of the
-inner dimension that depends on the number of rows): a block of N+1 rows gives the same numbers as N+1
-single-row steps (tested), so strict greedy equals AR greedy exactly in those formats.
+rule).
+
+Blocks and single rows: the int4 kernel gives a row the same numbers whether it is multiplied alone or in a
+block of N+1 rows (tested); oneDNN's float32 and bfloat16 kernels may block the inner dimension differently
+(a difference within their rounding), and so does attention (a block's masked softmax against one row's) in
+every format. Strict greedy therefore equals AR greedy except at near-ties of the verifier's top two logits;
+benchmarks/cpu_peer.py counts the divergences per format and prints each one's top-2 gap.
 
 Quantizing: min-max per group (scale = (max - min) / 15, code = round((w - min) / scale)), from the float
 weights. A GGUF file's Q4_1 tensors are dequantized by transformers (w = d q + m, with q spanning 0..15 in
