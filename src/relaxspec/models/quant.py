@@ -168,13 +168,14 @@ def convert_linears(module: torch.nn.Module, fmt: str, what: str = "model",
 
 
 def gguf_format(path) -> str:
-    """The precision class a GGUF file was shipped in, by the type of most of its matrix elements:
-    int4 (any 4-bit type), bfloat16 (16- or 8-bit types) or float32."""
+    """The precision class a GGUF file was shipped in, by the type of most elements of its blocks' matrices
+    (`blk.*`: a file often keeps its embedding in another type, SmolLM2's Q4_1 file in Q8_0): int4 (any 4-bit
+    type), bfloat16 (16- or 8-bit types) or float32."""
     from gguf import GGUFReader
 
     counts: dict[str, int] = {}
     for tensor in GGUFReader(str(path)).tensors:
-        if len(tensor.shape) >= 2:
+        if len(tensor.shape) >= 2 and tensor.name.startswith("blk."):
             kind = tensor.tensor_type.name
             fmt = "int4" if kind.startswith(("Q4", "IQ4")) else "float32" if kind == "F32" else "bfloat16"
             counts[fmt] = counts.get(fmt, 0) + int(tensor.n_elements)
