@@ -36,7 +36,7 @@ from relaxspec.acceptance import get_rule
 from relaxspec.bench.speedup import block_aware_speedup
 from relaxspec.engine import generate
 from relaxspec.models import load_model
-from relaxspec.models.drafters import load_drafter
+from relaxspec.drafters import load_drafter
 from relaxspec.models.gguf import is_gguf, split_gguf
 from relaxspec.models.prompts import encode_prompts
 from relaxspec.tasks import chat
@@ -111,7 +111,7 @@ class LlamaCpp:
 def speed_table(verifiers: dict, drafters: dict, drafter: str, draft_lengths, rounds: int) -> dict:
     """Per format: {"c_rel": {drafter: c}, "c_block": {tokens: c}, "step_ms"} from the bench's speed_constants
     (interleaved rounds), at the current thread count."""
-    from relaxspec.bench.runner import speed_constants
+    from relaxspec.bench.cell import speed_constants
 
     out = {}
     for fmt, verifier in verifiers.items():
@@ -192,7 +192,7 @@ def greedy_divergences(verifiers, configs, tokens, encoded) -> dict:
 def peak_rss_mb(model: str, fmt: str, drafter: str) -> float:
     """Peak RSS (MB) of a fresh process that loads `model` in `fmt` with `drafter` and generates 16 tokens."""
     code = ("import resource, torch; from relaxspec.models import load_model; "
-            "from relaxspec.models.drafters import load_drafter; from relaxspec.engine import generate; "
+            "from relaxspec.drafters import load_drafter; from relaxspec.engine import generate; "
             f"v = load_model({model!r}, device='cpu', dtype={fmt!r}); d = load_drafter({drafter!r}, v); "
             "generate(v, d, ['Hello'], method='strict', draft_length=3, max_new_tokens=16); "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")

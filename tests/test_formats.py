@@ -9,7 +9,7 @@ import torch
 
 from relaxspec.engine import generate
 from relaxspec.models import load_model
-from relaxspec.models.drafters import load_drafter
+from relaxspec.drafters import load_drafter
 from relaxspec.models.fast_llama import FastLlama
 from relaxspec.models.hf import CausalLM
 from relaxspec.models.quant import (FormatLinear, Linear, convert_linears, dequantize_int4, int4_problem,
