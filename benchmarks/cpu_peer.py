@@ -189,21 +189,27 @@ def greedy_divergences(verifiers, configs, tokens, encoded) -> dict:
     return out
 
 
-def peak_rss_mb(model: str, fmt: str, drafter: str) -> float:
-    """Peak RSS (MB) of a fresh process that loads `model` in `fmt` with `drafter` and generates 16 tokens."""
+def peak_rss_mb(model: str, fmt: str, drafter: str) -> tuple[float, float]:
+    """(peak RSS, RSS after the run) in MB of a fresh process that loads `model` in `fmt` with `drafter` and
+    generates 16 tokens (the peak includes loading: transformers dequantizes a GGUF to float32 first)."""
     code = ("import resource, torch; from relaxspec.models import load_model; "
             "from relaxspec.drafters import load_drafter; from relaxspec.engine import generate; "
             f"v = load_model({model!r}, device='cpu', dtype={fmt!r}); d = load_drafter({drafter!r}, v); "
-            "generate(v, d, ['Hello'], method='strict', draft_length=3, max_new_tokens=16); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+            "generate(v, d, ['Hello'], method='strict', draft_length=3, max_new_tokens=16); " + _PRINT_RSS)
     if fmt == "gguf":
         directory, file = split_gguf(model)
         code = ("import resource, llama_cpp; "
                 f"m = llama_cpp.Llama(model_path={str(directory / file)!r}, n_threads=1, n_ctx=256, verbose=False); "
-                "m.create_completion('Hello', max_tokens=16); "
-                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+                "m.create_completion('Hello', max_tokens=16); " + _PRINT_RSS)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else float("nan")
+    if out.returncode:
+        return float("nan"), float("nan")
+    peak, now = out.stdout.strip().splitlines()[-1].split()
+    return float(peak), float(now)
+
+
+_PRINT_RSS = ("import os; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "
+              "int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 2 ** 20)")
 
 
 def _f(x, digits=2) -> str:
@@ -249,8 +255,8 @@ def report(result: dict, rss: dict) -> str:
         notes.append(f"greedy, {fmt}: {len(found)} of {runs} strict runs differ from AR"
                      + (f" (top-2 logit gaps at the first difference: {gaps})" if found else ""))
     if rss:
-        notes.append("peak RSS (MB, a fresh process loading the model and drafter, generating 16 tokens): "
-                     + ", ".join(f"{k} {v:.0f}" for k, v in rss.items()))
+        notes.append("RSS (MB, a fresh process loading the model and drafter, generating 16 tokens; peak / after): "
+                     + ", ".join(f"{k} {peak:.0f} / {now:.0f}" for k, (peak, now) in rss.items()))
     if not result["llamacpp"]:
         notes.append("llama.cpp: not run (llama-cpp-python is not installed: pip install 'relaxspec[llamacpp]', "
                      "or the model is not a GGUF file)")

@@ -178,7 +178,20 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     fast = FastLlama(model, weight_format)
     if weight_format != "float32":  # one resident copy: FastLlama's, in the format
         FastLlama.release_weights(model)
+        _return_freed_memory()
     return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=fast, weight_format=weight_format)
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc keeps them otherwise: the float32 weights just
+    dropped would still count in the process's resident memory). Elsewhere nothing to do."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _gguf_format(name: str) -> str | None:
