@@ -40,11 +40,13 @@ def test_fast_path_accepts_positions_beyond_the_cache_length():
 
 
 def test_blocks_of_large_weights_go_through_onednn_and_match_transformers():
-    # Weights >= _ONEDNN_MIN_ELEMENTS take oneDNN (reordered copy) for several rows, sgemm for one row.
+    # Weights >= ONEDNN_MIN_ELEMENTS are stored once, reordered for oneDNN (one row and blocks), smaller ones
+    # once as W^T for sgemm.
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from relaxspec.models.fast_llama import _ONEDNN_MIN_ELEMENTS, FastLlama
+    from relaxspec.models.fast_llama import FastLlama
     from relaxspec.models.hf import CausalLM
+    from relaxspec.models.quant import ONEDNN_MIN_ELEMENTS
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=1024, hidden_size=384, intermediate_size=1024, num_hidden_layers=2,
@@ -52,7 +54,8 @@ def test_blocks_of_large_weights_go_through_onednn_and_match_transformers():
     model = LlamaForCausalLM(cfg).eval()
     fast = FastLlama(model)
     assert fast.lm_head.packed is not None and fast.layers[0][4].packed is not None  # lm head, gate/up
-    assert fast.layers[0][2].packed is None and 384 * 384 < _ONEDNN_MIN_ELEMENTS  # o_proj: below the cut
+    assert fast.lm_head.t is None and fast.layers[0][4].t is None  # one copy each
+    assert fast.layers[0][2].packed is None and 384 * 384 < ONEDNN_MIN_ELEMENTS  # o_proj: below the cut
     ids = torch.randint(0, 1024, (2, 20))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # a left-padded row

@@ -218,7 +218,8 @@ def load_drafter(name: str | Path, verifier: CausalLM) -> Drafter:
         return NgramDrafter(verifier.vocab_size, name=text, **parse_ngram(text))
     if mtp.is_mtp(text):
         return mtp.load_mtp_drafter(text, verifier)
-    return LMDrafter(load_model(name, device=verifier.device, dtype=verifier.dtype, compile=verifier.compiled))
+    return LMDrafter(load_model(name, device=verifier.device, dtype=verifier.weight_format,
+                                compile=verifier.compiled))
 
 
 def measure_draft_latency(drafter: Drafter, verifier: CausalLM, context: int = 128, n: int = 5,

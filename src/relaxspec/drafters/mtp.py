@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from relaxspec.drafters.base import Drafter, Proposal
 from relaxspec.models.family import BUILTIN_HEADS, KIND, head_directory, is_mtp  # noqa: F401 - a head's file format
 from relaxspec.models.hf import CausalLM
+from relaxspec.models.quant import Linear, convert_linears
 
 
 @dataclass(frozen=True)
@@ -85,15 +86,20 @@ class _DecoderLayer(torch.nn.Module):
         # Functional calls on the weights: a draft step is per-op overhead bound, module calls add up.
         B, T, H = x.shape
         heads, eps = self.cfg.heads, self.cfg.eps
-        qkv = F.linear(F.rms_norm(x, (H,), self.attn_norm, eps), self.qkv.weight).view(B, T, 3 * heads, H // heads)
+        qkv = _apply(self.qkv, F.rms_norm(x, (H,), self.attn_norm, eps)).view(B, T, 3 * heads, H // heads)
         qk = _rotate(qkv[:, :, :2 * heads], rotation).transpose(1, 2)  # q and k in one rotation
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, 2 * heads:].transpose(1, 2)
         if kv is not None:
             k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        x = x + F.linear(o.transpose(1, 2).reshape(B, T, H), self.o.weight)
-        gate, up = F.linear(F.rms_norm(x, (H,), self.mlp_norm, eps), self.gate_up.weight).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down.weight), (k, v)
+        x = x + _apply(self.o, o.transpose(1, 2).reshape(B, T, H))
+        gate, up = _apply(self.gate_up, F.rms_norm(x, (H,), self.mlp_norm, eps)).chunk(2, dim=-1)
+        return x + _apply(self.down, F.silu(gate) * up), (k, v)
+
+
+def _apply(linear, x):
+    """x @ W^T of an nn.Linear (functionally), or of a FormatLinear (a weight stored in a format, models/quant.py)."""
+    return F.linear(x, linear.weight) if isinstance(linear, torch.nn.Linear) else linear.forward(x)
 
 
 def _rotate(x, rotation):
@@ -209,10 +215,12 @@ class MTPDrafter(Drafter):
         embed, lm_head = verifier_weights(verifier)
         self.embed = embed.detach()
         # x @ W^T with a row-major right operand; a truncated head's W is the rows of its draft vocabulary.
-        self.lm_head_t = head_rows(head, lm_head.detach()).t().contiguous()
+        # Stored in the verifier's weight format, as are the head's layers (models/quant.py).
+        self.lm_head = Linear(head_rows(head, lm_head.detach()), verifier.weight_format)
         self.vocab_size = lm_head.shape[0]
         self.draft_vocab = head.draft_vocab.to(self.embed.device) if head.cfg.draft_vocab else None
         self.head.to(device=self.embed.device, dtype=self.embed.dtype)
+        convert_linears(self.head.layers, verifier.weight_format, f"MTP drafter {name!r}")
         # `head.entries` split in two (same math): the embedding half becomes a per-token table, the
         # feature half one matmul with the norm weight folded in. A draft step is op-count bound.
         H, eps = head.cfg.hidden, head.cfg.eps
@@ -270,7 +278,7 @@ class MTPDrafter(Drafter):
     def _logits(self, feature):
         """Float32 logits [B, V] of features [B, H]; -inf outside a truncated head's draft vocabulary,
         so that q is exactly zero there (strict sampling stays lossless: q only ever proposes)."""
-        logits = torch.mm(feature, self.lm_head_t).float()
+        logits = self.lm_head(feature).float()
         if self.draft_vocab is None:
             return logits
         full = torch.full((logits.shape[0], self.vocab_size), float("-inf"), device=logits.device)

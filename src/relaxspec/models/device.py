@@ -7,6 +7,9 @@ import os
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# --dtype's choices: a torch dtype, int4 (weight-only, group-wise; CPU) or auto (a GGUF file in the precision
+# class it was shipped in, anything else as the default). See models/quant.py.
+DTYPE_CHOICES = (*DTYPES, "int4", "auto")
 # Environment overrides of the defaults (e.g. RELAXSPEC_DEVICE=cpu on a CUDA machine; gpu_check.sh runs the
 # tests with RELAXSPEC_DEVICE=cuda RELAXSPEC_DTYPE=float32). An explicit argument always wins.
 DEVICE_ENV, DTYPE_ENV = "RELAXSPEC_DEVICE", "RELAXSPEC_DTYPE"
@@ -33,6 +36,30 @@ def resolve_device(device=None) -> torch.device:
     elif device.type not in ("cpu", "meta"):
         raise ValueError(f"unsupported device {str(device)!r}; use cpu, cuda, cuda:N or mps")
     return device
+
+
+def resolve_format(dtype=None, device: torch.device | None = None, gguf_format=None) -> tuple[torch.dtype, str]:
+    """(dtype to load the weights in, the format they run in) for a `--dtype` value. On a CPU the weights load
+    in float32 and run in the format (float32, bfloat16 or int4, models/quant.py); float16 on a CPU loads in float16
+    and runs in float32, as before. Elsewhere the format is the dtype. "auto": `gguf_format()` (a callable giving a GGUF
+    file's class, None for another model) on a CPU, else the default. int4 off a CPU is a ValueError."""
+    if dtype is None:
+        dtype = os.environ.get(DTYPE_ENV) or None
+    if isinstance(dtype, str) and dtype in ("int4", "auto"):
+        cpu = device is None or device.type == "cpu"
+        if dtype == "int4" and not cpu:
+            raise ValueError(f"--dtype int4 runs on a CPU only (device {str(device)!r}); use bfloat16 or float32")
+        if dtype == "int4":
+            return torch.float32, "int4"
+        shipped = gguf_format() if cpu and gguf_format is not None else None
+        if shipped is not None:
+            return torch.float32, shipped
+        dtype = None
+    resolved = resolve_dtype(dtype, device)
+    if device is None or device.type == "cpu":  # (float16 loads as asked and runs in float32, as before)
+        return (torch.float16 if resolved == torch.float16 else torch.float32,
+                "bfloat16" if resolved == torch.bfloat16 else "float32")
+    return resolved, str(resolved).removeprefix("torch.")
 
 
 def resolve_dtype(dtype=None, device: torch.device | None = None) -> torch.dtype:

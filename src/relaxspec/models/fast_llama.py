@@ -13,24 +13,24 @@ drafter is almost all per-op overhead, so every op per layer counts:
   (j, j + D/2) sit side by side. q·k is unchanged by a permutation applied to both;
 * the attention mask is built once per call (not per layer), and skipped for a
   single new token that may see every slot;
-* a block of several rows (a verifier's N+1 tokens, a prefill) multiplies large float32 weights on a CPU
-  through oneDNN with the weights reordered once into its blocked layout (`_Linear`), not through MKL's
-  sgemm, which repacks the whole weight on every call: on SmolLM2-135M (AVX2, one thread) a 6-row
-  product costs 2.6x a 1-row one through oneDNN, 3.9-5.9x through sgemm; one row (a decode step) stays on
-  sgemm's matrix-vector path, which streams the weight at memory speed (oneDNN: 1.4-1.9x slower).
+* every large matrix is stored once, in the weight format asked for (`models/quant.py`: float32 through
+  oneDNN on a copy reordered once into its blocked layout, for one row and for a block alike; bfloat16;
+  int4 weight-only, group-wise), so that a block of several rows (a verifier's N+1 tokens, a prefill) reads
+  each weight once, as a one-token step does. Through MKL's sgemm a block repacked the whole weight on every
+  call (3.9-5.9x a step at 6 rows on SmolLM2-135M).
 
-Every tensor it makes (KV buffers, the RoPE table, masks) lives on the weights' device. On a CPU it
-computes in float32 whatever the weights' dtype (bfloat16 / float16 weights are upcast once, into its
-own copies): CPUs without bf16 arithmetic emulate it (measured 2-5x slower, benchmarks/model_speed.py),
-and bf16 arithmetic rounds differently for a block of tokens than for one token at a time, so strict
-greedy would drift from autoregressive greedy. Elsewhere it computes in the weights' dtype, except RoPE,
-which is applied in float32 (bfloat16 has no complex type).
+Every tensor it makes (KV buffers, the RoPE table, masks) lives on the weights' device. On a CPU it computes
+in float32 whatever the weights' format (norms, RoPE, attention, the residual stream and the logits are
+float32; the bfloat16 and int4 kernels round a linear layer's input to bfloat16). Elsewhere it computes in
+the weights' dtype, except RoPE, which is applied in float32 (bfloat16 has no complex type).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from relaxspec.models.quant import Linear
 
 _MASKED = -1e30  # additive mask: finite, so a row with no visible slot (padding) stays NaN-free (capped by the dtype)
 
@@ -77,41 +77,12 @@ def _interleave_rope_pairs(weight: torch.Tensor, heads: int, head_dim: int) -> t
     return per_head.reshape(heads * head_dim, -1)
 
 
-def _as_right_operand(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """W [out, in] stored as a contiguous W^T [in, out] in `dtype`: `x @ W^T` on a row-major right operand
-    is ~1.5x faster than F.linear's transposed one for the few rows a decode step has."""
-    return weight.detach().to(dtype).t().contiguous()
-
-
-# oneDNN's per-call overhead (~25 us) outweighs what it saves on weights below this size (measured crossover
-# 150k-330k elements at 6 rows, AVX2); below it, and where oneDNN is missing, blocks use sgemm too.
-_ONEDNN_MIN_ELEMENTS = 1 << 18
-
-
-class _Linear:
-    """x [M, in] @ W^T for one weight W [out, in]: sgemm on a contiguous W^T [in, out] for one row (or where
-    oneDNN is unavailable), oneDNN on a copy reordered once into its blocked layout for several rows."""
-
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
-        self.t = _as_right_operand(weight, dtype)
-        self.packed = None
-        if (weight.device.type == "cpu" and dtype == torch.float32 and weight.numel() >= _ONEDNN_MIN_ELEMENTS
-                and torch.backends.mkldnn.is_available()):
-            # a second copy of the weight (the one-row path keeps W^T): memory for block speed
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous(), 6)
-
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ W^T, plus `residual` when given."""
-        if self.packed is None or x.shape[0] == 1:
-            return torch.mm(x, self.t) if residual is None else torch.addmm(residual, x, self.t)
-        y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-        return y if residual is None else y.add_(residual)
-
-
 class FastLlama:
     SUPPORTED = ("LlamaForCausalLM",)
 
-    def __init__(self, model):
+    def __init__(self, model, weight_format: str = "float32"):
+        """`weight_format` (float32, bfloat16, int4) applies on a CPU; elsewhere the weights keep their dtype.
+        The transformers model's linear weights are copied (its own stay usable: `release_weights` drops them)."""
         cfg = model.config
         self.num_layers = cfg.num_hidden_layers
         self.heads = cfg.num_attention_heads
@@ -123,6 +94,8 @@ class FastLlama:
         self.embed = inner.embed_tokens.weight
         self.device = self.embed.device
         self.dtype = torch.float32 if self.device.type == "cpu" else self.embed.dtype  # compute dtype
+        self.weight_format = weight_format if self.device.type == "cpu" else str(self.dtype).removeprefix("torch.")
+        self.num_parameters = sum(p.numel() for p in model.parameters())
         self.inv_freq = rotary.inv_freq.float().to(self.device)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._rotations = torch.empty((0, self.head_dim // 2), dtype=torch.complex64, device=self.device)
@@ -137,11 +110,28 @@ class FastLlama:
                              _interleave_rope_pairs(a.k_proj.weight, self.kv_heads, self.head_dim),
                              a.v_proj.weight], dim=0)
             gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight], dim=0)
-            dt = self.dtype
-            self.layers.append((layer.input_layernorm.weight.detach().to(dt), _Linear(qkv, dt),
-                                _Linear(a.o_proj.weight, dt), layer.post_attention_layernorm.weight.detach().to(dt),
-                                _Linear(gate_up, dt), _Linear(m.down_proj.weight, dt)))
-        self.lm_head = _Linear(model.lm_head.weight, self.dtype)
+            dt, fmt = self.dtype, self.weight_format
+            self.layers.append((layer.input_layernorm.weight.detach().to(dt), Linear(qkv, fmt),
+                                Linear(a.o_proj.weight, fmt), layer.post_attention_layernorm.weight.detach().to(dt),
+                                Linear(gate_up, fmt), Linear(m.down_proj.weight, fmt)))
+        self.lm_head = Linear(model.lm_head.weight, self.weight_format)
+
+    @staticmethod
+    def release_weights(model) -> None:
+        """Drop the transformers model's decoder-layer linear weights once a FastLlama holds them in its
+        format (one resident copy); the model then runs only through FastLlama. Its embedding and LM head
+        stay (the embedding table is read by FastLlama; MTP heads borrow both)."""
+        for layer in model.model.layers:
+            for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                           layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+                linear.weight = torch.nn.Parameter(linear.weight.new_empty((0, linear.in_features)),
+                                                   requires_grad=False)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the matrices it keeps (in their format), plus the norms and the embedding table."""
+        mats = [lin for layer in self.layers for lin in (layer[1], layer[2], layer[4], layer[5])] + [self.lm_head]
+        norms = [t for layer in self.layers for t in (layer[0], layer[3])] + [self.final_norm, self.embed]
+        return sum(lin.nbytes for lin in mats) + sum(t.numel() * t.element_size() for t in norms)
 
     @classmethod
     def supports(cls, model) -> bool:

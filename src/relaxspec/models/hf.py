@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from relaxspec.models.device import resolve_device, resolve_dtype
+from relaxspec.models.device import resolve_device, resolve_format
 from relaxspec.models.family import builtin_path, is_builtin, is_mtp
 from relaxspec.models.gguf import check_gguf_packages, is_gguf, split_gguf
+from relaxspec.models.quant import check_format, convert_linears, gguf_format
 
 BACKENDS = ("auto", "fast", "transformers")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -33,6 +34,12 @@ class CausalLM:
     model: torch.nn.Module
     tokenizer: object
     fast: object = None  # a FastLlama over the same weights, where the architecture allows
+    weight_format: str = ""  # what the weights run in (float32, bfloat16, float16, int4; models/quant.py)
+
+    def __post_init__(self):
+        if not self.weight_format:
+            self.weight_format = (self.fast.weight_format if self.fast is not None
+                                  else str(self.model.get_input_embeddings().weight.dtype).removeprefix("torch."))
 
     @property
     def backend(self) -> str:
@@ -45,11 +52,16 @@ class CausalLM:
 
     @property
     def device(self) -> torch.device:
-        return self.model.get_output_embeddings().weight.device
+        return self.model.get_input_embeddings().weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.get_output_embeddings().weight.dtype
+        """The weights' dtype: bfloat16 in that format, torch.quint4x2 for int4, else the LM head's."""
+        if self.weight_format == "int4":
+            return torch.quint4x2
+        if self.weight_format == "bfloat16":
+            return torch.bfloat16
+        return self.model.get_input_embeddings().weight.dtype
 
     @property
     def max_position_embeddings(self) -> int | None:
@@ -58,7 +70,7 @@ class CausalLM:
 
     @property
     def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+        return self.model.get_output_embeddings().out_features  # (an nn.Linear, or one in a format)
 
     @property
     def num_layers(self) -> int:
@@ -69,6 +81,8 @@ class CausalLM:
         return self.tokenizer.eos_token_id
 
     def num_parameters(self) -> int:
+        if self.fast is not None:  # (the transformers model may have handed its weights to it)
+            return self.fast.num_parameters
         return sum(p.numel() for p in self.model.parameters())
 
     def new_cache(self):
@@ -152,7 +166,10 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     GGUF file (`FILE.gguf`, `DIR::FILE.gguf`, or `smollm2`; dequantized on load).
 
     device: "cpu", "cuda", "cuda:N", "mps" or a torch.device (default: cuda when available, else cpu);
-    dtype: "float32", "bfloat16", "float16" or a torch dtype (default: bfloat16 on CUDA, float32 elsewhere).
+    dtype: "float32", "bfloat16", "float16", "int4", "auto" or a torch dtype (default: bfloat16 on CUDA, float32
+    elsewhere). On a CPU it is the weights' format (models/quant.py): the large matrices are stored once in it
+    (float32, bfloat16, or int4 weight-only in groups of 32; "auto": a GGUF file in the class it was shipped
+    in, Q4 -> int4, anything else float32); a model whose layers cannot be stored in it is a ValueError.
     backend "auto" runs Llama-architecture models on a CPU through the lean FastLlama path (same weights,
     same logits, less per-call overhead) and everything else through `transformers`; "fast" forces
     FastLlama (a ValueError for other architectures), "transformers" forces the latter.
@@ -165,8 +182,8 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     if compile and backend == "transformers":
         raise ValueError("compile=True compiles the lean Llama path: it cannot run with backend 'transformers'")
     device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device)
     name = str(name_or_path)
+    dtype, weight_format = resolve_format(dtype, device, lambda: _gguf_format(name))
     if is_mtp(name_or_path):
         raise ValueError(f"{name!r} is an MTP drafter head, not a causal LM: use it as a drafter "
                          f"(--drafter, relaxspec.drafters.load_drafter)")
@@ -200,7 +217,35 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
                              f"({type(model).__name__})")
         return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=CompiledLlama(model))
     use_fast = backend == "fast" or (backend == "auto" and device.type == "cpu" and FastLlama.supports(model))
-    return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=FastLlama(model) if use_fast else None)
+    check_format(model, weight_format, f"model {name!r}")
+    if not use_fast:
+        return CausalLM(name, convert_linears(model, weight_format), tokenizer, weight_format=weight_format)
+    fast = FastLlama(model, weight_format)
+    if weight_format != "float32":  # one resident copy: FastLlama's, in the format
+        FastLlama.release_weights(model)
+        _return_freed_memory()
+    return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=fast, weight_format=weight_format)
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc keeps them otherwise: the float32 weights just
+    dropped would still count in the process's resident memory). Elsewhere nothing to do."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _gguf_format(name: str) -> str | None:
+    """The precision class of a GGUF model reference (None for another model)."""
+    if not is_gguf(name):
+        return None
+    check_gguf_packages()
+    directory, file = split_gguf(name)
+    return gguf_format(directory / file)
 
 
 def _from_pretrained(name: str, source: Path | str, dtype: torch.dtype, extra: dict):

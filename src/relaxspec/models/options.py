@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from relaxspec.models.device import DTYPES
+from relaxspec.models.device import DTYPE_CHOICES
 from relaxspec.models.prompts import CHAT_TEMPLATE_MODES
 
 
@@ -13,10 +13,11 @@ def add_device_args(parser) -> None:
     parser.add_argument("--device", default=None,
                         help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu; "
                              "$RELAXSPEC_DEVICE overrides the default)")
-    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES),
-                        help="the weights' precision (default: bfloat16 on CUDA, float32 elsewhere; "
-                             "$RELAXSPEC_DTYPE overrides the default); on a CPU "
-                             "the fast Llama path computes in float32; logits are float32 before any rule sees them")
+    parser.add_argument("--dtype", default=None, choices=DTYPE_CHOICES,
+                        help="the weights' format (default: bfloat16 on CUDA, float32 elsewhere; $RELAXSPEC_DTYPE "
+                             "overrides the default). On a CPU: float32, bfloat16 or int4 (weight-only, groups of "
+                             "32), stored once; auto: a GGUF file in the precision it was shipped in (Q4 -> int4), "
+                             "anything else float32. Norms, attention and logits stay float32 before any rule")
 
 
 def device_kwargs(args) -> dict:

@@ -1,0 +1,182 @@
+"""Weight formats a CPU user deploys: float32, bfloat16 and int4 weight-only (group-wise), for every model kind.
+
+`--dtype` picks the format (`resolve_format`); on a CPU the large matrices of a model (its linear layers and
+LM head) are stored once, in that format, and multiplied by a stock kernel:
+
+* float32: oneDNN on the weight reordered once into its blocked layout, for one row (a decode step) and for a
+  block of rows alike (small weights, or no oneDNN: sgemm on W^T). One copy.
+* bfloat16: the weight in bfloat16 [out, in], `F.linear` on the activations rounded to bfloat16 (oneDNN).
+* int4: 4-bit codes per weight with a bfloat16 scale and zero per group of `GROUP_SIZE` inputs
+  (w = (q - 8) * scale + zero), `aten._weight_int4pack_mm_for_cpu` on the activations rounded to bfloat16.
+  The kernel needs `in_features % GROUP_SIZE == 0` (`int4_problem`); the output rows are padded with zero
+  rows to a multiple of 16 (its packing), and the padding is sliced off.
+
+What stays float32 in every format: the activations between layers and the residual stream, norms and their
+weights, RoPE, attention (softmax, KV cache), the embedding table, and the logits (always float32 before any
+rule).
+
+Blocks and single rows: the int4 kernel gives a row the same numbers whether it is multiplied alone or in a
+block of N+1 rows (tested); oneDNN's float32 and bfloat16 kernels may block the inner dimension differently
+(a difference within their rounding), and so does attention (a block's masked softmax against one row's) in
+every format. Strict greedy therefore equals AR greedy except at near-ties of the verifier's top two logits;
+benchmarks/cpu_peer.py counts the divergences per format and prints each one's top-2 gap.
+
+Quantizing: min-max per group (scale = (max - min) / 15, code = round((w - min) / scale)), from the float
+weights. A GGUF file's Q4_1 tensors are dequantized by transformers (w = d q + m, with q spanning 0..15 in
+each block of 32: llama.cpp sets m to the block's minimum and d to its range / 15), so quantizing them again
+with groups of 32 recovers the file's own codes (measured: `gguf_code_agreement`), with d and m rounded to
+bfloat16 (a relative 2^-9). Other 4-bit types (Q4_0, Q4_K) are quantized from the dequantized weights anew.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FORMATS = ("float32", "bfloat16", "int4")
+GROUP_SIZE = 32
+INT4_OUT_MULTIPLE = 16  # the CPU int4 packing works on blocks of 16 output rows
+# oneDNN's per-call overhead (~25 us) outweighs what it saves on weights below this size (measured crossover
+# 150k-330k elements at 6 rows, AVX2); below it, and where oneDNN is missing, float32 uses sgemm.
+ONEDNN_MIN_ELEMENTS = 1 << 18
+
+
+def int4_problem(shape, group_size: int = GROUP_SIZE) -> str | None:
+    """Why a weight [out, in] cannot be stored as int4 (None: it can)."""
+    in_features = shape[1]
+    if in_features % group_size:
+        return f"in_features {in_features} is not a multiple of the group size {group_size}"
+    return None
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Min-max 4-bit codes [out, in] (int32, 0..15) and (scale, zero) [in / group, out, 2] (bfloat16) of a
+    float weight [out, in], in the form of the CPU int4 kernel: w = (q - 8) * scale + zero."""
+    out_features, in_features = weight.shape
+    groups = weight.detach().float().reshape(out_features, in_features // group_size, group_size)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = ((groups - low[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.int32)
+    scale_zero = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    return codes.reshape(out_features, in_features), scale_zero
+
+
+def dequantize_int4(codes: torch.Tensor, scale_zero: torch.Tensor, group_size: int = GROUP_SIZE) -> torch.Tensor:
+    """The float32 weight [out, in] that int4 codes and (scale, zero) stand for."""
+    out_features, in_features = codes.shape
+    scale, zero = scale_zero.float().transpose(0, 1).unbind(-1)  # [out, in / group] each
+    groups = (codes.float() - 8).reshape(out_features, -1, group_size) * scale[..., None] + zero[..., None]
+    return groups.reshape(out_features, in_features)
+
+
+class Linear:
+    """x [M, in] (float32) @ W^T for one weight W [out, in] stored once in a format; float32 out [M, out].
+    On a device other than the CPU (formats float32 / bfloat16 / float16 only) W^T is kept in that dtype and
+    x is multiplied in it (the caller's compute dtype)."""
+
+    def __init__(self, weight: torch.Tensor, fmt: str = "float32", group_size: int = GROUP_SIZE):
+        weight = weight.detach()
+        self.format, self.shape, self.group_size = fmt, tuple(weight.shape), group_size
+        self.packed = self.t = self.w = self.scale_zero = None
+        cpu = weight.device.type == "cpu"
+        if fmt == "int4":
+            if not cpu:
+                raise ValueError("the int4 format runs on a CPU only")
+            problem = int4_problem(weight.shape, group_size)
+            if problem:
+                raise ValueError(f"cannot store a weight {list(weight.shape)} as int4: {problem}")
+            pad = -weight.shape[0] % INT4_OUT_MULTIPLE
+            codes, self.scale_zero = quantize_int4(F.pad(weight.float(), (0, 0, 0, pad)), group_size)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
+        elif fmt == "bfloat16" and cpu:
+            self.w = weight.to(torch.bfloat16).contiguous()
+        elif (fmt == "float32" and cpu and weight.numel() >= ONEDNN_MIN_ELEMENTS
+              and torch.backends.mkldnn.is_available()):
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 6)
+        else:  # W^T [in, out] contiguous: `x @ W^T` on a row-major right operand (sgemm / cuBLAS)
+            self.t = weight.to(_DTYPES[fmt]).t().contiguous()
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W^T, plus `residual` when given."""
+        if self.t is not None:
+            return torch.mm(x, self.t) if residual is None else torch.addmm(residual, x, self.t)
+        if self.format == "int4":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, self.group_size,
+                                                           self.scale_zero)[:, :self.shape[0]].float()
+        elif self.format == "bfloat16":
+            y = F.linear(x.to(torch.bfloat16), self.w).float()
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return y if residual is None else y.add_(residual)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this weight keeps resident."""
+        return sum(t.numel() * t.element_size() for t in (self.t, self.w, self.scale_zero, self.packed)
+                   if t is not None and not t.is_mkldnn) + (
+            self.shape[0] * self.shape[1] * 4 if self.packed is not None and self.packed.is_mkldnn else 0)
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class FormatLinear(torch.nn.Module):
+    """An nn.Linear's weight in a format (its bias, if any, in float32): a drop-in for any leading dims."""
+
+    def __init__(self, linear: torch.nn.Linear, fmt: str, group_size: int = GROUP_SIZE):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.linear = Linear(linear.weight, fmt, group_size)
+        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float(),
+                                                                        requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x.reshape(-1, self.in_features).float()).view(*x.shape[:-1], self.out_features)
+        return (y if self.bias is None else y + self.bias).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.linear.format}"
+
+
+def linears(module: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+
+
+def check_format(module: torch.nn.Module, fmt: str, what: str, group_size: int = GROUP_SIZE) -> None:
+    """A one-line ValueError when `module`'s linear layers cannot be stored in `fmt` (checked before any work)."""
+    if fmt == "int4":
+        for name, m in linears(module):
+            problem = int4_problem(m.weight.shape, group_size)
+            if problem:
+                raise ValueError(f"{what} cannot run as int4: layer {name!r} {list(m.weight.shape)}: {problem}; "
+                                 f"use --dtype bfloat16 or float32")
+
+
+def convert_linears(module: torch.nn.Module, fmt: str, what: str = "model",
+                    group_size: int = GROUP_SIZE) -> torch.nn.Module:
+    """Every nn.Linear of `module` (any model: a transformers model, a drafter, an MTP head) replaced in place
+    by a FormatLinear holding its weight once in `fmt` (float32, or off a CPU: left as it is). Shapes are checked first:
+    a model that cannot be stored in `fmt` is one ValueError, with nothing converted."""
+    if fmt not in ("bfloat16", "int4") or any(p.device.type != "cpu" for p in module.parameters()):
+        return module  # (off a CPU the model is already in its dtype)
+    check_format(module, fmt, what, group_size)
+    for name, m in linears(module):
+        parent_name, _, child = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, child, FormatLinear(m, fmt, group_size))
+    return module
+
+
+def gguf_format(path) -> str:
+    """The precision class a GGUF file was shipped in, by the type of most elements of its blocks' matrices
+    (`blk.*`: a file often keeps its embedding in another type, SmolLM2's Q4_1 file in Q8_0): int4 (any 4-bit
+    type), bfloat16 (16- or 8-bit types) or float32."""
+    from gguf import GGUFReader
+
+    counts: dict[str, int] = {}
+    for tensor in GGUFReader(str(path)).tensors:
+        if len(tensor.shape) >= 2 and tensor.name.startswith("blk."):
+            kind = tensor.tensor_type.name
+            fmt = "int4" if kind.startswith(("Q4", "IQ4")) else "float32" if kind == "F32" else "bfloat16"
+            counts[fmt] = counts.get(fmt, 0) + int(tensor.n_elements)
+    return max(counts, key=counts.get) if counts else "float32"

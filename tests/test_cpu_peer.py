@@ -1,0 +1,27 @@
+"""benchmarks/cpu_peer.py's reduced mode (what CI runs, without llama.cpp): every format's rows and constants."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_peer.py"
+
+
+def test_cpu_peer_quick_mode_prints_every_format():
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1] / "src")}
+    out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--no-progress"], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| 1 |")]
+    assert {(r[2].strip(), r[3].strip(), r[4].strip()) for r in rows} == {
+        (fmt, method, drafter) for fmt in ("float32", "bfloat16", "int4")
+        for method, drafter in (("ar", "-"), ("strict", "drafter-mtp"), ("strict", "ngram"))}
+    for r in rows:
+        assert float(r[6]) > 0  # ms/token
+        if r[3].strip() == "strict":  # tau, c_rel, c_block, modelled, measured/modelled all measured
+            assert all(float(x) > 0 for x in r[9:14]), r
+    for fmt in ("float32", "bfloat16", "int4"):
+        assert f"1 thread(s), {fmt}: verifier step" in out.stdout and "6 tokens" in out.stdout
+        assert f"greedy, {fmt}: 0 of 4 strict runs differ from AR" in out.stdout
+    assert "llama.cpp: not run" in out.stdout
