@@ -187,3 +187,30 @@ def test_cache_buffers_are_pooled_per_shape_but_never_shared_by_live_caches(tiny
     third = vc.new_cache()  # while `second` lives: its own buffers
     third.reserve(B, 40)
     assert third.kv[0].data_ptr() != address and third.mask.data_ptr() != second.mask.data_ptr()
+
+
+def test_compiled_keeps_every_weight_transposed_even_where_the_eager_path_packs_it_for_onednn():
+    # Weights above the oneDNN threshold (SmolLM2's) are packed by the eager float32 path; the compiled step
+    # multiplies W^T itself, so it must get a plain W^T for every linear (it read None before).
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=512, intermediate_size=1024, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    eager, compiled = FastLlama(model), CompiledLlama(model)
+    from relaxspec.models.quant import Linear
+
+    assert any(linear.t is None for layer in eager.layers for linear in layer if isinstance(linear, Linear))
+    for w_in, qkv_t, o_t, w_post, gate_up_t, down_t in compiled.weights:
+        for t in (qkv_t, o_t, gate_up_t, down_t):
+            assert isinstance(t, torch.Tensor) and t.dtype == torch.float32
+    for mine, theirs in zip(compiled.layers[0], eager.layers[0]):
+        if isinstance(mine, Linear):
+            x = torch.randn(3, mine.shape[1])
+            torch.testing.assert_close(mine(x), theirs(x), rtol=1e-4, atol=1e-4)
+
+
+def test_compile_with_a_non_float32_cpu_format_is_one_clear_error():
+    with pytest.raises(ValueError, match="compile runs float32 weights on a CPU"):
+        load_model("verifier", device="cpu", dtype="int4", compile=True)

@@ -88,12 +88,10 @@ class StaticKVCache:
 class CompiledLlama(FastLlama):
     """FastLlama's weights and math with `forward` through compiled fixed-shape steps on a StaticKVCache."""
 
+    linear_options = {"transposed": True}  # the compiled step multiplies by W^T itself (inductor picks the kernel)
+
     def __init__(self, model):
         super().__init__(model)
-        for layer in (*self.layers, (self.lm_head,)):
-            for linear in layer:
-                if hasattr(linear, "packed"):
-                    linear.packed = None  # the compiled step multiplies by W^T (inductor picks the kernel)
         self.weights = [(w_in, qkv.t, o.t, w_post, gate_up.t, down.t)
                         for w_in, qkv, o, w_post, gate_up, down in self.layers]
         self.head = self.lm_head.t

@@ -79,6 +79,7 @@ def _interleave_rope_pairs(weight: torch.Tensor, heads: int, head_dim: int) -> t
 
 class FastLlama:
     SUPPORTED = ("LlamaForCausalLM",)
+    linear_options: dict = {}  # passed to every quant.Linear (a subclass may ask for another layout)
 
     def __init__(self, model, weight_format: str = "float32"):
         """`weight_format` (float32, bfloat16, int4) applies on a CPU; elsewhere the weights keep their dtype.
@@ -110,11 +111,11 @@ class FastLlama:
                              _interleave_rope_pairs(a.k_proj.weight, self.kv_heads, self.head_dim),
                              a.v_proj.weight], dim=0)
             gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight], dim=0)
-            dt, fmt = self.dtype, self.weight_format
-            self.layers.append((layer.input_layernorm.weight.detach().to(dt), Linear(qkv, fmt),
-                                Linear(a.o_proj.weight, fmt), layer.post_attention_layernorm.weight.detach().to(dt),
-                                Linear(gate_up, fmt), Linear(m.down_proj.weight, fmt)))
-        self.lm_head = Linear(model.lm_head.weight, self.weight_format)
+            dt, fmt, kw = self.dtype, self.weight_format, self.linear_options
+            self.layers.append((layer.input_layernorm.weight.detach().to(dt), Linear(qkv, fmt, **kw),
+                                Linear(a.o_proj.weight, fmt, **kw), layer.post_attention_layernorm.weight.detach().to(dt),
+                                Linear(gate_up, fmt, **kw), Linear(m.down_proj.weight, fmt, **kw)))
+        self.lm_head = Linear(model.lm_head.weight, self.weight_format, **self.linear_options)
 
     @staticmethod
     def release_weights(model) -> None:

@@ -215,6 +215,9 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
         if not FastLlama.supports(model):
             raise ValueError(f"compile supports {FastLlama.SUPPORTED} with default RoPE, not model {name!r} "
                              f"({type(model).__name__})")
+        if device.type == "cpu" and weight_format != "float32":
+            raise ValueError(f"compile runs float32 weights on a CPU, not {weight_format}: use --dtype float32 "
+                             "(or leave out --compile)")
         return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=CompiledLlama(model))
     use_fast = backend == "fast" or (backend == "auto" and device.type == "cpu" and FastLlama.supports(model))
     check_format(model, weight_format, f"model {name!r}")

@@ -74,7 +74,10 @@ class Linear:
     On a device other than the CPU (formats float32 / bfloat16 / float16 only) W^T is kept in that dtype and
     x is multiplied in it (the caller's compute dtype)."""
 
-    def __init__(self, weight: torch.Tensor, fmt: str = "float32", group_size: int = GROUP_SIZE):
+    def __init__(self, weight: torch.Tensor, fmt: str = "float32", group_size: int = GROUP_SIZE,
+                 transposed: bool = False):
+        """`transposed`: keep W^T as a plain tensor (`t`) in a float format, for a caller that multiplies it
+        itself (the compiled step: inductor picks the kernel)."""
         weight = weight.detach()
         self.format, self.shape, self.group_size = fmt, tuple(weight.shape), group_size
         self.packed = self.t = self.w = self.scale_zero = None
@@ -88,6 +91,8 @@ class Linear:
             pad = -weight.shape[0] % INT4_OUT_MULTIPLE
             codes, self.scale_zero = quantize_int4(F.pad(weight.float(), (0, 0, 0, pad)), group_size)
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
+        elif transposed:
+            self.t = weight.to(_DTYPES[fmt]).t().contiguous()
         elif fmt == "bfloat16" and cpu:
             self.w = weight.to(torch.bfloat16).contiguous()
         elif (fmt == "float32" and cpu and weight.numel() >= ONEDNN_MIN_ELEMENTS
