@@ -118,7 +118,9 @@ def cmd_generate(args) -> int:
     verifier = load_model(args.verifier, **device_kwargs(args), compile=bool(args.compile))
     drafter = None if args.method == AR else load_drafter(args.drafter, verifier)
     pivot_fn = None
-    if args.method == "pad":
+    from relaxspec.bench.config import needs_classifier
+
+    if needs_classifier(args.method):
         from relaxspec.pivot import builtin_classifier_path, load_classifier
 
         path = params.pop("classifier", None) or builtin_classifier_path()

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from relaxspec.acceptance import RULES
 from relaxspec.bench.cell import (CellRunner, CellSpec, cell_config, cell_runner, generate_samples, pad_applies,
                                   pad_classifier, speed_constants, time_batch1)
 from relaxspec.bench.cell_job import SpecJob
@@ -67,9 +68,12 @@ class Cells:
         for name in dict.fromkeys([self.verifier, self.drafter]):
             self.versions[name] = model_version(name)
         self.pivot_fn, self.pad_fits = None, False
-        if config.methods is None or any(m.split(":")[0].strip() == "pad" for m in config.methods):
+        # the rules that read a pivot classifier (declared), in the space searched
+        names = list(RULES) if config.methods is None else [m.split(":")[0].strip() for m in config.methods]
+        classifier_rules = [m for m in names if m in RULES and needs_classifier(m)]
+        if classifier_rules:
             self.pivot_fn, info, spec = pad_classifier(bench)
-            probe = CellSpec(self.verifier, self.drafter, config.task, "pad", {}, 1, config.seed)
+            probe = CellSpec(self.verifier, self.drafter, config.task, classifier_rules[0], {}, 1, config.seed)
             self.pad_fits = self.pivot_fn is not None and pad_applies(probe, spec, bool(config.pad_classifier))
             if self.pad_fits:
                 self.versions["pad_classifier"] = info
