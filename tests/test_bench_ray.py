@@ -80,17 +80,19 @@ def test_ray_grid_stores_the_local_cells(tmp_path, cluster, local_cells):
 
 
 def test_failing_cell_is_reported_and_the_rest_completes(tmp_path, cluster, capsys):
-    # alpha=1.5 is outside mentored's range [0, 1): that cell raises in the engine, the others run and are stored
+    # spec-cont-dec needs the drafter's distribution q, which prompt lookup (ngram) does not give: that cell raises
+    # in the Ray worker's engine, the others run and are stored (an out-of-range parameter is refused before any work)
     out = tmp_path / "res"
     from relaxspec.cli import main
-    code = main(["bench", "--methods", "strict,mentored:alpha=0.5/1.5", "--draft-lengths", "2", "--limit", "1",
+    code = main(["bench", "--drafter", "ngram", "--methods", "strict,mentored:alpha=0.5,spec-cont-dec:beta=0.5",
+                 "--draft-lengths", "2", "--limit", "1",
                  "--repeats", "1", "--looks", "1", "--max-new-tokens", "6", "--speed-prompts", "0", "--workers", "1",
                  "--executor", "ray", "--ray-address", cluster, "--out", str(out), "--no-progress", "--no-plots"])
     assert code == 1
     err = capsys.readouterr().err
     assert "1 cells failed (not stored; re-run to retry them):\n" \
-           "  arithmetic mentored(alpha=1.5) N=2 seed=0: ValueError: " in err
-    assert "[0, 1)" in err and "Traceback" not in err
+           "  arithmetic spec-cont-dec(beta=0.5) N=2 seed=0: ValueError: " in err
+    assert "needs the drafter's distribution" in err and "Traceback" not in err
     cells = dump(out)
     methods = sorted((json.loads(c["config"])["method"], json.loads(c["config"])["params"].get("alpha"))
                      for c in cells.values())

@@ -198,7 +198,8 @@ def _rules():
 
 def needs_classifier(method: str) -> bool:
     """Whether the rule reads a pivot classifier's output (it declares the tensor input)."""
-    return method != AR and CLASSIFIER_INPUT in _rules()[method].inputs
+    rule = _rules().get(method)  # AR and an unknown name (refused elsewhere, with the known ones) read none
+    return rule is not None and CLASSIFIER_INPUT in rule.inputs
 
 
 def extra_draft_passes(method: str) -> int:
