@@ -99,7 +99,7 @@ def _read_prompts(args) -> list[str]:
 
 # TOML keys `generate --config` reads (the bench's keys it has no use for are accepted and ignored)
 GENERATE_KEYS = ("verifier", "drafter", "method", "draft_length", "max_new_tokens", "temperature", "top_k", "top_p",
-                 "seed")
+                 "seed", "phase")
 
 
 def apply_generate_config(args, defaults: dict) -> dict:
@@ -133,6 +133,7 @@ def apply_generate_config(args, defaults: dict) -> dict:
 
 def cmd_generate(args) -> int:
     from relaxspec.engine import generate
+    from relaxspec.engine.phase import parse_phase
     from relaxspec.models import load_model
     from relaxspec.models.drafters import load_drafter
     from relaxspec.models.options import device_kwargs, prompt_kwargs
@@ -142,6 +143,7 @@ def cmd_generate(args) -> int:
         params = apply_generate_config(args, {k: args.parser_defaults[k] for k in GENERATE_KEYS})
     params.update(parse_params(args.param))
     prompts = _read_prompts(args)
+    parse_phase(args.phase)  # a malformed spec is an error before any model loads
     verifier = load_model(args.verifier, **device_kwargs(args))
     drafter = None if args.method == "ar" else load_drafter(args.drafter, verifier)
     pivot_fn = None
@@ -152,7 +154,7 @@ def cmd_generate(args) -> int:
         pivot_fn = load_classifier(path).pivot_fn(verifier, getattr(drafter, "lm", None), force=args.force)
     out = generate(verifier, drafter, prompts, method=args.method, draft_length=args.draft_length,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed, pivot_fn=pivot_fn, **prompt_kwargs(args), **params)
+                   top_p=args.top_p, seed=args.seed, pivot_fn=pivot_fn, phase=args.phase, **prompt_kwargs(args), **params)
     if args.json:
         print(json.dumps({"results": [{"prompt": r.prompt, "text": r.text, "token_ids": r.token_ids,
                                        "seed": r.seed, "stats": _public_stats(r.stats)} for r in out.results],
@@ -292,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, help="keep the k most likely tokens (default: all)")
     g.add_argument("--top-p", type=float, help="keep the smallest set of tokens with this mass (default: all)")
     g.add_argument("--seed", type=int, default=0, help="sequence i samples with a seed derived from (SEED, i)")
+    g.add_argument("--phase", help="relax only inside a span of the response, strict outside: 'think' (<think> .. "
+                                   "</think>) or 'BEGIN..END' (token strings, #ID for a token id; a side may be empty)")
     add_prompt_args(g)
     add_device_args(g)
     g.add_argument("--force", action="store_true",

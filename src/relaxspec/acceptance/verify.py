@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relaxspec.acceptance.base import Targets, VerifyContext, get_rule
+from relaxspec.acceptance.base import Rule, Targets, VerifyContext, get_rule
 from relaxspec.acceptance.random import ACCEPT, TOKEN, Draws, GeneratorDraws
 from relaxspec.acceptance.processing import (
     as_float,
@@ -40,6 +40,7 @@ from relaxspec.acceptance.processing import (
 
 # verify's `greedy` settings: what a rule does at temperature 0.
 GREEDY_MODES = ("rule", "strict")
+STRICT = Rule()  # the base rule is strict: what `relax` falls back to
 
 
 @dataclass
@@ -140,6 +141,7 @@ def verify(
     random: Draws | None = None,
     draft_probs: torch.Tensor | None = None,
     greedy: str = "rule",
+    relax: torch.Tensor | None = None,
     **params,
 ) -> VerifyResult:
     """Verify a block of drafts with acceptance rule `method` (see `RULES`).
@@ -155,6 +157,8 @@ def verify(
     random: where the acceptance uniforms and the residual/bonus sample come from (a `Draws`,
     e.g. `SequenceSeeds(...).at(start)` for per-sequence streams keyed by the output position of
     x_1); default: `generator` (or torch's global generator) in call order.
+    relax: bool [B, N+1], where the rule decides (draft positions, then the bonus position); strict decides
+    elsewhere (same uniforms). Phase-aware relaxation (relaxspec.engine.phase) passes it; None: the rule everywhere.
     """
     rule = get_rule(method)
     if greedy not in GREEDY_MODES:
@@ -163,6 +167,7 @@ def verify(
     if is_greedy(temperature) and (rule.greedy_closed_form or greedy == "strict"):
         check_block(target_logits, draft_logits, draft_tokens, draft_probs)
         rule.validate(params, batch_shape=tuple(draft_tokens.shape), draft_rows=draft_logits.shape[1])
+        _check_relax(relax, *draft_tokens.shape, draft_tokens.device)  # strict everywhere: nothing to relax
         return _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens.long(), draft_probs)
     ctx = build_context(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -174,6 +179,9 @@ def verify(
 
     accept_prob = rule.accept_prob(drafts, **params)
     strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x)
+    relax = _check_relax(relax, B, N, accept_prob.device)
+    if relax is not None:  # phase-aware: strict where the rule may not relax
+        accept_prob = torch.where(relax[:, :N], accept_prob, strict_accept_prob)
     if random is None:
         random = GeneratorDraws(generator, B, accept_prob.device)
     u = random.uniform(ACCEPT, N, dtype=accept_prob.dtype)
@@ -189,9 +197,13 @@ def verify(
     # falls back to p at that position.
     at_row = ctx.rows(torch.arange(B, device=n.device), n.clamp(max=N - 1))
     residual = rule.residual(at_row, **params)
+    bonus = rule.bonus(ctx, **params)
+    if relax is not None:
+        residual = torch.where(relax.gather(1, n.unsqueeze(1)), residual, STRICT.residual(at_row))
+        bonus = torch.where(relax[:, N:], bonus, STRICT.bonus(ctx))
     stopped = (n < N).unsqueeze(1)
     use_residual = stopped & (residual.sum(dim=-1, keepdim=True) > 0)
-    final = torch.where(stopped, at_row.p, rule.bonus(ctx, **params))
+    final = torch.where(stopped, at_row.p, bonus)
     final = torch.where(use_residual, residual, final)
     last = random.sample(final, TOKEN, offset=n)  # [B], drawn for output position start + n
 
@@ -205,6 +217,16 @@ def verify(
         accepted=accepted,
         relaxed_only=accepted & kept & ~(u < strict_accept_prob),
     )
+
+
+def _check_relax(relax, B: int, N: int, device) -> torch.Tensor | None:
+    """verify's `relax` mask as a bool tensor [B, N+1] on the block's device, or None; ValueError if malformed."""
+    if relax is None:
+        return None
+    if not isinstance(relax, torch.Tensor) or relax.dtype != torch.bool or tuple(relax.shape) != (B, N + 1):
+        got = f"{relax.dtype} {list(relax.shape)}" if isinstance(relax, torch.Tensor) else type(relax).__name__
+        raise ValueError(f"relax must be a bool tensor [B, N+1] = [{B}, {N + 1}], got {got}")
+    return relax.to(device)
 
 
 def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs) -> VerifyResult:

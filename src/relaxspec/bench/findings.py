@@ -472,6 +472,7 @@ def check_findings(store, rows: list[dict], max_drop: float = FINDINGS_MAX_DROP,
     """Every finding's verdict on the report rows of one settings group (report.build_rows)."""
     from relaxspec.bench.metrics import decision_confidence
     from relaxspec.bench.report import with_decisions
+    from relaxspec.bench.phase_finding import finding_phase
     column = speed_column(c_rel)
     with_decisions(rows, max_drop)
     roles = drafter_roles(rows)
@@ -479,7 +480,8 @@ def check_findings(store, rows: list[dict], max_drop: float = FINDINGS_MAX_DROP,
     confidence = decision_confidence(looks)
     return [finding_capability(store, rows, confidence), finding_mtp(rows, roles), finding_strong(rows, roles, column),
             finding_weak_lengths(store, rows, roles, column, confidence), finding_tune_n(rows, column),
-            finding_transfer(rows, column), finding_pad(store, rows, column, confidence, max_drop)]
+            finding_transfer(rows, column), finding_pad(store, rows, column, confidence, max_drop),
+            finding_phase(store, rows, confidence, max_drop)]
 
 
 def format_findings(findings: list[Finding], rows: list[dict], max_drop: float, c_rel: float | None) -> str:

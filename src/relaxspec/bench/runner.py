@@ -23,6 +23,7 @@ from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classi
 from relaxspec.bench.metrics import (cell_metrics, compare, decision, decision_confidence, is_decided,
                                      merge_engine_stats)
 from relaxspec.bench.names import AR, STRICT, method_label
+from relaxspec.bench.phase import phase_options
 from relaxspec.bench.store import Row, Store, cell_key, token_hash
 from relaxspec.bench.versions import code_version, file_version, model_version
 
@@ -81,6 +82,7 @@ def cell_config(spec: CellSpec, config: BenchConfig, versions: dict) -> dict:
         "system": config.system,
         "pad_classifier": versions.get("pad_classifier") if needs_classifier(spec.method) else None,
         "code_version": versions["code"],
+        **phase_options(config.phase, spec.task),
     }
 
 
@@ -91,7 +93,8 @@ def generate_samples(spec: CellSpec, prompts: list[str], seeds: list[int], verif
     return generate(verifier, drafter if spec.method != AR else None, prompts, method=spec.method,
                     draft_length=spec.draft_length if spec.method != AR else 1,
                     max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
-                    top_p=config.top_p, seed=seeds, **generation_options(config), **extra, **spec.params)
+                    top_p=config.top_p, seed=seeds, **generation_options(config), **extra, **spec.params,
+                    **phase_options(config.phase, spec.task))
 
 
 def run_samples(spec: CellSpec, task, repeats: range, verifier, drafter, config: BenchConfig, pivot_fn=None):

@@ -38,6 +38,7 @@ from relaxspec.acceptance import (
     process_logits,
     verify,
 )
+from relaxspec.engine.phase import PhaseTracker, check_phase, parse_phase
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.models.drafters import Drafter, Stream, as_drafter, model_device
 from relaxspec.models.hf import CausalLM, hidden_blocks
@@ -132,6 +133,7 @@ def generate(
     pivot_fn=None,
     chat_template: str = "auto",
     system: str | None = None,
+    phase=None,
     **rule_params,
 ) -> GenerationOutput:
     """Generate from `verifier` with `drafter` proposing `draft_length` tokens per round under
@@ -145,8 +147,13 @@ def generate(
     other prompts of the call. Prompts go through the verifier tokenizer's chat template when it
     has one (chat_template "auto"; "on" requires one, "off" never uses it; `system`: a system turn).
     A prompt that does not fit the models' context with `max_new_tokens` is an error. `pivot_fn`
-    computes a rule's `pivot_prob` input from the verifier's hidden states (see relaxspec.pivot)."""
+    computes a rule's `pivot_prob` input from the verifier's hidden states (see relaxspec.pivot).
+    phase: relax only inside a span of the response, strict outside (relaxspec.engine.phase: "think", a
+    "BEGIN..END" spec, a (begin, end) pair of token strings / ids, or a Phase); None relaxes everywhere."""
     check_sampling_args(temperature, top_k, top_p)
+    phase = parse_phase(phase)
+    if phase is not None:
+        check_phase(phase, verifier.tokenizer)
     if isinstance(prompts, str):
         prompts = [prompts]
     if not prompts:
@@ -200,6 +207,7 @@ def generate(
     live = list(range(B))  # which sequence each batch row belongs to
     produced = torch.zeros(B, dtype=torch.long, device=device)  # tokens emitted so far, per live row
     sequence_seeds = SequenceSeeds([seeds[b] for b in live], device)
+    phases = PhaseTracker(phase, verifier.tokenizer, encoded) if phase is not None and rule is not None else None
 
     n_round = 0  # drafts per round (AR: none)
     while live:
@@ -232,6 +240,8 @@ def generate(
             if pivot_fn is not None:
                 params["pivot_prob"] = pivot_fn(hidden[:, 1:], target_logits[:, :n_round],
                                                 draft_logits[:, :n_round], draft_tokens)
+            if phases is not None:
+                params["relax"] = torch.tensor(phases.relax(draft_tokens.tolist()), device=device)
             results = verify(method, target_logits, draft_logits, draft_tokens, **sampling, random=draws,
                              draft_probs=proposal.probs, **params)
             accepted = results.num_accepted
@@ -260,6 +270,8 @@ def generate(
                 traces[seq].append(Round(drafts=drafts_list[b], num_accepted=n, emitted=new[n],
                                          relaxed_only=relaxed_list[b]))
             done.append(stop or len(out) >= max_new_tokens)
+        if phases is not None:
+            phases.advance([emitted_list[b][: accepted_list[b] + 1] for b in range(len(live))])
         last = emitted.gather(1, accepted[:, None]).squeeze(1)
         produced = produced + accepted + 1
         if any(done):
@@ -271,6 +283,8 @@ def generate(
             target.select(keep)
             if rule is not None:
                 drafter.select(keep)
+            if phases is not None:
+                phases.select(keep_list)
 
     stats.time_total_s = time.perf_counter() - t_start
     tokenizer = verifier.tokenizer

@@ -72,6 +72,7 @@ class TuneConfig:
     max_new_tokens: int = 160
     speed_prompts: int = 10  # batch-1 timing prompts (objective measured-bs1 only)
     pad_classifier: str | None = None
+    phase: str | None = None  # relax only inside a span (bench.phase): None, "task", "think" or "BEGIN..END"
     out: str = DEFAULT_OUT
 
     def validate(self) -> None:
@@ -90,6 +91,8 @@ class TuneConfig:
         if not self.budget_minutes > 0:
             raise ValueError(f"tune: budget must be > 0 minutes, got {self.budget_minutes}")
         validate_schedule(self.sizes, self.caps)
+        from relaxspec.bench.phase import check_phase_setting
+        check_phase_setting(self.phase)
 
     def bench_config(self, limit: int) -> BenchConfig:
         """The bench settings of tune's cells (`limit`: the prompts the cells draw from)."""
@@ -97,7 +100,8 @@ class TuneConfig:
         return BenchConfig(verifiers=[self.verifier or DEFAULT_VERIFIER], drafters=[self.drafter or DEFAULT_DRAFTER],
                            tasks=[self.task], seeds=[self.seed], limit=limit, temperature=self.temperature,
                            top_k=self.top_k, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
-                           speed_prompts=self.speed_prompts, pad_classifier=self.pad_classifier, out=str(self.out))
+                           speed_prompts=self.speed_prompts, pad_classifier=self.pad_classifier, out=str(self.out),
+                           phase=self.phase)
 
 
 def search_jobs(n: int, prompts: int) -> list[tuple[int, int]]:
