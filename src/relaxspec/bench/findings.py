@@ -431,6 +431,23 @@ def finding_transfer(rows: list[dict], column: str) -> Finding:
     return f
 
 
+def matched_kind(i: Interval, max_drop: float) -> str:
+    """A matched comparison's interval of (utility - the other's): better, worse, equivalent or undecided."""
+    return "better" if i.low > 0 else "worse" if i.high < 0 else \
+        "equivalent" if -max_drop <= i.low and i.high <= max_drop else "undecided"
+
+
+def majority_verdict(found: dict) -> tuple[str, str]:
+    """Better in more comparisons than worse and in at least a quarter of them, the undecided counted both ways."""
+    total = sum(len(v) for v in found.values())
+
+    def holds(better: int, worse: int) -> bool:
+        return better > worse and better >= total / 4
+
+    better, worse, undecided = len(found["better"]), len(found["worse"]), len(found["undecided"])
+    return _both_ways(holds(better, worse + undecided), holds(better + undecided, worse))
+
+
 def finding_pad(store, rows: list[dict], column: str, confidence: float, max_drop: float) -> Finding:
     f = Finding("PAD", "PAD keeps more utility than the training-free rules at matched length-adjusted speed-up",
                 f"each PAD cell vs each training-free cell of the same drafter, task and N whose S lies within "
@@ -447,9 +464,7 @@ def finding_pad(store, rows: list[dict], column: str, confidence: float, max_dro
                     or math.isnan(r[column]) or abs(r[column] / p[column] - 1) > MATCH:
                 continue
             i = compare(store.utilities(p["key"]), store.utilities(r["key"]), confidence)
-            kind = "better" if i.low > 0 else "worse" if i.high < 0 else \
-                "equivalent" if -max_drop <= i.low and i.high <= max_drop else "undecided"
-            found[kind].append((p, r, i))
+            found[matched_kind(i, max_drop)].append((p, r, i))
     total = sum(len(v) for v in found.values())
     if not total:
         f.verdict, f.reason = _both_ways(False, False, "PAD cells with training-free cells at a matched speed-up")
@@ -458,12 +473,7 @@ def finding_pad(store, rows: list[dict], column: str, confidence: float, max_dro
     for p, r, i in (found["better"] + found["worse"])[:4]:
         f.evidence.append(f"  {_label(p)} ({_f(p[column])}x) - {method_label(r['method'], json.loads(r['params']))} "
                           f"({_f(r[column])}x): {_ci(i)}")
-
-    def holds(better: int, worse: int) -> bool:
-        return better > worse and better >= total / 4
-
-    better, worse, undecided = len(found["better"]), len(found["worse"]), len(found["undecided"])
-    f.verdict, f.reason = _both_ways(holds(better, worse + undecided), holds(better + undecided, worse))
+    f.verdict, f.reason = majority_verdict(found)
     return f
 
 

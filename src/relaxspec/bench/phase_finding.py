@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from relaxspec.bench.findings import Finding, _both_ways, _ci, _f, _label, _relaxed
+from relaxspec.bench.findings import Finding, _both_ways, _ci, _f, _label, _relaxed, majority_verdict, matched_kind
 from relaxspec.bench.metrics import compare
 from relaxspec.bench.names import method_label
 
@@ -46,9 +46,7 @@ def finding_phase(store, rows: list[dict], confidence: float, max_drop: float) -
             continue
         r = min(near, key=lambda r: abs(r["mean_acceptance_length"] - tau))
         i = compare(store.utilities(p["key"]), store.utilities(r["key"]), confidence)
-        kind = "better" if i.low > 0 else "worse" if i.high < 0 else \
-            "equivalent" if -max_drop <= i.low and i.high <= max_drop else "undecided"
-        found[kind].append((p, r, i))
+        found[matched_kind(i, max_drop)].append((p, r, i))
     total = sum(len(v) for v in found.values())
     if not total:
         f.verdict, f.reason = _both_ways(False, False, "cells run with a phase (`bench --phase task` with these "
@@ -61,10 +59,5 @@ def finding_phase(store, rows: list[dict], confidence: float, max_drop: float) -
         f.evidence.append(f"  {_label(p)} (tau {_f(p['mean_acceptance_length'])}) - "
                           f"{method_label(r['method'], json.loads(r['params']))} everywhere "
                           f"(tau {_f(r['mean_acceptance_length'])}): {_ci(i)}")
-
-    def holds(better: int, worse: int) -> bool:
-        return better > worse and better >= total / 4
-
-    better, worse, undecided = len(found["better"]), len(found["worse"]), len(found["undecided"])
-    f.verdict, f.reason = _both_ways(holds(better, worse + undecided), holds(better + undecided, worse))
+    f.verdict, f.reason = majority_verdict(found)
     return f
