@@ -46,12 +46,16 @@ def sglang_chain(target_probs, candidates, coins, final_coin, threshold_single, 
     return accepted, max(v for v in range(V) if relu[v] > 0)
 
 
+def softmax(logits):
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
 def trtllm_relaxed(logits, draft_tokens, relaxed_topk, relaxed_delta):
     """TensorRT-LLM MTP relaxed acceptance for one generation request (mtp.py sample_and_accept_draft_tokens +
     mtpRelaxedAcceptanceKernel): softmax of the logits [N+1][V], top-k by probability, accept while the draft is
     one of the top-k within delta of the top-1 (the top-1 always). Returns the accepted tokens (drafts + golden)."""
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs = probs / probs.sum(-1, keepdims=True)
+    probs = softmax(logits)
     order = np.argsort(-probs, axis=-1, kind="stable")[:, :relaxed_topk]
     values = np.take_along_axis(probs, order, -1)
     accepted = 0
@@ -73,8 +77,7 @@ def trtllm_relaxed(logits, draft_tokens, relaxed_topk, relaxed_delta):
 def vllm_relaxed(logits, draft_tokens, topk, ratio):
     """vLLM PR #43184's relaxed greedy rule, one request: accept while draft in topK(target_probs) and
     P(draft) >= P(top1) * ratio; then the target's argmax."""
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs = probs / probs.sum(-1, keepdims=True)
+    probs = softmax(logits)
     out = []
     for i, d in enumerate(draft_tokens):
         top = np.argsort(-probs[i], kind="stable")[:topk]

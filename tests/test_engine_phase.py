@@ -159,6 +159,8 @@ def test_bench_phase_setting(tmp_path):
     from relaxspec.bench.store import Store
     with pytest.raises(ValueError, match="phase must be 'think' or 'BEGIN..END'"):
         BenchConfig(phase="steps").validate()
+    with pytest.raises(ValueError, match="task 'jsonl:x.jsonl' offers no relaxation span"):
+        BenchConfig(tasks=["arithmetic", "jsonl:x.jsonl"], phase="task").validate()
     config = BenchConfig(verifiers=["verifier"], drafters=["drafter-weak"], tasks=["arithmetic"],
                          methods=["ar", "strict", "ensemble:weight=0.3"], draft_lengths=[2], limit=3, repeats=1,
                          max_new_tokens=40, looks=1, speed_prompts=0, workers=1, out=str(tmp_path), phase="task")

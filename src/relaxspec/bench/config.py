@@ -106,7 +106,7 @@ class BenchConfig:
             warnings.warn("bench: repeats > 1 at temperature 0 (greedy) repeat the same responses", stacklevel=2)
         self.method_specs()  # parsing raises on unknown rules / parameters
         from relaxspec.bench.phase import check_phase_setting
-        check_phase_setting(self.phase)
+        check_phase_setting(self.phase, self.tasks)
 
     def repeats_at(self, look: int) -> int:
         """Cumulative repeats per prompt after look `look` (1-based): repeats * 2^(look-1)."""

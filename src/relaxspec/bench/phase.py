@@ -10,9 +10,15 @@ from __future__ import annotations
 from relaxspec.engine.phase import TASK, Phase, parse_phase
 
 
-def check_phase_setting(value) -> None:
-    """ValueError naming the setting unless it is None, "task" or a phase spec generate accepts."""
-    if value is None or value == TASK:
+def check_phase_setting(value, tasks) -> None:
+    """ValueError naming the setting unless it is None, "task" (every one of `tasks` offering a span) or a phase
+    spec generate accepts; checked before any model loads."""
+    if value is None:
+        return
+    if value == TASK:
+        from relaxspec.tasks import relax_span
+        for task in tasks:
+            relax_span(task)
         return
     if not isinstance(value, str):
         raise ValueError(f"bench: phase must be a string ('task', 'think' or 'BEGIN..END'), got {value!r}")

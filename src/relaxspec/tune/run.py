@@ -92,7 +92,7 @@ class TuneConfig:
             raise ValueError(f"tune: budget must be > 0 minutes, got {self.budget_minutes}")
         validate_schedule(self.sizes, self.caps)
         from relaxspec.bench.phase import check_phase_setting
-        check_phase_setting(self.phase)
+        check_phase_setting(self.phase, [self.task])
 
     def bench_config(self, limit: int) -> BenchConfig:
         """The bench settings of tune's cells (`limit`: the prompts the cells draw from)."""
