@@ -17,7 +17,7 @@ import torch
 
 from relaxspec.engine import generate
 from relaxspec.models import load_model, measure_step_latency
-from relaxspec.models.drafters import load_drafter, measure_draft_latency
+from relaxspec.drafters import load_drafter, measure_draft_latency
 from relaxspec.tasks import synthetic
 
 

@@ -7,7 +7,7 @@ The verifier answers n held-out prompts greedily (the test split of a synthetic 
 prompts through the chat template), keeping its last hidden state of every token. Depth 1 feeds the head
 the verifier's own features (as right after a verify step) and asks, at every answer position, whether the
 head's greedy token is the verifier's; depth d feeds it its own output features of depth d - 1 (as d - 1
-draft steps into a round): training's unroll passes (`mtp.unrolled_outputs`). The verifier's token is its argmax over
+draft steps into a round): training's unroll passes (`training.mtp.unrolled_outputs`). The verifier's token is its argmax over
 the whole vocabulary, so a truncated head is charged for tokens it cannot propose.
 """
 
@@ -18,9 +18,9 @@ import argparse
 import torch
 
 from relaxspec.models import load_model
-from relaxspec.models.drafters import load_drafter
-from relaxspec.models.mtp import (MTPDrafter, TrainConfig, final_features, head_rows, self_distillation_data,
-                                  unrolled_outputs, verifier_weights)
+from relaxspec.drafters import load_drafter
+from relaxspec.drafters.mtp import MTPDrafter, head_rows, verifier_weights
+from relaxspec.training.mtp import TrainConfig, final_features, self_distillation_data, unrolled_outputs
 
 
 def held_out_prompts(task: str, n: int) -> list[str]:

@@ -26,7 +26,7 @@ import torch
 from relaxspec.bench.stats import paired_diff_interval, utility_interval
 from relaxspec.engine import derive_seed, generate
 from relaxspec.models import load_model
-from relaxspec.models.drafters import load_drafter
+from relaxspec.drafters import load_drafter
 from relaxspec.tasks import get_task, relax_span
 from relaxspec.engine.phase import Phase
 

@@ -34,7 +34,7 @@ from relaxspec.acceptance import get_rule
 from relaxspec.bench.speedup import block_aware_speedup
 from relaxspec.engine import GenerationStats, generate
 from relaxspec.models import load_model, measure_step_latencies, relative_costs
-from relaxspec.models.drafters import LMDrafter, load_drafter, measure_draft_latency
+from relaxspec.drafters import LMDrafter, load_drafter, measure_draft_latency
 from relaxspec.models.fast_llama import FastLlama
 from relaxspec.models.hf import CausalLM
 from relaxspec.models.prompts import encode_prompts

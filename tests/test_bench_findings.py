@@ -14,7 +14,7 @@ import pytest
 from relaxspec.acceptance import RULES
 from relaxspec.bench.commands import config_from_args, register
 from relaxspec.bench.config import BenchConfig, estimate_minutes, needs_classifier
-from relaxspec.bench.findings import (CONFIRMED, FINDINGS_MAX_DROP, INCONCLUSIVE, NOT_CONFIRMED, check_findings,
+from relaxspec.study.findings import (CONFIRMED, FINDINGS_MAX_DROP, INCONCLUSIVE, NOT_CONFIRMED, check_findings,
                                       format_findings)
 from relaxspec.bench.report import build_rows
 from relaxspec.bench.runner import plan, run_grid
@@ -221,14 +221,18 @@ def test_report_findings_cli_on_a_tiny_real_run(tmp_path):
                          methods=["ar", "strict", "ensemble:weight=0.8", "cactus:delta=1"], draft_lengths=[2],
                          limit=2, repeats=1, looks=1, speed_prompts=0, max_new_tokens=8, workers=1, out=str(tmp_path))
     run_grid(config, progress=False, log=lambda *a: None)
+    with Store.open_existing(tmp_path) as store:  # what the CLI must print: the findings computed here
+        expected = {f.key: f for f in check_findings(store, build_rows(store, "latest"), FINDINGS_MAX_DROP, None)}
+    assert set(expected) == {"1", "2", "3", "4", "5", "6", "PAD", "phase"}
     src = Path(__file__).resolve().parents[1] / "src"
     out = subprocess.run([sys.executable, "-m", "relaxspec", "report", str(tmp_path), "--findings"],
                          capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(src), "PATH": ""})
     assert out.returncode == 0, out.stderr
-    for key in ("1", "2", "3", "4", "5", "6", "PAD"):
+    for key in ("1", "2", "3", "4", "5", "6", "PAD", "phase"):
         block = out.stdout.split(f"({key}) ", 1)[1].split("\n\n", 1)[0]
         assert "    test: " in block
-        assert any(f"verdict: {v.upper()}: " in block for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE))
+        assert expected[key].verdict in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)
+        assert f"    verdict: {expected[key].verdict.upper()}: {expected[key].reason}\n" in block + "\n", block
     assert "Drafters: MTP drafter-mtp; strong LM drafter-" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "relaxspec", "report", str(tmp_path), "--findings", "--c-rel", "0.3"],
                          capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(src), "PATH": ""})

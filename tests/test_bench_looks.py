@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from relaxspec.bench.config import BenchConfig
-from relaxspec.bench.runner import CellSpec, RunSummary, _look_jobs, run_grid
+from relaxspec.bench.cell import CellSpec
+from relaxspec.bench.runner import RunSummary, _look_jobs, run_grid
 from relaxspec.bench.store import Row, Store
 
 torch.set_num_threads(1)

@@ -3,7 +3,7 @@ import subprocess
 import sys
 
 from relaxspec.acceptance import RULES
-from relaxspec.cli import parse_params, render_trace
+from relaxspec.engine.commands import parse_params, render_trace
 from relaxspec.engine import generate
 from relaxspec.tasks import synthetic
 

@@ -1,4 +1,4 @@
-"""The drafter protocol and its three kinds: LM, MTP head, prompt lookup (DESIGN.md, "Drafters")."""
+"""The drafter protocol and its three kinds: LM, MTP head, prompt lookup (docs/design.md, "Drafters")."""
 
 import json
 import os
@@ -12,8 +12,9 @@ import torch
 from relaxspec.cli import main
 from relaxspec.engine import generate
 from relaxspec.models import load_model
-from relaxspec.models.drafters import LMDrafter, NgramDrafter, load_drafter, measure_draft_latency, parse_ngram
-from relaxspec.models.mtp import HeadConfig, TrainConfig, load_mtp_drafter, train_head, training_prompts
+from relaxspec.drafters import LMDrafter, NgramDrafter, load_drafter, measure_draft_latency, parse_ngram
+from relaxspec.drafters.mtp import HeadConfig, load_mtp_drafter
+from relaxspec.training.mtp import TrainConfig, train_head, training_prompts
 from relaxspec.tasks import synthetic
 from test_engine import strict_vs_ar_by_position
 
@@ -240,7 +241,7 @@ def test_fused_features_start_as_the_last_block_alone_and_are_the_blocks_concate
     """An untrained fusion drafts exactly as an EAGLE-1 head with the same weights (it starts as the last
     block alone); the verifier hands over its blocks' states concatenated, on both backends; the trained
     head drafts from all three blocks (its fusion moved off the start) and says so in its config."""
-    from relaxspec.models.mtp import MTPDrafter, MTPHead
+    from relaxspec.drafters.mtp import MTPDrafter, MTPHead
 
     verifier, _ = builtin_pair
     torch.manual_seed(0)

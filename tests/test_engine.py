@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from relaxspec.engine import GenerationStats, generate
-from relaxspec.models.drafters import Stream
+from relaxspec.models.stream import Stream
 from relaxspec.models import CausalLM, load_model
 from relaxspec.tasks import synthetic
 
@@ -80,11 +80,11 @@ def test_left_padded_batch_gives_each_row_its_own_logits(builtin_pair):
     """A ragged batch (left padding, then rows of different lengths) scores every row exactly as that
     row alone: padding must not leak into the distribution AR or any rule samples from."""
     verifier, _ = builtin_pair
-    from relaxspec.engine.generate import _left_pad
     from relaxspec.models.prompts import encode_prompts
+    from relaxspec.models.stream import left_pad
 
     def _encode(tokenizer, texts):
-        return _left_pad(encode_prompts(tokenizer, texts), tokenizer)
+        return left_pad(encode_prompts(tokenizer, texts), tokenizer)
 
     prompts = _prompts(2) + _prompts(2, "sorting")
     ids, mask = _encode(verifier.tokenizer, prompts)

@@ -1,4 +1,4 @@
-"""Per-sequence random streams (DESIGN.md, "Coupled randomness"): batch invariance, coupling of
+"""Per-sequence random streams (docs/design.md, "Coupled randomness"): batch invariance, coupling of
 methods, per-request seeds, and tensors that follow the models' device."""
 
 import pytest

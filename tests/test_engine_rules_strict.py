@@ -4,7 +4,7 @@ setting (coupled seeds, T = 0.7 and T = 0), and more accepted drafts once relaxe
 import pytest
 
 from relaxspec.engine import generate
-from relaxspec.models.drafters import load_drafter
+from relaxspec.drafters import load_drafter
 from relaxspec.tasks import synthetic
 
 PROMPTS = [e.prompt for e in synthetic.examples("arithmetic", "test", 5)] + \

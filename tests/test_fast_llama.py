@@ -1,6 +1,6 @@
 import torch
 
-from relaxspec.models.drafters import Stream
+from relaxspec.models.stream import Stream
 from relaxspec.models import load_model
 from relaxspec.tasks import synthetic
 

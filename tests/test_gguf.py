@@ -10,10 +10,10 @@ import torch
 from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.models.fast_llama import FastLlama
-from relaxspec.models.drafters import load_drafter
+from relaxspec.drafters import load_drafter
 from relaxspec.models.gguf import save_dequantized, smollm2_gguf_path, split_gguf
 from relaxspec.models.hf import CausalLM
-from relaxspec.models.mtp import verifier_fingerprint
+from relaxspec.drafters.mtp import verifier_fingerprint
 from relaxspec.models.prompts import encode_prompts
 from relaxspec.tasks import chat
 

@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from relaxspec.models import FAMILY, builtin_path, load_model
-from relaxspec.bench.family import task_accuracy
+from relaxspec.models.commands import task_accuracy
 
 
 @pytest.mark.parametrize("name", list(FAMILY))
@@ -34,13 +35,18 @@ def test_family_shares_one_tokenizer_and_is_small():
     assert total <= 25 * 2**20
 
 
-# Floors that untrained or corrupted weights (accuracy 0) cannot pass; see the README table for the measured values.
-ACCURACY_FLOOR = {"verifier": 0.6, "drafter-strong": 0.15}
+# Greedy arithmetic accuracy over 100 held-out problems (README, "Built-in models"); the test reads the first
+# N_HELD_OUT of them, whose mean lies within two standard errors sqrt(p (1 - p) / N) of p: verifier >= 0.75,
+# drafter-strong >= 0.52 (measured on these 20: 0.90 and 0.75).
+MEASURED_ACCURACY = {"verifier": 0.89, "drafter-strong": 0.72}
+N_HELD_OUT = 20
+ACCURACY_FLOOR = {name: p - 2 * math.sqrt(p * (1 - p) / N_HELD_OUT) for name, p in MEASURED_ACCURACY.items()}
 
 
 @pytest.mark.parametrize("name", list(ACCURACY_FLOOR))
 def test_shipped_model_solves_held_out_problems(name):
-    assert task_accuracy(load_model(name), "arithmetic", 20, max_new_tokens=120) >= ACCURACY_FLOOR[name]
+    accuracy = task_accuracy(load_model(name), "arithmetic", N_HELD_OUT, max_new_tokens=120)
+    assert accuracy >= ACCURACY_FLOOR[name], (accuracy, ACCURACY_FLOOR[name])
 
 
 def test_drafters_are_ordered_by_competence():
@@ -58,7 +64,7 @@ def _tiny_spec(layers, **kw):
 
 
 def test_layer_truncation_takes_the_teachers_layers_in_order():
-    from relaxspec.models.train import _copy_from_teacher, build_model
+    from relaxspec.training.family import _copy_from_teacher, build_model
 
     teacher = build_model(_tiny_spec(3), 50, 1, 0, seed=1).eval()
     ids = torch.randint(2, 50, (2, 7))
@@ -77,7 +83,7 @@ def test_layer_truncation_takes_the_teachers_layers_in_order():
 
 
 def test_distill_loss_is_the_kl_on_response_tokens_only():
-    from relaxspec.models.train import _distill_loss
+    from relaxspec.training.family import _distill_loss
 
     torch.manual_seed(0)
     teacher, student = torch.randn(2, 6, 11), torch.randn(2, 6, 11)
@@ -97,7 +103,7 @@ def test_distill_loss_is_the_kl_on_response_tokens_only():
 
 def test_a_distilled_model_needs_its_teacher(tmp_path):
     from relaxspec.models.family import TOKENIZER_DIR
-    from relaxspec.models.train import train_family
+    from relaxspec.training.family import train_family
 
     with pytest.raises(ValueError, match="drafter-strong distils from verifier, which is not in"):
         train_family(tmp_path, only=["drafter-strong"], tokenizer_from=TOKENIZER_DIR, scale=0.001)
@@ -140,7 +146,7 @@ def test_training_script_runs_end_to_end_on_a_tiny_budget(tmp_path, capsys):
 
 
 def test_family_table_lists_each_kind_with_its_cost():
-    from relaxspec.bench.family import family_table
+    from relaxspec.models.commands import family_table
 
     table = family_table(tasks=("arithmetic",), n=2, temperatures=(0.0,))
     rows = {line.split()[0]: line.split() for line in table.splitlines()[2:] if line and not line.startswith("(")}

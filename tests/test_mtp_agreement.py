@@ -17,8 +17,8 @@ def _module():
 
 def test_the_trained_head_agrees_with_the_verifier_and_an_untrained_one_does_not():
     from relaxspec.models import load_model
-    from relaxspec.models.drafters import load_drafter
-    from relaxspec.models.mtp import HeadConfig, MTPDrafter, MTPHead
+    from relaxspec.drafters import load_drafter
+    from relaxspec.drafters.mtp import HeadConfig, MTPDrafter, MTPHead
 
     m = _module()
     verifier = load_model("verifier")

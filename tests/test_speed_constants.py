@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from relaxspec.bench.runner import CellSpec, speed_constants
+from relaxspec.bench.cell import CellSpec, speed_constants
 from relaxspec.models import load_model, measure_step_latencies, relative_costs
 from relaxspec.models.hf import step_clock
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from relaxspec.bench.stats import Interval
 from relaxspec.tune.objective import ratio_interval, speed_interval
 from relaxspec.tune.run import TuneConfig, heldout_jobs, run_tune, search_jobs
 
@@ -109,7 +108,10 @@ def test_ratio_interval_on_known_vectors():
     assert ratio_interval([1.0], [1.0], 0.95).high == math.inf
     with pytest.raises(ValueError, match="objective"):
         speed_interval("nope", {}, {}, 2, 0, 0.1, 1.0, 0.95)
-    assert isinstance(speed_interval("measured-bs1", {}, None, 2, 0, 0.1, 1.0, 0.95, batch1=1.3), Interval)
+    # measured-bs1: the measured batch-1 speed-up itself, over the configuration's samples, with no interval
+    bs1 = speed_interval("measured-bs1", {(0, 0): None, (1, 0): None}, None, 2, 0, 0.1, 1.0, 0.95, batch1=1.3)
+    assert (bs1.mean, bs1.n, bs1.confidence) == (1.3, 2, 0.95) and math.isnan(bs1.low) and math.isnan(bs1.high)
+    assert math.isnan(speed_interval("measured-bs1", {}, None, 2, 0, 0.1, 1.0, 0.95).mean)  # not measured
 
 
 def test_cli_tune_errors_are_one_line(tmp_path):

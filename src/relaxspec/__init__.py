@@ -1,6 +1,7 @@
 """relaxspec: lossless and relaxed speculative decoding, with utility measured next to speed."""
 
-__version__ = "0.1.0"
+from relaxspec.version import __version__
+
 __all__ = ["verify", "generate", "tune"]
 
 

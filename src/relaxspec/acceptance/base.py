@@ -1,7 +1,7 @@
 """What every acceptance rule is made of, and the registry of rules.
 
 A rule is pure math on processed distributions. It gives three things
-(DESIGN.md, "The unified verify step"):
+(docs/design.md, "The unified verify step"):
 
 * `accept_prob`: the probability of accepting draft x_i at each draft position;
 * `residual`: unnormalised weights to sample from at the first rejection;
@@ -255,7 +255,7 @@ class Rule:
       longer be controlled by the verifier is refused by `check_one_hot_q`.
     * `at_greedy`: what the rule does at temperature 0 (p and q one-hot), for the listing.
 
-    What a rule's acceptance test trusts, read by the findings report (bench.findings) to group rules:
+    What a rule's acceptance test trusts, read by the findings report (study.findings) to group rules:
 
     * `trusts_q`: the rule can accept a draft on the drafter's word alone: at some setting it accepts, with
       positive probability, a drafted token the verifier gives probability 0 (a divergence gate, a cascade

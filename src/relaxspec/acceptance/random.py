@@ -1,4 +1,4 @@
-"""Where the random numbers of speculative decoding come from (DESIGN.md, "Coupled randomness").
+"""Where the random numbers of speculative decoding come from (docs/design.md, "Coupled randomness").
 
 Two sources with one interface, `Draws`:
 

@@ -1,11 +1,11 @@
 """Bench cells as executor jobs (see bench.executors), for `relaxspec bench --executor ray`.
 
 A CellJob is one look of one cell, the runner's job tuple (spec, key, repeats done, target repeats) plus what a
-fresh worker needs: the bench config and the versions in the cells' keys. On its first job for a config a Ray
-worker sets itself up exactly like a local pool worker (runner._init_worker: models, tasks, PAD classifier,
-kept in the worker process across its cells) after checking that its code and model files hash to the
-driver's versions (a node with other code or weights fails its cells instead of storing them under the wrong
-key); then it runs the cell like a pool worker (runner._run_in_worker). Each sample is a function of its own
+fresh worker needs: the bench config and the versions in the cells' keys. A Ray worker runs it exactly like a
+local pool worker, through bench.cell.run_cell: on its first job for a config it loads its models, tasks and
+PAD classifier (kept in the worker process across its cells) after checking that its code and model files
+hash to the driver's versions (a node with other code or weights fails its cells instead of storing them
+under the wrong key). Each sample is a function of its own
 per-sequence seed, so the rows do not depend on the worker; the driver alone stores them.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from relaxspec.bench.cell import CellSpec, check_versions, run_cell
 from relaxspec.bench.config import BenchConfig
-from relaxspec.bench.runner import CellSpec
 
 
 class SpecJob:
@@ -42,25 +42,7 @@ class CellJob(SpecJob):
     versions: dict  # code and model versions in the cells' keys
 
     def run(self, cache: dict) -> dict:
-        import torch
-
-        from relaxspec.bench import runner
-        if cache.get("config") != repr(self.config):
-            check_versions(self.versions, self.config)
-            runner._init_worker(self.config, torch.get_num_threads())
-            cache["config"] = repr(self.config)
-        return runner._run_in_worker((self.spec, self.key, self.done, self.target))[2]
-
-
-def check_versions(versions: dict, config: BenchConfig) -> None:
-    from relaxspec.bench.versions import code_version, model_version
-    found = {"code": code_version(), **{m: model_version(m) for m in dict.fromkeys([*config.verifiers,
-                                                                                   *config.drafters])}}
-    for name, version in found.items():
-        if version != versions.get(name):
-            what = "relaxspec code" if name == "code" else f"model {name}"
-            raise ValueError(f"{what} on this worker has version {version}, the driver's has {versions.get(name)} "
-                             "(install the same relaxspec and model files on every node)")
+        return run_cell((self.spec, self.key, self.done, self.target), self.config, cache, self.versions)[2]
 
 
 def ray_results(pool, jobs: list[tuple], config: BenchConfig, versions: dict, failed: list[str]):

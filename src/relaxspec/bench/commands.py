@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from relaxspec.bench.executors import add_executor_arguments, executor_options, print_failed
-from relaxspec.bench.findings import FINDINGS_MAX_DROP
+from relaxspec.bench.names import FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
                                     DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, RUN_PRESETS, SAMPLING_PRESETS, BenchConfig,
@@ -48,7 +48,8 @@ it finishes and a re-run continues where the last one stopped.
 """
 
 
-def _csv_list(cast):
+def csv_list(cast):
+    """An argparse type: a comma-separated list of `cast` values (bench's and tune's list options)."""
     def parse(text: str):
         items = [x.strip() for x in text.split(",") if x.strip()]
         if not items:
@@ -67,12 +68,12 @@ def register(subparsers) -> None:
                               description="Run the bench grid; every finished cell is stored at once.",
                               epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--config", type=Path, help="TOML file with bench settings")
-    b.add_argument("--verifier", type=_csv_list(str), help="verifier model(s), comma-separated")
-    b.add_argument("--drafter", type=_csv_list(str), help="drafter model(s), comma-separated")
-    b.add_argument("--tasks", type=_csv_list(str), help="arithmetic, sorting, humaneval, jsonl:PATH[:metric]")
-    b.add_argument("--methods", type=_csv_list(str), help="methods, see below")
-    b.add_argument("--draft-lengths", type=_csv_list(int), help="e.g. 3,5")
-    b.add_argument("--seed", type=_csv_list(int), help="seed(s), comma-separated")
+    b.add_argument("--verifier", type=csv_list(str), help="verifier model(s), comma-separated")
+    b.add_argument("--drafter", type=csv_list(str), help="drafter model(s), comma-separated")
+    b.add_argument("--tasks", type=csv_list(str), help="arithmetic, sorting, humaneval, jsonl:PATH[:metric]")
+    b.add_argument("--methods", type=csv_list(str), help="methods, see below")
+    b.add_argument("--draft-lengths", type=csv_list(int), help="e.g. 3,5")
+    b.add_argument("--seed", type=csv_list(int), help="seed(s), comma-separated")
     b.add_argument("--limit", type=int, help=f"prompts per task (default {DEFAULT_LIMIT})")
     b.add_argument("--repeats", type=int, help=f"samples per prompt in the first look (default {DEFAULT_REPEATS})")
     b.add_argument("--looks", type=int, help=f"maximum number of looks (default {DEFAULT_LOOKS})")
@@ -93,7 +94,7 @@ def register(subparsers) -> None:
     b.add_argument("--batch-size", type=int, help=f"sequences per generate call (default {DEFAULT_BATCH_SIZE})")
     add_device_args(b)
     add_prompt_args(b)
-    b.add_argument("--pad-thresholds", type=_csv_list(float), help="default 0.3,0.5,0.7")
+    b.add_argument("--pad-thresholds", type=csv_list(float), help="default 0.3,0.5,0.7")
     b.add_argument("--pad-classifier", help="PAD classifier path (default: the built-in one)")
     b.add_argument("--out", type=Path, help=f"output directory (default ./{DEFAULT_OUT})")
     b.add_argument("--threads", type=int, default=1,
@@ -195,7 +196,7 @@ def cmd_report(args) -> int:
 
 
 def _findings(out_dir: Path, max_drop: float, c_rel: float | None) -> int:
-    from relaxspec.bench.findings import check_findings, format_findings, speed_column
+    from relaxspec.study.findings import check_findings, format_findings, speed_column
     from relaxspec.bench.report import build_rows
     from relaxspec.bench.store import Store
 

@@ -2,7 +2,7 @@
 
 A bench is a grid verifier x drafter x task x (method, params) x draft length N x seed. Every cell draws
 its samples (prompt i, repeat r) with the per-sequence seed derive_seed(seed, i, r), the same for every
-method, so cells are coupled sample by sample (see DESIGN.md, "Coupled randomness").
+method, so cells are coupled sample by sample (see docs/design.md, "Coupled randomness").
 
 Sampling is adaptive with a fixed maximum number of looks: look 1 runs `repeats` repeats of every prompt
 in every cell; each later look doubles the repeats of the relaxed cells (and of strict at their N) whose
@@ -18,8 +18,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from relaxspec.bench.findings import FINDINGS_MAX_DROP
-from relaxspec.bench.names import AR
+from relaxspec.bench.names import AR, FINDINGS_MAX_DROP
 
 DEFAULT_OUT = "relaxspec-results"
 DEFAULT_PAD_THRESHOLDS = (0.3, 0.5, 0.7)

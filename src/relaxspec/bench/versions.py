@@ -6,23 +6,24 @@ import hashlib
 import os
 from pathlib import Path
 
-_CODE_PACKAGES = ("acceptance", "engine", "models", "tasks", "pivot")
+from relaxspec.version import __version__
+
+_CODE_PACKAGES = ("acceptance", "engine", "models", "drafters", "tasks", "pivot")
 
 
 def code_version() -> str:
     """relaxspec version + hash of the sources that decide a cell's results (acceptance, engine, models,
-    tasks, pivot). RELAXSPEC_CODE_VERSION, when set, replaces it: e.g. to keep reusing stored cells
+    drafters, tasks, pivot). RELAXSPEC_CODE_VERSION, when set, replaces it: e.g. to keep reusing stored cells
     across an edit known not to change results."""
-    import relaxspec
     if os.environ.get("RELAXSPEC_CODE_VERSION"):
         return os.environ["RELAXSPEC_CODE_VERSION"]
-    root = Path(relaxspec.__file__).parent
-    h = hashlib.sha256(relaxspec.__version__.encode())
+    root = Path(__file__).parents[1]
+    h = hashlib.sha256(__version__.encode())
     for pkg in _CODE_PACKAGES:
         for path in sorted((root / pkg).rglob("*.py")):
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())
-    return f"{relaxspec.__version__}+{h.hexdigest()[:12]}"
+    return f"{__version__}+{h.hexdigest()[:12]}"
 
 
 def file_version(path: str | Path) -> str:
@@ -41,6 +42,6 @@ def file_version(path: str | Path) -> str:
 
 def model_version(name: str) -> str:
     from relaxspec.models import builtin_path, is_builtin
-    from relaxspec.models.mtp import head_directory
+    from relaxspec.models.family import head_directory
     path = builtin_path(name) if is_builtin(name) else head_directory(name)  # a built-in head, or a directory
     return file_version(path) if path.exists() else name  # hub ids: the name is all we know

@@ -1,7 +1,7 @@
 """Batched speculative generation: draft N tokens, verify them in one verifier pass, roll back.
 
 Each round, for every live row:
-  1. the drafter (relaxspec.models.drafters: an LM, an MTP head, prompt lookup) proposes x_1..x_N
+  1. the drafter (relaxspec.drafters: an LM, an MTP head, prompt lookup) proposes x_1..x_N
      with its processed distribution q (one-hot for prompt lookup);
   2. the verifier scores [last, x_1..x_N] in one forward (logits for N drafts + bonus);
   3. `verify` (any acceptance rule) keeps n drafts and emits one more token;
@@ -12,7 +12,7 @@ Each round, for every live row:
 Rows accept different numbers of drafts, so each row's positions come from its own attention-mask
 row while all rows share one cache length (see relaxspec.models.hf).
 
-Randomness (DESIGN.md, "Coupled randomness"): each sequence has its own seed, and every draw it
+Randomness (docs/design.md, "Coupled randomness"): each sequence has its own seed, and every draw it
 consumes (drafter sample, acceptance uniform, residual / bonus / AR sample) is keyed by (that seed,
 the absolute output position, the purpose), so outputs do not depend on the batch, and two
 methods given the same seeds share every draw.
@@ -40,11 +40,11 @@ from relaxspec.acceptance import (
 )
 from relaxspec.engine.phase import PhaseTracker, check_phase, parse_phase
 from relaxspec.engine.stats import GenerationStats
-from relaxspec.models.drafters import Drafter, Stream, as_drafter, model_device
+from relaxspec.drafters import Drafter, as_drafter
 from relaxspec.models.hf import CausalLM, hidden_blocks
 from relaxspec.models.prompts import check_context, encode_prompts
-
-AR = "ar"
+from relaxspec.models.stream import Stream, left_pad, model_device
+from relaxspec.names import AR
 
 
 @dataclass
@@ -80,17 +80,6 @@ def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int
         return logits.argmax(dim=-1), None
     probs = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     return draws.sample(probs, purpose, offset), probs
-
-
-def _left_pad(encoded: list[list[int]], tokenizer, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, encoded))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    device = torch.device("cpu") if device is None else device
-    rows = [[pad] * (width - len(row)) + row for row in encoded]
-    ids = torch.tensor(rows, dtype=torch.long, device=device)
-    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in encoded], dtype=torch.long,
-                        device=device)
-    return ids, mask
 
 
 def _sequence_seeds(seed, batch_size: int) -> list[int]:
@@ -139,7 +128,7 @@ def generate(
     """Generate from `verifier` with `drafter` proposing `draft_length` tokens per round under
     acceptance rule `method` (any name in relaxspec.acceptance.RULES), or plain autoregressive
     decoding with method="ar". temperature 0 is greedy. Stops at EOS or `max_new_tokens`.
-    `drafter`: any Drafter (relaxspec.models.drafters: LM, MTP head, prompt lookup), a CausalLM (an
+    `drafter`: any Drafter (relaxspec.drafters: LM, MTP head, prompt lookup), a CausalLM (an
     LM drafter) or a drafter name for `load_drafter`.
 
     seed: an int (sequence i gets `derive_seed(seed, i)`) or one int per prompt (a per-request seed,
@@ -186,7 +175,7 @@ def generate(
     greedy = is_greedy(temperature)
     encoded = encode_prompts(verifier.tokenizer, prompts, chat_template=chat_template, system=system)
     encoded = check_context(encoded, max_new_tokens, verifier, getattr(drafter, "lm", None))
-    ids, mask = _left_pad(encoded, verifier.tokenizer, device)
+    ids, mask = left_pad(encoded, verifier.tokenizer, device)
     B = ids.shape[0]
     N = draft_length if rule is not None else 0
     extra = rule.extra_draft_passes if rule is not None else 0  # drafter rows beyond N (bonus position)

@@ -1,7 +1,9 @@
-"""The built-in model family: specifications, and where the shipped weights live."""
+"""The built-in model family: specifications, and where the shipped weights live (the family's LMs and MTP
+drafter heads; a head's kind is recognized here so that `load_model` can refuse one)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,7 @@ class ModelSpec:
     teacher: str | None = None
     teacher_layers: tuple[int, ...] = ()
     # Warm restarts, (steps, lr) each: continue from the saved weights with a fresh optimiser, schedule
-    # and data stream (as `python -m relaxspec.models.train --continue-from`).
+    # and data stream (as `python -m relaxspec.training.family --continue-from`).
     restarts: tuple[tuple[int, float], ...] = ()
 
 
@@ -59,3 +61,22 @@ def builtin_path(name: str) -> Path:
 
 def is_builtin(name: str) -> bool:
     return name in FAMILY
+
+
+# MTP drafter heads (relaxspec.drafters.mtp): built-in ones by name, or directories saved by `drafter train`
+KIND = "mtp"
+BUILTIN_HEADS = ("drafter-mtp", "smollm2-drafter")
+
+
+def head_directory(name: str | Path) -> Path:
+    """Where a head lives: a built-in head's name, or a directory."""
+    return BUILTIN_DIR / str(name) if str(name) in BUILTIN_HEADS else Path(name)
+
+
+def is_mtp(name: str | Path) -> bool:
+    """A built-in head name or a directory saved by `relaxspec drafter train --kind mtp`."""
+    config = head_directory(name) / "config.json"
+    try:
+        return json.loads(config.read_text()).get("relaxspec_kind") == KIND
+    except (OSError, ValueError, AttributeError):
+        return False

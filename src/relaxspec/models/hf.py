@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from relaxspec.models.device import resolve_device, resolve_dtype
-from relaxspec.models.family import builtin_path, is_builtin
+from relaxspec.models.family import builtin_path, is_builtin, is_mtp
 from relaxspec.models.gguf import check_gguf_packages, is_gguf, split_gguf
 
 BACKENDS = ("auto", "fast", "transformers")
@@ -129,11 +129,9 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     name = str(name_or_path)
-    from relaxspec.models.mtp import is_mtp
-
     if is_mtp(name_or_path):
         raise ValueError(f"{name!r} is an MTP drafter head, not a causal LM: use it as a drafter "
-                         f"(--drafter, relaxspec.models.drafters.load_drafter)")
+                         f"(--drafter, relaxspec.drafters.load_drafter)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
     if is_gguf(name):
         directory, gguf_file = split_gguf(name)

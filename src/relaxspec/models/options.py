@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from relaxspec.models.device import DTYPES
 from relaxspec.models.prompts import CHAT_TEMPLATE_MODES
 
@@ -31,3 +33,12 @@ def add_prompt_args(parser) -> None:
 
 def prompt_kwargs(args) -> dict:
     return {"chat_template": args.chat_template, "system": args.system}
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default in --help, unless it is None / False or its help already says it."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)

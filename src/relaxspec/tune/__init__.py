@@ -1,5 +1,5 @@
 """Auto-tune: a budgeted search over (rule, strength, N) under a utility budget, confirmed on held-out prompts
-(DESIGN.md, "Auto-tune")."""
+(docs/design.md, "Auto-tune")."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def _positive_or_measured(text: str):
 
 
 def register(subparsers) -> None:
-    from relaxspec.bench.commands import _csv_list
+    from relaxspec.bench.commands import csv_list
     from relaxspec.tune.objective import OBJECTIVES
     from relaxspec.tune.run import (DEFAULT_BUDGET_MINUTES, DEFAULT_HELDOUT_PROMPTS, DEFAULT_HELDOUT_REPEATS,
                                     DEFAULT_MAX_DROP, DEFAULT_OUT, DEFAULT_SEARCH_PROMPTS)
@@ -50,9 +50,9 @@ def register(subparsers) -> None:
                    help="drafter / verifier step cost (default: measured for the pair)")
     t.add_argument("--c-block", type=_positive_or_measured, default=None, metavar="X|measured",
                    help="verifier (N+1)-token block / one-token step cost (default: measured; 1 = Leviathan)")
-    t.add_argument("--methods", type=_csv_list(str),
+    t.add_argument("--methods", type=csv_list(str),
                    help="rules to search (NAME: its range; NAME:PARAM=V1/V2: those points); default: all")
-    t.add_argument("--draft-lengths", type=_csv_list(int), help="N values (default 2..10)")
+    t.add_argument("--draft-lengths", type=csv_list(int), help="N values (default 2..10)")
     t.add_argument("--budget-minutes", type=float, default=DEFAULT_BUDGET_MINUTES,
                    help=f"wall time of the search; later rungs start only if they fit (default "
                         f"{DEFAULT_BUDGET_MINUTES:g}); the confirmation runs after it")
@@ -62,8 +62,8 @@ def register(subparsers) -> None:
                    help=f"the next prompts, for the confirmation (default {DEFAULT_HELDOUT_PROMPTS})")
     t.add_argument("--heldout-repeats", type=int, default=DEFAULT_HELDOUT_REPEATS,
                    help=f"samples per held-out prompt (default {DEFAULT_HELDOUT_REPEATS})")
-    t.add_argument("--rungs", type=_csv_list(int), help="samples per configuration at each rung (default 6,24,72,240)")
-    t.add_argument("--caps", type=_csv_list(int),
+    t.add_argument("--rungs", type=csv_list(int), help="samples per configuration at each rung (default 6,24,72,240)")
+    t.add_argument("--caps", type=csv_list(int),
                    help="configurations kept after each rung but the last (default 64,16,4)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--temperature", type=float, default=0.7)

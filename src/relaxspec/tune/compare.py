@@ -152,13 +152,13 @@ class Comparison:
 
 
 def measure_constants(settings: dict, lengths) -> dict[int, tuple[float, float]]:
-    """{N: (c_rel, c_block)} of the pair measured now (bench.runner.speed_constants: interleaved rounds)."""
+    """{N: (c_rel, c_block)} of the pair measured now (bench.cell.speed_constants: interleaved rounds)."""
     import torch
 
-    from relaxspec.bench.runner import CellSpec
-    from relaxspec.bench.runner import speed_constants as measure
+    from relaxspec.bench.cell import CellSpec
+    from relaxspec.bench.cell import speed_constants as measure
     from relaxspec.models import load_model
-    from relaxspec.models.drafters import load_drafter
+    from relaxspec.drafters import load_drafter
     torch.set_num_threads(1)
     v, d = settings["verifier"], settings["drafter"]
     verifier = load_model(v)

@@ -5,7 +5,7 @@ its tokens / its mean acceptance length (bonus included). For a round of draft l
 `extra` drafter passes, at drafter / verifier step cost c_rel and verifier (N+1)-block / one-token cost c_block:
 * length-adjusted (default): S_len = mean_i(AR tokens_i) / mean_i(rounds_i * ((N + extra) c_rel + c_block)),
   paired by (prompt, repeat) with AR's sample: the block-aware modelled speed-up tau / ((N+extra) c_rel +
-  c_block) times L_AR / L_method (DESIGN.md, "Metrics");
+  c_block) times L_AR / L_method (docs/design.md, "Metrics");
 * modelled: tau / ((N + extra) c_rel + c_block) = mean_i(tokens_i) / mean_i(rounds_i * cost);
   c_block = 1 gives Leviathan's model;
 * measured-bs1: batch-1 wall time, AR / method, ratio of medians (the bench's batch-1 timing); no interval.

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 
-from relaxspec.bench.findings import Finding, _both_ways, _ci, _f, _label, _relaxed, majority_verdict, matched_kind
 from relaxspec.bench.metrics import compare
 from relaxspec.bench.names import method_label
+from relaxspec.study.findings import Finding, _both_ways, _ci, _f, _label, _relaxed, majority_verdict, matched_kind
 
 MATCH_TAU = 0.05  # acceptance lengths within 5% of each other count as the same
 

@@ -16,7 +16,8 @@ def cmd_drafter(args) -> int:
     import torch
 
     from relaxspec.models import load_model
-    from relaxspec.models.mtp import HeadConfig, TrainConfig, train_head, training_prompts
+    from relaxspec.drafters.mtp import HeadConfig
+    from relaxspec.training.mtp import TrainConfig, train_head, training_prompts
     from relaxspec.models.options import device_kwargs
 
     if args.kind != "mtp":
@@ -37,7 +38,8 @@ def cmd_drafter(args) -> int:
 
 def register(subparsers) -> None:
     from relaxspec.models.family import DEFAULT_VERIFIER
-    from relaxspec.models.mtp import SAVE_DTYPES, HeadConfig, TrainConfig
+    from relaxspec.drafters.mtp import SAVE_DTYPES, HeadConfig
+    from relaxspec.training.mtp import TrainConfig
     from relaxspec.models.options import add_device_args
 
     d = subparsers.add_parser("drafter", help="train drafters for a verifier (MTP head)")

@@ -12,7 +12,7 @@ Rules are grouped by what they declare (relaxspec.acceptance.Rule), never by nam
 * verifier-bounded: reads q, does not trust it, only loosens strict's test (`accepts_at_least_strict`) and needs
   no classifier: CACTUS, mentored;
 * training-free: every relaxed rule that needs no classifier; PAD: the rules that read a pivot classifier.
-Drafters by kind: the MTP drafter is an MTP head (relaxspec.models.mtp.is_mtp); among the LM drafters the strong
+Drafters by kind: the MTP drafter is an MTP head (relaxspec.models.family.is_mtp); among the LM drafters the strong
 one agrees most with the verifier (highest acceptance rate under strict, over the run's cells) and the weak one
 least. A strength order within a rule's settings: the measured acceptance rate (the more a setting accepts,
 the stronger the relaxation), which needs no knowledge of the parameter.
@@ -30,14 +30,11 @@ import statistics
 from dataclasses import dataclass, field
 
 from relaxspec.bench.metrics import BEYOND, NO_STRICT, WITHIN, compare
-from relaxspec.bench.names import AR, STRICT, method_label
+from relaxspec.bench.names import AR, FINDINGS_MAX_DROP, STRICT, method_label
 from relaxspec.bench.speedup import C_REL_GRID
 from relaxspec.bench.stats import Interval
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
-# A run of ~80 paired samples cannot show a drop <= 0.03 even when every output equals strict's (Tango's
-# interval at b = c = 0 is +-z^2/(n+z^2) = +-0.046 at n = 80, 95%): the findings' default budget.
-FINDINGS_MAX_DROP = 0.1
 SHARE_LOSES = 0.5  # (2) "loses utility": at least this share of the group's cells beyond the budget
 SHARE_CLOSE = 0.25  # (2) "stays close": at most this share beyond the budget
 SHARE_LONGER = 0.25  # (4) at least this share of the weak drafter's relaxed cells significantly longer
@@ -105,7 +102,7 @@ def _training_free(r: dict) -> bool:
 def drafter_roles(rows: list[dict]) -> dict:
     """{'mtp': name or None, 'strong': name or None, 'weak': name or None} (see the module doc); strong and weak
     need two LM drafters."""
-    from relaxspec.models.mtp import is_mtp
+    from relaxspec.models.family import is_mtp
     drafters = sorted({r["drafter"] for r in rows if r["drafter"]})
     mtp = [d for d in drafters if is_mtp(d)]
     agreement = {d: statistics.fmean(r["acceptance_rate"] for r in rows if r["drafter"] == d
@@ -482,7 +479,7 @@ def check_findings(store, rows: list[dict], max_drop: float = FINDINGS_MAX_DROP,
     """Every finding's verdict on the report rows of one settings group (report.build_rows)."""
     from relaxspec.bench.metrics import decision_confidence
     from relaxspec.bench.report import with_decisions
-    from relaxspec.bench.phase_finding import finding_phase
+    from relaxspec.study.phase import finding_phase
     column = speed_column(c_rel)
     with_decisions(rows, max_drop)
     roles = drafter_roles(rows)

@@ -1,4 +1,4 @@
-"""Drafters: what proposes the tokens a verifier checks (DESIGN.md, "Drafters").
+"""Drafters: what proposes the tokens a verifier checks (docs/design.md, "Drafters").
 
 The engine talks to every drafter through one small protocol, as transformers' `CandidateGenerator`:
 
@@ -16,7 +16,7 @@ the last hidden state; several: their states concatenated, EAGLE-3's fused featu
 hands them those hidden states of the prompt and of every verified block.
 
 Kinds: `LMDrafter` (a causal LM sharing the verifier's vocabulary), `NgramDrafter` (prompt
-lookup), and `relaxspec.models.mtp.MTPDrafter` (a head on the verifier's hidden states).
+lookup), and `relaxspec.drafters.mtp.MTPDrafter` (a head on the verifier's hidden states).
 `load_drafter(name, verifier)` builds any of them from a name.
 """
 
@@ -29,58 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from relaxspec.models.hf import CausalLM, check_same_vocab, crop_cache, load_model
-
-
-def model_device(lm: CausalLM) -> torch.device:
-    """The device the model's weights live on (every tensor the engine makes goes there)."""
-    device = getattr(lm, "device", None)
-    return device if isinstance(device, torch.device) else next(lm.model.parameters()).device
-
-
-class Stream:
-    """One model's cache plus the per-row attention mask over its slots (a row's real slots also
-    count its positions, so there is no separate counter to keep in step)."""
-
-    def __init__(self, lm: CausalLM, device: torch.device | None = None):
-        self.lm = lm
-        self.device = model_device(lm) if device is None else device
-        self.cache = lm.new_cache()
-        self.mask = None  # [B, L] 1 where the cache slot belongs to the row's sequence
-
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, hidden_layer=None):
-        """Returns the hidden state asked for ([B, T, H]; None if not asked or T == 0)."""
-        self.mask = torch.zeros((ids.shape[0], 0), dtype=torch.long, device=self.device)
-        if ids.shape[1]:
-            return self.feed(ids, mask, hidden_layer=hidden_layer)[1]
-        return None
-
-    def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None):
-        """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good;
-        None: all are). Returns float32 logits [B, T, V] and the hidden state asked for (or None)."""
-        # A row's next position is its number of real slots so far.
-        start = self.mask.sum(dim=1, keepdim=True)
-        if valid is None:
-            positions = start + torch.arange(ids.shape[1], device=self.device)
-            valid = torch.ones_like(ids)
-        else:
-            positions = start + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
-        self.mask = torch.cat([self.mask, valid], dim=1)
-        logits, hidden = self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
-        return logits.float(), hidden  # rules see float32 whatever the model's dtype
-
-    def invalidate_tail(self, keep: torch.Tensor, width: int) -> None:
-        """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
-        tail columns that no row uses any more."""
-        self.mask[:, -width:] *= torch.arange(width, device=self.device) < keep[:, None]
-        length = self.mask.shape[1] - width + int(keep.max())
-        if length < self.mask.shape[1]:
-            crop_cache(self.cache, length)
-            self.mask = self.mask[:, :length]
-
-    def select(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows)
-        self.mask = self.mask[rows]
+from relaxspec.models.hf import CausalLM, check_same_vocab, load_model
+from relaxspec.models.stream import Stream, model_device
 
 
 @dataclass
@@ -261,7 +211,7 @@ def load_drafter(name: str | Path, verifier: CausalLM) -> Drafter:
     """A drafter for `verifier` from a name: 'ngram[:n=3][,min=1]' (prompt lookup), a trained MTP head
     (the built-in 'drafter-mtp' or 'smollm2-drafter', or a `relaxspec drafter train` directory: it must have been trained
     for this verifier), or a causal LM (built-in name or Hugging Face directory)."""
-    from relaxspec.models import mtp
+    from relaxspec.drafters import mtp
 
     text = str(name)
     if text == "ngram" or text.startswith("ngram:"):

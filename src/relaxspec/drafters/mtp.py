@@ -27,35 +27,22 @@ matmul is ~12 us of a ~0.5 ms draft step (~2%, per-op overhead bound). `smollm2-
 SmolLM2's 49152 x 576 head costs more than the decoder layer itself; see its config.json for the
 measured cost and coverage behind K.
 
-Training (`relaxspec drafter train --kind mtp`): self-distillation. The verifier answers the
-training prompts with relaxspec's own engine (sampled, T=0.7), one forward over each prompt +
-answer gives its features, and the head learns the verifier's next-token distributions (KL from
-softmax(f W^T) to the head's q) on whole sequences, in `unroll` passes: pass 1 feeds the verifier's
-features (as right after a verify step), each later pass the head's own outputs of the previous
-pass (as deeper into a round; a cheap form of EAGLE-3's training-time test). Checkpointed every 50
-steps, resumable, batches a function of (seed, step).
+Training: `relaxspec.training.mtp` (self-distillation on the verifier's own answers).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-import random
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from relaxspec.models.drafters import Drafter, Proposal
-from relaxspec.models.family import BUILTIN_DIR
-from relaxspec.models.hf import CausalLM, hidden_blocks
-
-KIND = "mtp"
-BUILTIN_HEADS = ("drafter-mtp", "smollm2-drafter")
-CHECKPOINT, DATA = "checkpoint.pt", "train_data.pt"
+from relaxspec.drafters.base import Drafter, Proposal
+from relaxspec.models.family import BUILTIN_HEADS, KIND, head_directory, is_mtp  # noqa: F401 - a head's file format
+from relaxspec.models.hf import CausalLM
 
 
 @dataclass(frozen=True)
@@ -195,19 +182,6 @@ def head_rows(head: MTPHead, lm_head: torch.Tensor) -> torch.Tensor:
     return lm_head[head.draft_vocab.to(lm_head.device)] if head.cfg.draft_vocab else lm_head
 
 
-def answer_tokens(data: dict) -> torch.Tensor:
-    """All answer tokens of self-distillation `data`, concatenated."""
-    return torch.cat([t[start:] for t, start in zip(data["tokens"], data["answer_start"])])
-
-
-def frequent_tokens(data: dict, k: int, vocab_size: int) -> torch.Tensor:
-    """The k token ids most frequent in the answers of self-distillation `data` (ascending ids). Ties (such
-    as tokens never seen, when k exceeds the distinct ones) go to the lower id: in a BPE vocabulary an
-    earlier merge, a token more common in the tokenizer's own training text."""
-    counts = torch.bincount(answer_tokens(data), minlength=vocab_size).double()
-    return (counts * vocab_size - torch.arange(vocab_size, device=counts.device)).topk(k).indices.sort().values
-
-
 def verifier_fingerprint(verifier: CausalLM) -> str:
     """sha256 of the verifier's architecture (type, vocab, hidden size, layers) and of its embedding
     and LM head rounded to bfloat16 (the same whether it is loaded in float32, float16 or bfloat16)."""
@@ -328,20 +302,6 @@ class MTPDrafter(Drafter):
 # ---------------------------------------------------------------- files
 
 
-def head_directory(name: str | Path) -> Path:
-    """Where a head lives: a built-in head's name, or a directory."""
-    return BUILTIN_DIR / str(name) if str(name) in BUILTIN_HEADS else Path(name)
-
-
-def is_mtp(name: str | Path) -> bool:
-    """A built-in head name or a directory saved by `relaxspec drafter train --kind mtp`."""
-    config = head_directory(name) / "config.json"
-    try:
-        return json.loads(config.read_text()).get("relaxspec_kind") == KIND
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
@@ -378,251 +338,3 @@ def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
     head = MTPHead(HeadConfig(**{k: config[k] for k in HeadConfig.__dataclass_fields__ if k in config}))
     head.load_state_dict(load_file(path / "model.safetensors"))
     return MTPDrafter(head, verifier, name=str(name))
-
-
-# ---------------------------------------------------------------- training
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 400
-    batch_size: int = 16  # sequences per step
-    unroll: int = 3  # passes per step, each fed the head's own output features of the previous one
-    lr: float = 2e-3
-    max_new_tokens: int = 160  # length of the verifier's generations
-    temperature: float = 0.7  # sampling temperature of the verifier's generations
-    seed: int = 0
-    save_dtype: str = "float32"  # of the saved weights ("float16" halves the file)
-    gen_batch: int = 32  # answers generated at once (larger on a GPU)
-
-
-def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig,
-                           hidden_layers: tuple[int, ...] = (-1,)) -> dict:
-    """The verifier's own answers to `prompts` (through its chat template when it has one; sampled at
-    cfg.temperature, greedy at 0), generated in batches of cfg.gen_batch with the hidden states of blocks
-    `hidden_layers` (ending with the last, -1) of every token taken as it is fed (one pass: no second
-    forward over prompt + answer). Per sequence: its token ids [S] (prompt + answer + EOS when it stopped),
-    features [S, k H] (float16; the last token's, never fed nor needed, is zero; the last H columns are the
-    final hidden state) and where its answer starts."""
-    from tqdm import tqdm
-
-    from relaxspec.engine.generate import _left_pad
-    from relaxspec.models.drafters import Stream
-    from relaxspec.models.prompts import encode_prompts
-
-    data = {"tokens": [], "features": [], "answer_start": []}
-    eos = verifier.eos_token_id
-    encoded = encode_prompts(verifier.tokenizer, prompts, chat_template="auto")
-    draws = torch.Generator(device=verifier.device)
-    bar = tqdm(total=len(prompts), desc="verifier answers", unit="answer", dynamic_ncols=True)
-    batch = cfg.gen_batch
-    for i in range(0, len(prompts), batch):
-        chunk = encoded[i:i + batch]
-        # A batch's draws depend on its own prompts only: the data of a list is the union of its batches'.
-        draws.manual_seed(cfg.seed * 1_000_003 + int(hashlib.sha256(prompts[i].encode()).hexdigest()[:12], 16))
-        ids, mask = _left_pad(chunk, verifier.tokenizer, verifier.device)
-        stream = Stream(verifier)
-        stream.prefill(ids[:, :0], mask[:, :0])
-        logits, hidden = stream.feed(ids, mask, hidden_layer=hidden_layers)
-        features = [list(h[m.bool()]) for h, m in zip(hidden, mask)]
-        answers = [[] for _ in chunk]
-        live = list(range(len(chunk)))  # chunk index of each row still generating
-        for step in range(cfg.max_new_tokens):
-            last = logits[:, -1]
-            token = (last.argmax(dim=-1) if cfg.temperature == 0 else
-                     torch.multinomial(torch.softmax(last / cfg.temperature, dim=-1), 1, generator=draws)[:, 0])
-            for r, t in zip(live, token.tolist()):
-                answers[r].append(t)
-            going = token != eos if eos is not None else torch.ones_like(token, dtype=torch.bool)
-            if step == cfg.max_new_tokens - 1 or not bool(going.any()):
-                break
-            if not bool(going.all()):
-                rows = going.nonzero()[:, 0]
-                stream.select(rows)
-                live, token = [live[r] for r in rows.tolist()], token[rows]
-            logits, hidden = stream.feed(token[:, None], hidden_layer=hidden_layers)
-            for r, h in zip(live, hidden[:, 0]):
-                features[r].append(h)
-        for prompt_ids, answer, feats in zip(chunk, answers, features):
-            data["tokens"].append(torch.tensor(prompt_ids + answer, device="cpu"))
-            data["features"].append(torch.cat([torch.stack(feats), torch.zeros_like(feats[0])[None]]).to(
-                "cpu", torch.float16))
-            data["answer_start"].append(len(prompt_ids))
-        bar.update(len(chunk))
-    bar.close()
-    return data
-
-
-def _lr(step: int, cfg: TrainConfig) -> float:
-    warmup = max(1, cfg.steps // 20)
-    return cfg.lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / cfg.steps)))
-
-
-def head_loss(head: MTPHead, data: dict, rows: list[int], embed, lm_head, unroll: int) -> torch.Tensor:
-    """Mean KL(verifier || head) over the answer entries of sequences `rows` (over the vocabulary of
-    `lm_head`'s rows: the verifier's whole LM head, or a truncated head's rows, where both
-    distributions are renormalized), averaged over `unroll` passes: pass 1 feeds entry k the verifier's feature f_{k-1} (as after a verify step), pass m the
-    head's own output g_{k-1} of pass m - 1 (as m - 1 draft steps into a round)."""
-    S = max(len(data["tokens"][r]) for r in rows)
-    B, H = len(rows), embed.shape[1]
-    # Assembled where the data lives (the CPU), then moved to the weights' device in one copy each.
-    tokens = torch.zeros((B, S), dtype=torch.long, device="cpu")
-    features = torch.zeros((B, S, data["features"][rows[0]].shape[-1]), dtype=torch.float16, device="cpu")
-    valid = torch.zeros((B, S), dtype=torch.long, device="cpu")
-    scored = torch.zeros((B, S - 1), dtype=torch.bool, device="cpu")  # entries k = 1..S-1 whose target t_{k+1} exists
-    for b, r in enumerate(rows):
-        n = len(data["tokens"][r])
-        tokens[b, :n], features[b, :n], valid[b, :n] = data["tokens"][r], data["features"][r], 1
-        # Entry k drafts t_{k+1}; drafting starts at the entry of the last prompt token.
-        scored[b, max(0, data["answer_start"][r] - 2): n - 2] = True
-    tokens, valid, scored = (t.to(embed.device) for t in (tokens, valid, scored))
-    features = features.to(embed.device).float()
-    with torch.no_grad():  # [M, V]: the targets of the scored entries (of entries 1..S-1); only those reach the LM head
-        log_p = torch.log_softmax(final_features(features, H)[:, 1:][scored] @ lm_head.t(), dim=-1)
-    total = 0.0
-    for out in unrolled_outputs(head, tokens, features, valid, embed, unroll):
-        log_q = torch.log_softmax(out[scored] @ lm_head.t(), dim=-1)
-        total = total + (log_p.exp() * (log_p - log_q)).sum(dim=-1).mean()
-    return total / unroll
-
-
-def unrolled_outputs(head: MTPHead, tokens, features, valid, embed, passes: int):
-    """The head's output features [B, S-1, H] over whole sequences (tokens [B, S], the verifier's hidden
-    states [B, S, k H] of the head's `feature_layers`, valid [B, S]), one per pass: pass 1 feeds entry
-    k = (f_{k-1}, E[t_k]) the verifier's feature (as right after a verify step), pass m the head's own output
-    g_{k-1} of pass m - 1 (as m - 1 draft steps into a round). Output k predicts t_{k+1}."""
-    embeddings = F.embedding(tokens[:, 1:], embed)
-    positions = torch.arange(tokens.shape[1] - 1, device=tokens.device)[None].expand(tokens.shape[0], -1)
-    features = head.verifier_features(features)
-    inputs = features[:, :-1]
-    for _ in range(passes):
-        out, _ = head(head.entries(inputs, embeddings), valid[:, 1:], positions)
-        yield out
-        inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)  # entry k now gets g_{k-1}
-
-
-def final_features(features, hidden: int):
-    """The verifier's last hidden state (after its final norm) [..., H] out of stored features [..., k H]."""
-    return features[..., -hidden:]
-
-
-def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: HeadConfig | None = None,
-               cfg: TrainConfig = TrainConfig(), stop_after: int | None = None, log=print) -> Path:
-    """Train an MTP head for `verifier` on its own answers to `prompts` and save it under `out`.
-    Resumes from `out/checkpoint.pt` (and reuses `out/train_data.pt`) when present and made with
-    the same settings; `stop_after` ends the run early after that many steps (checkpoint kept)."""
-    from tqdm import tqdm
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    embed, lm_head = (w.detach().float() for w in verifier_weights(verifier))
-    head_cfg = head_cfg or HeadConfig(hidden=embed.shape[1])
-    if head_cfg.hidden != embed.shape[1]:
-        raise ValueError(f"head hidden size {head_cfg.hidden} != the verifier's {embed.shape[1]}")
-    hidden_blocks(head_cfg.feature_layers, verifier.num_layers)  # a block the verifier lacks: a ValueError, before any work
-    identity = {"verifier": verifier_fingerprint(verifier), "prompts": hashlib.sha256("\n".join(prompts).encode())
-                .hexdigest()[:16], "head": asdict(head_cfg), "train": asdict(cfg)}
-    data_identity = {k: identity[k] for k in ("verifier", "prompts")} | {
-        k: identity["train"][k] for k in ("max_new_tokens", "temperature", "seed", "gen_batch")} | {
-        "feature_layers": list(head_cfg.feature_layers)}
-    t0 = time.perf_counter()
-    data_file = out / DATA
-    data = torch.load(data_file, map_location="cpu") if data_file.exists() else None
-    if data is None or data.get("identity") != data_identity:
-        with torch.inference_mode():
-            data = self_distillation_data(verifier, prompts, cfg, hidden_layers=head_cfg.feature_layers) | {
-                "identity": data_identity}
-        torch.save(data, data_file)
-    rows = [r for r in range(len(data["tokens"])) if len(data["tokens"][r]) - data["answer_start"][r] >= 1]
-    log(f"self-distillation data: {len(prompts)} answers, {sum(map(len, data['tokens']))} tokens")
-
-    torch.manual_seed(cfg.seed)
-    with torch.device("cpu"):  # made on the CPU, then moved: a seed gives the same initial head on every device
-        head = MTPHead(head_cfg)
-    if head_cfg.draft_vocab:
-        if head_cfg.draft_vocab > embed.shape[0]:
-            raise ValueError(f"draft vocabulary {head_cfg.draft_vocab} > the verifier's {embed.shape[0]} tokens")
-        head.draft_vocab.copy_(frequent_tokens(data, head_cfg.draft_vocab, embed.shape[0]))
-        log(f"draft vocabulary: the {head_cfg.draft_vocab} most frequent answer tokens cover "
-            f"{torch.isin(answer_tokens(data), head.draft_vocab).float().mean():.2%} of the answers")
-    head.to(embed.device)
-    lm_head = head_rows(head, lm_head)  # the loss compares p and q over the scored rows (renormalized there)
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    step, seconds = 0, 0.0
-    checkpoint = out / CHECKPOINT
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, map_location=embed.device)
-        if saved["identity"] == identity:
-            head.load_state_dict(saved["head"])
-            opt.load_state_dict(saved["optimizer"])
-            step, seconds = saved["step"], saved["seconds"]
-            log(f"resuming from step {step} of {cfg.steps}")
-        else:
-            log(f"ignoring {checkpoint}: it was made with other settings")
-
-    def save_checkpoint():
-        torch.save({"identity": identity, "head": head.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "seconds": seconds + time.perf_counter() - t_start}, checkpoint)
-
-    t_start = time.perf_counter()
-    end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
-    bar = tqdm(total=cfg.steps, initial=step, desc="train mtp head", unit="step", dynamic_ncols=True)
-    loss_ema = None
-    head.train()
-    while step < end:
-        gen = torch.Generator(device="cpu").manual_seed(cfg.seed * 1_000_003 + step)  # batch = f(seed, step): resumable
-        batch = [rows[i] for i in torch.randint(len(rows), (cfg.batch_size,), generator=gen, device="cpu").tolist()]
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, cfg)
-        loss = head_loss(head, data, batch, embed, lm_head, cfg.unroll)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        step += 1
-        loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
-        bar.update()
-        bar.set_postfix(kl=f"{loss_ema:.3f}")
-        if step % 50 == 0 or step == end:
-            save_checkpoint()
-    bar.close()
-    if step < cfg.steps:
-        log(f"stopped at step {step} of {cfg.steps}: run again to resume")
-        return out
-    seconds += time.perf_counter() - t_start
-    training = {"prompts": len(prompts), "tokens": sum(map(len, data["tokens"])), **asdict(cfg),
-                "train_seconds": round(seconds, 1), "data_seconds": round(t_start - t0, 1),
-                "final_kl": None if loss_ema is None else round(loss_ema, 4)}
-    save_head(head.eval(), verifier, out, training, dtype=cfg.save_dtype)
-    checkpoint.unlink()
-    data_file.unlink()
-    log(f"mtp head: {sum(p.numel() for p in head.parameters()):,} params, {cfg.steps} steps in {seconds:.0f}s "
-        f"(+{t_start - t0:.0f}s of data), KL {loss_ema}; saved to {out}")
-    return out
-
-
-def training_prompts(tasks: list[str], n: int, prompts_file: str | None = None) -> list[str]:
-    """Prompts to distil on: a JSONL file's 'prompt's, or n per task (built-in synthetic tasks: their
-    train split, disjoint from the held-out test problems; 'chat': `tasks.chat.training_prompts`,
-    disjoint from the held-out chat prompts `chat.HELDOUT`)."""
-    if prompts_file is not None:
-        lines = Path(prompts_file).read_text(encoding="utf-8").splitlines()
-        try:
-            prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(f"{prompts_file}: expected one JSON object with a 'prompt' per line") from None
-        if not prompts:
-            raise ValueError(f"{prompts_file}: no prompts")
-        return prompts
-    from relaxspec.tasks import chat, get_task, synthetic
-
-    prompts = []
-    for task in tasks:
-        if task == "chat":  # template x subject chat prompts, disjoint from chat.HELDOUT
-            prompts += chat.training_prompts(n)
-        elif task in synthetic.GENERATORS:
-            prompts += [e.prompt for e in synthetic.examples(task, "train", n)]
-        else:
-            prompts += get_task(task, limit=n).prompts
-    random.Random(0).shuffle(prompts)
-    return prompts

@@ -1,5 +1,7 @@
-"""`relaxspec models list`: the built-in family with sizes, latency, c_rel and task accuracy (runs the engine
-on the tasks, so it lives in the bench layer)."""
+"""`relaxspec models list / path / train`: the built-in family with sizes, latency, c_rel and task accuracy.
+
+A command module: it belongs to the CLI layer (it runs the engine on the tasks, and `models train` the
+training layer), next to the package it is about."""
 
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def _training_cost(info: dict) -> str:
 
 def _head_row(path: Path, verifier, verifier_latency: float, accuracy_columns: int) -> list[str]:
     """The family table's row of an MTP head drafting for the built-in verifier."""
-    from relaxspec.models.drafters import load_drafter, measure_draft_latency
+    from relaxspec.drafters import load_drafter, measure_draft_latency
 
     config = json.loads((path / "config.json").read_text())
     latency = measure_draft_latency(load_drafter(str(path), verifier), verifier)
@@ -69,3 +71,54 @@ def _head_row(path: Path, verifier, verifier_latency: float, accuracy_columns: i
             f"{latency * 1e3:.2f}", f"{latency / verifier_latency:.3f}",
             f"{training['steps']} steps, {training['train_seconds'] + training['data_seconds']:.0f}s"] + \
         ["-"] * accuracy_columns
+
+
+# ------------------------------------------------------------------ command
+
+
+def cmd_models(args) -> int:
+    from relaxspec.models import family
+
+    if args.models_cmd == "path":
+        print(family.builtin_path(args.name))
+        return 0
+    from relaxspec.models.options import device_kwargs
+
+    if args.models_cmd == "train":
+        from relaxspec.training.family import train_family
+
+        if args.out.resolve() == family.BUILTIN_DIR.resolve():
+            raise ValueError(f"--out {args.out} is the package's shipped weights directory; train into another "
+                             "directory (and copy it there yourself if you mean to replace them)")
+        train_family(args.out, seed=args.seed, scale=args.scale, only=args.only)
+        print(family_table(tasks=args.tasks, n=args.n, root=args.out, **device_kwargs(args)))
+        return 0
+    import torch
+
+    torch.set_num_threads(args.threads)
+    print(family_table(tasks=args.tasks, n=args.n, root=args.dir, **device_kwargs(args)))
+    return 0
+
+
+def register(subparsers) -> None:
+    from relaxspec.models.options import DefaultsHelpFormatter, add_device_args
+
+    sub, defaults = subparsers, DefaultsHelpFormatter
+    md = sub.add_parser("models", help="the built-in model family")
+    msub = md.add_subparsers(dest="models_cmd", required=True)
+    ml = msub.add_parser("list", help="sizes, latency, c_rel and task accuracy", formatter_class=defaults)
+    mp = msub.add_parser("path", help="directory of a built-in model")
+    mp.add_argument("name")
+    mt = msub.add_parser("train", help="retrain the family from scratch (fixed seed)", formatter_class=defaults)
+    mt.add_argument("--out", type=Path, required=True,
+                    help=f"a new directory for the family (not the shipped one, {BUILTIN_DIR})")
+    mt.add_argument("--seed", type=int, default=0)
+    mt.add_argument("--scale", type=float, default=1.0, help="multiply every step budget (tiny runs for tests)")
+    mt.add_argument("--only", nargs="*")
+    for p in (ml, mt):
+        p.add_argument("--tasks", nargs="*", default=["arithmetic", "sorting"])
+        p.add_argument("--n", type=int, default=50, help="held-out problems per task for the accuracy table")
+        add_device_args(p)
+    ml.add_argument("--dir", type=Path, default=BUILTIN_DIR, help="a family directory (default: the shipped one)")
+    ml.add_argument("--threads", type=int, default=1, help="torch CPU threads for the latency column (as the bench)")
+    md.set_defaults(func=cmd_models)

@@ -1,0 +1,291 @@
+"""One bench cell: what it is (`CellSpec`), what decides its samples (`cell_config`, hashed into its key), how
+its samples are generated and scored, and the one way every process runs cells (`run_cell`: the driver, a
+local pool worker and a Ray worker; tune's sample jobs get their runner from `cell_runner` too). Also the
+speed constants measured once per grid (`speed_constants`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+from relaxspec.bench.config import BenchConfig, needs_classifier
+from relaxspec.bench.names import AR, STRICT, method_label
+from relaxspec.bench.phase import phase_options
+from relaxspec.bench.store import Row, token_hash
+from relaxspec.bench.versions import code_version, file_version, model_version
+
+
+@dataclass
+class CellSpec:
+    verifier: str
+    drafter: str | None  # None for AR
+    task: str
+    method: str
+    params: dict
+    draft_length: int  # 0 for AR
+    seed: int
+
+    @property
+    def label(self) -> str:
+        n = f" N={self.draft_length}" if self.method != AR else ""
+        return f"{self.task} {method_label(self.method, self.params)}{n} seed={self.seed}"
+
+    @property
+    def identity(self) -> str:
+        """Every field (the label leaves out the models)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @property
+    def strict(self) -> "CellSpec":
+        """The strict cell at the same pair, task, N and seed (its coupled reference)."""
+        return CellSpec(self.verifier, self.drafter, self.task, STRICT, {}, self.draft_length, self.seed)
+
+
+def cell_config(spec: CellSpec, config: BenchConfig, versions: dict) -> dict:
+    """Everything that decides a cell's samples; its hash is the cell's key. How many samples a cell
+    gets (repeats, looks, budget) does not enter: later looks add to the same cell."""
+    return {
+        "verifier": spec.verifier, "verifier_version": versions[spec.verifier],
+        "drafter": spec.drafter, "drafter_version": versions.get(spec.drafter) if spec.drafter else None,
+        "task": spec.task, "method": spec.method, "params": spec.params,
+        "draft_length": spec.draft_length, "seed": spec.seed, "limit": config.limit,
+        "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
+        "max_new_tokens": config.max_new_tokens, "batch_size": config.batch_size,
+        "device": config.device, "dtype": config.dtype, "chat_template": config.chat_template,
+        "system": config.system,
+        "pad_classifier": versions.get("pad_classifier") if needs_classifier(spec.method) else None,
+        "code_version": versions["code"],
+        **phase_options(config.phase, spec.task),
+    }
+
+
+def generate_samples(spec: CellSpec, prompts: list[str], seeds: list[int], verifier, drafter, config: BenchConfig,
+              pivot_fn):
+    from relaxspec.engine import generate
+    extra = {"pivot_fn": pivot_fn} if needs_classifier(spec.method) else {}
+    return generate(verifier, drafter if spec.method != AR else None, prompts, method=spec.method,
+                    draft_length=spec.draft_length if spec.method != AR else 1,
+                    max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
+                    top_p=config.top_p, seed=seeds, **generation_options(config), **extra, **spec.params,
+                    **phase_options(config.phase, spec.task))
+
+
+def run_samples(spec: CellSpec, task, repeats: range, verifier, drafter, config: BenchConfig, pivot_fn=None):
+    """Generate every prompt for each repeat in `repeats`; (rows, the engine stats of each call, as dicts)."""
+    from relaxspec.engine import derive_seed
+    jobs = [(i, r) for r in repeats for i in range(len(task.examples))]
+    rows, parts = [], []
+    for start in range(0, len(jobs), config.batch_size):
+        chunk = jobs[start:start + config.batch_size]
+        out = generate_samples(spec, [task.examples[i].prompt for i, _ in chunk],
+                        [derive_seed(spec.seed, i, r) for i, r in chunk], verifier, drafter, config, pivot_fn)
+        parts.append(out.stats.as_dict())
+        for (i, r), res in zip(chunk, out.results):
+            ex = task.examples[i]
+            rows.append(Row(prompt_index=i, repeat=r, prompt=ex.prompt, reference=ex.reference, response=res.text,
+                            utility=task.score(res.text, ex.reference), tokens=len(res.token_ids),
+                            stats={"mean_acceptance_length": res.stats.mean_acceptance_length,
+                                   "truncated": len(res.token_ids) >= config.max_new_tokens},
+                            token_hash=token_hash(res.token_ids)))
+    return rows, parts
+
+
+def time_batch1(spec: CellSpec, task, verifier, drafter, config: BenchConfig, pivot_fn=None) -> dict:
+    """Measured speed-up at batch 1 (latency): the first `speed_prompts` prompts one at a time, AR and the
+    method taking turns prompt by prompt (a drift of the machine's speed hits both); per-token seconds of
+    each run; ratio of the medians (AR / method)."""
+    from relaxspec.engine import derive_seed
+    n = min(config.speed_prompts, len(task.examples))
+    if n == 0:
+        return {}
+    ar = CellSpec(spec.verifier, None, spec.task, AR, {}, 0, spec.seed)
+    per_token = {AR: [], spec.method: []}
+    for i in range(n):
+        for cell in (ar, spec) if i % 2 == 0 else (spec, ar):
+            t0 = time.perf_counter()
+            out = generate_samples(cell, [task.examples[i].prompt], [derive_seed(spec.seed, i, 0)], verifier,
+                            drafter, config, pivot_fn)
+            per_token[cell.method].append((time.perf_counter() - t0) / max(1, len(out.results[0].token_ids)))
+    ar_s, method_s = statistics.median(per_token[AR]), statistics.median(per_token[spec.method])
+    return {"batch1_prompts": n, "batch1_ar_s_per_token": ar_s, "batch1_s_per_token": method_s,
+            "measured_speedup_batch1": ar_s / method_s if method_s else float("nan")}
+
+
+def pad_classifier(config: BenchConfig):
+    """(pivot_fn, version, spec) or (None, reason, None)."""
+    try:
+        import relaxspec.pivot as pivot
+        path = config.pad_classifier or pivot.builtin_classifier_path()
+        clf = pivot.load_classifier(path)
+        return clf.pivot_fn(), file_version(path), dict(getattr(clf, "spec", {}) or {})
+    except (ImportError, AttributeError, FileNotFoundError, OSError, ValueError) as e:
+        return None, f"{type(e).__name__}: {e}", None
+
+
+def pad_applies(cell: CellSpec, spec: dict, explicit: bool) -> bool:
+    """The built-in classifier was trained for one pair: use it only there. An explicit one is used as given."""
+    if explicit:
+        return True
+    return all(spec.get(k) in (None, getattr(cell, k)) for k in ("verifier", "drafter"))
+
+
+def generation_options(config: BenchConfig) -> dict:
+    """generate keyword arguments the user set (--chat-template, --system); the engine's defaults otherwise."""
+    return {k: v for k, v in (("chat_template", config.chat_template), ("system", config.system))
+            if v != getattr(BenchConfig, k)}
+
+
+def model_options(config: BenchConfig) -> dict:
+    """load_model keyword arguments the user set (--device, --dtype)."""
+    return {k: v for k, v in (("device", config.device), ("dtype", config.dtype)) if v is not None}
+
+
+class CellRunner:
+    """Models, tasks and the PAD classifier of a process that runs cells (the driver itself, or a pool worker)."""
+
+    def __init__(self, config: BenchConfig, pivot_fn=None):
+        from relaxspec.models import load_model
+        from relaxspec.drafters import load_drafter
+        self.config, self.pivot_fn, self.tasks = config, pivot_fn, {}
+        self.models = {name: load_model(name, **model_options(config)) for name in dict.fromkeys(config.verifiers)}
+        # Drafters of any kind (LM, MTP head, prompt lookup), loaded for each verifier: a head is bound to its own.
+        self.drafters = {(v, d): load_drafter(d, self.models[v]) for v in self.models
+                         for d in dict.fromkeys(config.drafters)}
+
+    def pair(self, spec: CellSpec) -> tuple:
+        """(verifier, drafter or None for AR) of a cell."""
+        return self.models[spec.verifier], self.drafters[(spec.verifier, spec.drafter)] if spec.drafter else None
+
+    def task(self, name: str):
+        from relaxspec.tasks import get_task
+        if name not in self.tasks:
+            self.tasks[name] = get_task(name, limit=self.config.limit)
+        return self.tasks[name]
+
+    def run(self, spec: CellSpec, done: int, target: int) -> dict:
+        """Repeats [done, target) of the cell, and its batch-1 timing when it has no samples yet."""
+        import torch
+        task = self.task(spec.task)
+        verifier, drafter = self.pair(spec)
+        pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
+        with torch.inference_mode():
+            wall0 = time.perf_counter()
+            rows, parts = run_samples(spec, task, range(done, target), verifier, drafter, self.config, pivot_fn)
+            sample_wall = time.perf_counter() - wall0
+            batch1 = time_batch1(spec, task, verifier, drafter, self.config, pivot_fn) \
+                if done == 0 and spec.method != AR else None
+        return {"rows": rows, "parts": parts, "sample_wall_s": sample_wall, "batch1": batch1}
+
+
+_PROCESS: dict = {}  # this process's runner, across the cells it runs (a pool or Ray worker keeps its models)
+
+
+def check_versions(versions: dict, config: BenchConfig) -> None:
+    found = {"code": code_version(), **{m: model_version(m) for m in dict.fromkeys([*config.verifiers,
+                                                                                   *config.drafters])}}
+    for name, version in found.items():
+        if version != versions.get(name):
+            what = "relaxspec code" if name == "code" else f"model {name}"
+            raise ValueError(f"{what} on this worker has version {version}, the driver's has {versions.get(name)} "
+                             "(install the same relaxspec and model files on every node)")
+
+
+def runner_key(config: BenchConfig, with_pad: bool | None = None) -> str:
+    """What makes a process's CellRunner reusable for the next cell (`cell_runner`'s default key); `with_pad`
+    None: whether a method of the config needs the PAD classifier."""
+    if with_pad is None:
+        with_pad = any(needs_classifier(m) for m, _ in config.method_specs())
+    return repr((config, with_pad))
+
+
+def cell_runner(config: BenchConfig, cache: dict | None = None, versions: dict | None = None,
+                with_pad: bool | None = None, key: str | None = None) -> CellRunner:
+    """This process's CellRunner for `config` (models, tasks, PAD classifier), made on first use and kept in
+    `cache` (default: this process's own) as {"runner": ..., "runner_key": key} for the cells that follow.
+    `versions`: the driver's code and model versions, checked before anything loads (a node with other code
+    or weights fails its cells instead of storing them under the wrong key). `with_pad`: load the PAD
+    classifier (default: when a method of the config needs it). `key`: what makes the runner reusable
+    (default: `runner_key`, the whole config)."""
+    cache = _PROCESS if cache is None else cache
+    if with_pad is None:
+        with_pad = any(needs_classifier(m) for m, _ in config.method_specs())
+    key = runner_key(config, with_pad) if key is None else key
+    if cache.get("runner_key") != key:
+        if versions is not None:
+            check_versions(versions, config)
+        cache["runner"] = CellRunner(config, pad_classifier(config)[0] if with_pad else None)
+        cache["runner_key"] = key
+    return cache["runner"]
+
+
+def run_cell(job: tuple, config: BenchConfig, cache: dict | None = None, versions: dict | None = None) -> tuple:
+    """(spec, key, result) of one look of a cell, job = (spec, key, repeats done, target repeats), run by this
+    process's runner (`cell_runner`): how the driver, a local pool worker and a Ray worker all run cells."""
+    return _run_job(cell_runner(config, cache, versions), job)
+
+
+def _run_job(runner: CellRunner, job: tuple) -> tuple:
+    """(spec, key, result) of a look of a cell; a cell that raises for a reason of its own (e.g. a parameter
+    out of range) gives its one-line error as the result instead, so the rest of the grid goes on."""
+    spec, key, done, target = job
+    try:
+        return spec, key, runner.run(spec, done, target)
+    except Exception as e:  # noqa: BLE001 - reported per cell, never stored
+        return spec, key, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+SPEED_ROUNDS = 40  # interleaved measurement rounds of the speed constants
+
+
+def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROUNDS,
+                    drafters: dict | None = None) -> dict:
+    """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step) per
+    speculative cell's (verifier, drafter, N), measured once before any cell runs: every forward they need
+    (each verifier's step and blocks, each LM drafter's step) runs once per round, interleaved, and each
+    constant is the median over rounds of the ratio within a round, so a load that comes and goes cancels out.
+    `drafters` maps (verifier, drafter) to a loaded Drafter (CellRunner.drafters); without it every drafter is
+    an LM in `models`. A drafter of another kind (MTP head, prompt lookup) is timed per drafted token through
+    the drafter protocol (as `relaxspec models list` does), over the verifier's median step."""
+    import statistics
+
+    from relaxspec.models import measure_step_latencies, relative_costs
+    from relaxspec.drafters import measure_draft_latency
+    keys = list(dict.fromkeys((c.verifier, c.drafter, c.draft_length) for c in cells if c.method != AR))
+    if not keys:
+        return {}
+    labels, steps = [], []
+
+    def add(label, lm, block):
+        if label not in labels:
+            labels.append(label)
+            steps.append((lm, block))
+
+    for v, d, n in keys:
+        add((v, 1), models[v], 1)
+        add((v, n + 1), models[v], n + 1)
+        lm = models[d] if drafters is None else getattr(drafters[(v, d)], "lm", None)
+        if lm is not None:
+            add((v, d), lm, 1)
+    times = measure_step_latencies(steps, rounds=rounds)
+    out = {}
+    for v, d, n in keys:
+        iv, ib = labels.index((v, 1)), labels.index((v, n + 1))
+        costs = relative_costs(times, reference=iv)
+        lat_v = statistics.median(t[iv] for t in times)
+        if (v, d) in labels:
+            lat_d, c_rel = statistics.median(t[labels.index((v, d))] for t in times), costs[labels.index((v, d))]
+        else:
+            lat_d = measure_draft_latency(drafters[(v, d)], models[v])
+            c_rel = lat_d / lat_v
+        out[(v, d, n)] = {"c_rel_measured": c_rel, "c_block_measured": costs[ib],
+                          "latency_verifier_s": lat_v, "latency_drafter_s": lat_d}
+    return out
+
+
+__all__ = ["CellSpec", "CellRunner", "cell_config", "generate_samples", "run_samples", "time_batch1", "pad_classifier",
+           "pad_applies", "generation_options", "model_options", "check_versions", "runner_key", "cell_runner",
+           "run_cell", "SPEED_ROUNDS", "speed_constants"]

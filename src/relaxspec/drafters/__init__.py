@@ -1,0 +1,9 @@
+"""Drafters: what proposes the tokens a verifier checks. One protocol (`Drafter`), three kinds: a causal LM
+(`LMDrafter`), prompt lookup (`NgramDrafter`) and an MTP head on the verifier's hidden states
+(`relaxspec.drafters.mtp`); `load_drafter(name, verifier)` builds any of them from a name."""
+
+from relaxspec.drafters.base import (Drafter, LMDrafter, NgramDrafter, Proposal, as_drafter, load_drafter,
+                                     measure_draft_latency, one_hot_logits, parse_ngram)
+
+__all__ = ["Drafter", "Proposal", "LMDrafter", "NgramDrafter", "load_drafter", "as_drafter", "measure_draft_latency",
+           "one_hot_logits", "parse_ngram"]

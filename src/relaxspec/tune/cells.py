@@ -1,0 +1,206 @@
+"""Tune's cells in the bench store: the samples a configuration's cell lacks run (here or on an executor's
+workers) and are stored before the race reads them, so an interrupted tune resumes without re-running any."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from relaxspec.bench.cell import (CellRunner, CellSpec, cell_config, cell_runner, generate_samples, pad_applies,
+                                  pad_classifier, speed_constants, time_batch1)
+from relaxspec.bench.cell_job import SpecJob
+from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classifier
+from relaxspec.bench.metrics import cell_metrics, merge_engine_stats
+from relaxspec.bench.names import AR
+from relaxspec.bench.store import Row, Store, cell_key, token_hash
+from relaxspec.bench.versions import code_version, model_version
+from relaxspec.tune.space import Config
+
+if TYPE_CHECKING:
+    from relaxspec.tune.run import TuneConfig
+
+
+@dataclass
+class SampleJob(SpecJob):
+    """Samples (prompt, repeat) of one tune cell, as an executor job (bench.executors: Ray workers keep a
+    CellRunner with the pair loaded across jobs); returns (GenerationOutput, seconds), which the driver alone
+    scores and stores."""
+    spec: CellSpec
+    key: str  # the cell's key in the store
+    todo: list  # (prompt index, repeat) of each sample
+    prompts: list
+    bench: BenchConfig
+    versions: dict
+    with_pad: bool
+
+    @staticmethod
+    def cache_key(bench: BenchConfig, with_pad: bool) -> str:
+        return repr((bench.verifiers, bench.drafters, bench.device, bench.dtype, bench.pad_classifier, with_pad))
+
+    def run(self, cache: dict):
+        import torch
+        from relaxspec.engine import derive_seed
+        # a fresh worker loads the pair (after checking the driver's versions); later jobs reuse it
+        runner = cell_runner(self.bench, cache, self.versions, self.with_pad, self.cache_key(self.bench, self.with_pad))
+        spec = self.spec
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = generate_samples(spec, self.prompts, [derive_seed(spec.seed, i, r) for i, r in self.todo],
+                                   *runner.pair(spec),
+                                   self.bench, runner.pivot_fn if needs_classifier(spec.method) else None)
+        return out, time.perf_counter() - t0
+
+
+class Cells:
+    """Tune's cells in the bench store: run the samples a cell lacks, read what it has."""
+
+    def __init__(self, config: TuneConfig, executor=None):
+        self.config = config
+        self.executor = executor  # None: every sample runs in this process
+        self.remote_samples = 0  # samples run on the executor's workers
+        bench = config.bench_config(config.search_prompts + config.heldout_prompts)
+        self.verifier, self.drafter = bench.verifiers[0], bench.drafters[0]
+        self.versions = {"code": code_version()}
+        for name in dict.fromkeys([self.verifier, self.drafter]):
+            self.versions[name] = model_version(name)
+        self.pivot_fn, self.pad_fits = None, False
+        if config.methods is None or any(m.split(":")[0].strip() == "pad" for m in config.methods):
+            self.pivot_fn, info, spec = pad_classifier(bench)
+            probe = CellSpec(self.verifier, self.drafter, config.task, "pad", {}, 1, config.seed)
+            self.pad_fits = self.pivot_fn is not None and pad_applies(probe, spec, bool(config.pad_classifier))
+            if self.pad_fits:
+                self.versions["pad_classifier"] = info
+        self.store = Store(config.out)
+        self.grid = CellRunner(bench, self.pivot_fn)  # the bench's models and tasks of one process
+        self.cache = {"runner_key": SampleJob.cache_key(bench, self.pad_fits), "runner": self.grid}  # SampleJob's, here
+        self._speed = {}
+        self.all_examples = self.grid.task(config.task).examples
+        if len(self.all_examples) < config.search_prompts + config.heldout_prompts:
+            raise ValueError(f"tune: task {config.task!r} has {len(self.all_examples)} prompts; it needs "
+                             f"{config.search_prompts} search + {config.heldout_prompts} held-out ones")
+        self.run_id = uuid.uuid4().hex[:12]
+        self.sample_seconds, self.samples_run, self.tokens_run = 0.0, 0, 0
+
+    def spec(self, config: Config | None) -> CellSpec:
+        """The bench cell of a configuration (None: AR)."""
+        if config is None:
+            return CellSpec(self.verifier, None, self.config.task, AR, {}, 0, self.config.seed)
+        return CellSpec(self.verifier, self.drafter, self.config.task, config.method, config.params_dict,
+                        config.draft_length, self.config.seed)
+
+    def key(self, spec: CellSpec, heldout: bool) -> tuple[str, dict, BenchConfig]:
+        c = self.config
+        bench = c.bench_config(c.search_prompts + c.heldout_prompts if heldout else c.search_prompts)
+        config = cell_config(spec, bench, self.versions)
+        if heldout:  # held-out cells draw from prompts the bench's own cells (a prefix of the task) never see
+            config["prompts"] = f"held-out {c.search_prompts}..{c.search_prompts + c.heldout_prompts - 1}"
+        return cell_key(config), config, bench
+
+    def _todo(self, spec: CellSpec, jobs: list[tuple[int, int]], heldout: bool):
+        """(key, cell config, bench config, the jobs (prompt, repeat) the cell lacks)."""
+        key, cell_conf, bench = self.key(spec, heldout)
+        have = self.store.utilities(key)
+        return key, cell_conf, bench, [j for j in jobs if j not in have]
+
+    def _job(self, spec: CellSpec, key: str, todo: list[tuple[int, int]], bench: BenchConfig) -> "SampleJob":
+        return SampleJob(spec, key, todo, [self.all_examples[i].prompt for i, _ in todo], bench, self.versions,
+                         self.pad_fits)
+
+    def ensure(self, spec: CellSpec, jobs: list[tuple[int, int]], heldout: bool = False) -> dict:
+        """Run the jobs (prompt, repeat) the cell lacks, store them; return all its rows {(prompt, repeat): Row}."""
+        key, cell_conf, bench, todo = self._todo(spec, jobs, heldout)
+        if todo:  # in this process, with the models already loaded
+            self._store(spec, key, cell_conf, bench, todo, *self._job(spec, key, todo, bench).run(self.cache))
+        return {(r.prompt_index, r.repeat): r for r in self.store.rows(key)}
+
+    def prefetch(self, wanted: list[tuple[CellSpec, list[tuple[int, int]], bool]]) -> None:
+        """Run the samples the given cells lack on the executor (Ray workers), all at once; the driver stores
+        each cell's samples as they come back. Without an executor, `ensure` runs them one cell at a time."""
+        if self.executor is None:
+            return
+        pending = {}
+        for spec, jobs, heldout in wanted:
+            key, cell_conf, bench, todo = self._todo(spec, jobs, heldout)
+            if todo and key not in pending:
+                pending[key] = (spec, cell_conf, bench, todo)
+        jobs = [self._job(spec, key, todo, bench) for key, (spec, _, bench, todo) in pending.items()]
+        for done in self.executor.run(jobs):
+            if done.error is not None:
+                raise ValueError(f"tune: cell {done.job.label} failed on a worker: {done.error}")
+            spec, cell_conf, bench, todo = pending[done.job.key]
+            self._store(spec, done.job.key, cell_conf, bench, todo, *done.result)
+            self.remote_samples += len(todo)
+
+    def _store(self, spec: CellSpec, key: str, cell_conf: dict, bench: BenchConfig, todo: list, out, wall: float):
+        """Score the samples of `todo` (a GenerationOutput in their order) and store them with the cell's metrics."""
+        rows = []
+        for (i, r), res in zip(todo, out.results):
+            ex = self.all_examples[i]
+            rows.append(Row(prompt_index=i, repeat=r, prompt=ex.prompt, reference=ex.reference,
+                            response=res.text, utility=self.grid.task(self.config.task).score(res.text,
+                                                                                              ex.reference),
+                            tokens=len(res.token_ids),
+                            stats={"mean_acceptance_length": res.stats.mean_acceptance_length,
+                                   "truncated": len(res.token_ids) >= bench.max_new_tokens},
+                            token_hash=token_hash(res.token_ids)))
+        old = self.store.get(key)
+        parts = (old.metrics["engine_stats"] if old else []) + [out.stats.as_dict()]
+        batch1 = self._batch1(spec, old, bench)
+        all_rows = self.store.rows(key) + rows
+        metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
+                               merge_engine_stats(parts), {**self.speed(spec), **batch1})
+        metrics.update(engine_stats=parts, batch1=batch1, run_id=self.run_id, tune=True,
+                       sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0) + wall)
+        self.store.put(key, cell_conf, metrics, rows)
+        self.sample_seconds += wall
+        self.samples_run += len(rows)
+        self.tokens_run += sum(r.tokens for r in rows)
+
+    def _batch1(self, spec: CellSpec, old, bench: BenchConfig) -> dict:
+        if old is not None:
+            return old.metrics.get("batch1", {})
+        if self.config.objective != "measured-bs1" or spec.method == AR:
+            return {}
+        import torch
+        with torch.inference_mode():
+            return time_batch1(spec, self.grid.task(self.config.task), *self.grid.pair(spec), bench, self.pivot_fn)
+
+    def speed(self, spec: CellSpec) -> dict:
+        """The bench's measured c_rel / c_block of the cell's (verifier, drafter, N), measured once, with every
+        N of the search (one c_rel for all of them)."""
+        if spec.method == AR:
+            return {}
+        key = (spec.verifier, spec.drafter, spec.draft_length)
+        if key not in self._speed:  # every N of the search (and this one) in one interleaved measurement
+            lengths = dict.fromkeys([*self.config.draft_lengths, spec.draft_length])
+            self._speed.update(speed_constants(self.grid.models, [replace(spec, draft_length=n) for n in lengths],
+                                               drafters=self.grid.drafters))
+        return self._speed[key]
+
+    def speed_constants(self, config: Config) -> tuple[float, float]:
+        """(c_rel, c_block) of the configuration's N: the given ones, or measured for the pair."""
+        measured = self.speed(self.spec(config))
+        return (self.config.c_rel or measured["c_rel_measured"],
+                self.config.c_block or measured["c_block_measured"])
+
+    def used(self, wanted: list) -> tuple[int, int]:
+        """(samples, generated tokens) of the stored rows [(spec, heldout, jobs)] names (each cell's rows among
+        its jobs): what a run read, whether it generated them now or found them stored."""
+        samples = tokens = 0
+        for spec, heldout, jobs in wanted:
+            wanted_jobs = set(jobs)
+            mine = [r for r in self.store.rows(self.key(spec, heldout)[0]) if (r.prompt_index, r.repeat) in wanted_jobs]
+            samples, tokens = samples + len(mine), tokens + sum(r.tokens for r in mine)
+        return samples, tokens
+
+    def batch1_speedup(self, spec: CellSpec, heldout: bool) -> float | None:
+        cell = self.store.get(self.key(spec, heldout)[0])
+        return (cell.metrics.get("batch1") or {}).get("measured_speedup_batch1") if cell else None
+
+    def close(self) -> None:
+        self.store.close()
+
+
+__all__ = ["Cells", "SampleJob"]

@@ -1,0 +1,211 @@
+"""The package's layers (docs/design.md, "Layers"): imports point down, and no packages import each other.
+
+The import graph is built from the source with `ast` (imports inside functions included, relative imports
+resolved); the layer order is read from the table in docs/design.md, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "relaxspec"
+DESIGN = ROOT / "docs" / "design.md"
+COMMANDS = "*/commands.py"  # each package's CLI module: the CLI layer, next to the package it drives
+
+
+def read_layers(text: str) -> list[list[str]]:
+    """The entries of each row of the "Layers" table, top row first: `pkg/`, `module.py` or `*/commands.py`."""
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # after the header and |---|
+    layers = [re.findall(r"`([^`]+)`", row.split("|")[1]) for row in rows]
+    if not layers or not all(layers):
+        raise ValueError("docs/design.md: the Layers table has no rows, or a row without entries")
+    return layers
+
+
+def entry_of(path: Path, top: Path) -> str:
+    """The layer-table entry a source file belongs to."""
+    parts = path.relative_to(top).parts
+    if len(parts) == 1:
+        return parts[0]
+    return COMMANDS if len(parts) == 2 and parts[1] == "commands.py" else parts[0] + "/"
+
+
+def _module_entry(module: str, top: Path) -> str | None:
+    """The entry of an imported module `relaxspec.x.y` (None: not this package's)."""
+    parts = module.split(".")
+    if parts[0] != top.name:
+        return None
+    if len(parts) == 1:
+        return "__init__.py"
+    if (top / parts[1]).is_dir():
+        return COMMANDS if len(parts) > 2 and parts[2] == "commands" and (top / parts[1] / "commands.py").is_file() \
+            else parts[1] + "/"
+    return parts[1] + ".py"
+
+
+def _is_module(top: Path, module: str) -> bool:
+    path = top.parent / module.replace(".", "/")
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def import_graph(top: Path) -> dict[str, dict[str, list[str]]]:
+    """{entry: {imported entry: ["file:line", ...]}} over every .py file under `top` (a package directory)."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(top.rglob("*.py")):
+        rel = path.relative_to(top.parent)
+        package = list(rel.parts[:-1])  # the package a relative import starts from
+        source = entry_of(path, top)
+        edges = graph.setdefault(source, {})
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package[:len(package) - node.level + 1]) if node.level else ""
+                module = ".".join(x for x in (base, node.module or "") if x)
+                # `from pkg import sub` imports the submodule `pkg.sub` when there is one, else a name of `pkg`
+                targets = [f"{module}.{a.name}" if _is_module(top, f"{module}.{a.name}") else module
+                           for a in node.names]
+            else:
+                continue
+            for target in targets:
+                entry = _module_entry(target, top)
+                if entry is not None and entry != source:
+                    edges.setdefault(entry, []).append(f"{rel}:{node.lineno}")
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """Every strongly connected set of two or more entries (each is a cycle of imports), sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def violations(graph: dict[str, dict[str, list[str]]], layers: list[list[str]]) -> list[str]:
+    """Imports against the layer order (a lower row importing a higher one), entries missing from the table,
+    and cycles between entries; one line each."""
+    rank = {entry: len(layers) - i for i, row in enumerate(layers) for entry in row}  # bottom row: 1
+    problems = [f"{entry} is not in the layer table" for entry in sorted(graph) if entry not in rank]
+    for source, edges in sorted(graph.items()):
+        for target, where in sorted(edges.items()):
+            if source in rank and target in rank and rank[target] > rank[source]:
+                problems.append(f"upward import: {source} imports {target} ({', '.join(where)})")
+    problems += [f"import cycle between {' '.join(c)}" for c in cycles(graph)]
+    return problems
+
+
+def test_the_package_follows_the_layer_table():
+    layers = read_layers(DESIGN.read_text(encoding="utf-8"))
+    graph = import_graph(SRC)
+    assert violations(graph, layers) == []
+    listed = {entry for row in layers for entry in row}
+    assert listed == set(graph), f"table entries without source: {sorted(listed - set(graph))}"
+
+
+# ------------------------------------------------------------------ the checker on a package made here
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    top = tmp_path / "pkg"
+    for name, text in {"__init__.py": "", **files}.items():
+        (top / name).parent.mkdir(parents=True, exist_ok=True)
+        (top / name).write_text(text)
+    return top
+
+
+TABLE = """# design
+
+## Layers
+
+| layer | holds |
+|---|---|
+| `__init__.py`, `*/commands.py` | cli |
+| `high/` | top |
+| `low/` | bottom |
+| `base.py` | names |
+
+## Next
+"""
+
+
+def test_read_layers_takes_the_table_rows_top_first():
+    assert read_layers(TABLE) == [["__init__.py", "*/commands.py"], ["high/"], ["low/"], ["base.py"]]
+    with pytest.raises(ValueError):
+        read_layers("## Layers\n\nno table\n")
+
+
+def test_downward_imports_pass(tmp_path):
+    top = _package(tmp_path, {
+        "base.py": "X = 1\n",
+        "low/__init__.py": "from pkg.base import X\n",
+        "high/__init__.py": "from pkg.low import X\n",
+        "high/commands.py": "def run():\n    from pkg.high import X\n",
+    })
+    graph = import_graph(top)
+    assert graph["high/"] == {"low/": ["pkg/high/__init__.py:1"]}
+    assert violations(graph, read_layers(TABLE)) == []
+
+
+def test_an_upward_import_inside_a_function_fails(tmp_path):
+    top = _package(tmp_path, {
+        "base.py": "",
+        "high/__init__.py": "",
+        "low/__init__.py": "",
+        "low/mod.py": "def f():\n    from ..high import thing\n",  # relative, and inside a function
+    })
+    assert violations(import_graph(top), read_layers(TABLE)) == ["upward import: low/ imports high/ (pkg/low/mod.py:2)"]
+
+
+def test_a_cycle_fails_even_within_one_row(tmp_path):
+    table = TABLE.replace("| `high/` | top |", "| `high/`, `side/` | top |")
+    top = _package(tmp_path, {
+        "base.py": "",
+        "low/__init__.py": "",
+        "high/__init__.py": "import pkg.side\n",
+        "side/__init__.py": "def f():\n    from pkg import high\n",
+    })
+    assert violations(import_graph(top), read_layers(table)) == ["import cycle between high/ side/"]
+
+
+def test_a_command_module_belongs_to_the_cli_row_and_a_package_without_a_row_fails(tmp_path):
+    top = _package(tmp_path, {
+        "base.py": "",
+        "low/__init__.py": "",
+        "low/commands.py": "import pkg.high\n",  # the CLI layer: may import any row
+        "high/__init__.py": "from pkg.low import commands\n",  # ... but no package may import it
+        "extra/__init__.py": "",
+    })
+    assert violations(import_graph(top), read_layers(TABLE)) == [
+        "extra/ is not in the layer table",
+        "upward import: high/ imports */commands.py (pkg/high/__init__.py:1)",
+        "import cycle between */commands.py high/"]

@@ -1,0 +1,42 @@
+"""The wheel ships every file of the package: code, built-in model weights, tokenizers, the PAD classifier."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def package_files() -> set[str]:
+    """Files under src/relaxspec as the repository holds them (git's list; without git, the tree less caches)."""
+    if (ROOT / ".git").exists():
+        out = subprocess.run(["git", "ls-files", "src/relaxspec"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+        return {str(Path(f).relative_to("src")) for f in out}
+    return {str(p.relative_to(ROOT / "src")) for p in (ROOT / "src" / "relaxspec").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_the_wheel_ships_every_file_of_the_package(tmp_path):
+    # Built from a copy, offline, with the installed setuptools (pinned in the `test` extra).
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, project / name)
+    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                          "-q", "-w", str(tmp_path / "dist"), str(project)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    wheels = list((tmp_path / "dist").glob("relaxspec-*.whl"))
+    assert len(wheels) == 1, wheels
+    shipped = set(zipfile.ZipFile(wheels[0]).namelist())
+    expected = package_files()
+    assert any(f.endswith(".pt") for f in expected) and any(f.endswith(".safetensors") for f in expected)
+    assert sorted(expected - shipped) == []
