@@ -202,3 +202,17 @@ def test_tune_setting_and_generate_config(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "relaxspec", "generate", "--prompt", "x", "--phase", "task"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode != 0 and "phase 'task' needs a task" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_default_think_span_on_a_tokenizer_that_has_it(tok):
+    import copy
+    from relaxspec.engine.phase import check_phase
+    think = copy.deepcopy(tok)
+    think.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    begin, end = think.convert_tokens_to_ids("<think>"), think.convert_tokens_to_ids("</think>")
+    check_phase(Phase(), think)
+    x = _ids(think, "ok")
+    tracker = PhaseTracker(parse_phase("think"), think, [_ids(think, "Q: hi") + [begin], _ids(think, "Q: hi")])
+    assert tracker.relax([x + [end] + x, x + [begin] + x]) == [
+        [True] * (len(x) + 1) + [False] * (len(x) + 1),
+        [False] * (len(x) + 1) + [True] * (len(x) + 1)]
