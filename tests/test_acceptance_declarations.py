@@ -60,7 +60,7 @@ def test_extra_draft_passes_declaration_matches_behaviour(method):
 
 def test_declared_needs():
     assert {n for n, r in RULES.items() if r.extra_draft_passes} == {"spec-cont-dec"}
-    assert {n for n, r in RULES.items() if not r.reads_q} == {"typical"}
+    assert {n for n, r in RULES.items() if not r.reads_q} == {"typical", "threshold"}
     assert {n for n, r in RULES.items() if r.greedy_closed_form} == {"strict"}
     assert {n for n, r in RULES.items() if r.inputs} == {"pad"}
     for rule in RULES.values():
@@ -133,7 +133,8 @@ def test_one_hot_q_formulas():
 # ---------------------------------------------------------------- temperature 0
 
 
-EXACTLY_STRICT_AT_GREEDY = {"strict", "cactus", "mentored", "fuzzy", "r-fuzzy", "spec-cont-dec", "typical"}
+EXACTLY_STRICT_AT_GREEDY = {"strict", "cactus", "mentored", "fuzzy", "r-fuzzy", "spec-cont-dec", "typical",
+                            "threshold"}
 
 
 def _greedy_block(B=3000, N=3, V=8, seed=43):

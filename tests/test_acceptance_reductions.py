@@ -16,6 +16,8 @@ STRICT_SETTINGS = {
     "r-fuzzy": dict(threshold=0.0),
     "spec-cont-dec": dict(beta=0.0),
     "pad": dict(threshold=0.0, floor="classifier"),
+    "topk-delta": dict(topk=0.0),
+    "topk-ratio": dict(topk=0.0),
 }
 
 
@@ -32,7 +34,8 @@ def test_rules_declare_these_strict_settings():
     assert declared.pop("strict") == {}
     assert declared.pop("fuzzy") is None  # T = 0 is AR decoding, not strict SD
     assert declared.pop("typical") is None and declared.pop("spec-casc-tok") is None
-    assert declared.pop("spec-casc-opt") is None  # alpha is finite (as the reference): strict only as a limit
+    assert declared.pop("spec-casc-opt") is None
+    assert declared.pop("threshold") is None  # lossless at single = acc = 1, but it treats q as one-hot  # alpha is finite (as the reference): strict only as a limit
     assert declared == STRICT_SETTINGS
 
 

@@ -310,7 +310,8 @@ def test_pad_classifier_branch():
 
 def test_rules_listing_is_complete():
     assert list(RULES) == ["strict", "cactus", "mentored", "fuzzy", "r-fuzzy", "spec-casc-opt",
-                           "spec-casc-tok", "ensemble", "spec-cont-dec", "typical", "pad"]
+                           "spec-casc-tok", "ensemble", "spec-cont-dec", "typical", "threshold", "topk-delta",
+                           "topk-ratio", "pad"]
     for name, rule in RULES.items():
         assert rule.name == name and rule.description
         for spec in rule.params.values():

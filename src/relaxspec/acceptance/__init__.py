@@ -34,6 +34,9 @@ from relaxspec.acceptance import (  # noqa: E402,F401
     ensemble,
     spec_cont_dec,
     typical,
+    threshold,
+    topk_delta,
+    topk_ratio,
     pad,
 )
 from relaxspec.acceptance.processing import (

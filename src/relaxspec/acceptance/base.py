@@ -49,6 +49,7 @@ class ParamSpec:
     strict_value: float | None = None
     grid: tuple[float, ...] = ()
     doc: str = ""
+    integer: bool = False  # a count (e.g. a top-k): whole numbers only, still given as a float
 
     def range_str(self) -> str:
         lo = "-inf" if self.low is None else _fmt(self.low)
@@ -56,7 +57,8 @@ class ParamSpec:
         if self.low in (None, -math.inf) and self.high in (None, math.inf):
             if self.low_inclusive and self.high_inclusive:
                 return "any float (including ±inf)"
-        return f"{'[' if self.low_inclusive else '('}{lo}, {hi}{']' if self.high_inclusive else ')'}"
+        interval = f"{'[' if self.low_inclusive else '('}{lo}, {hi}{']' if self.high_inclusive else ')'}"
+        return "an integer in " + interval if self.integer else interval
 
     def check(self, value, rule: str) -> float:
         """The value as a float, or ValueError naming the rule, parameter and range."""
@@ -68,8 +70,8 @@ class ParamSpec:
         hi = math.inf if self.high is None else self.high
         ok_lo = v >= lo if self.low_inclusive else v > lo
         ok_hi = v <= hi if self.high_inclusive else v < hi
-        if math.isnan(v) or not (ok_lo and ok_hi):
-            raise ValueError(f"{where} must be in {self.range_str()}, got {value!r}")
+        if math.isnan(v) or not (ok_lo and ok_hi) or (self.integer and math.isfinite(v) and v != int(v)):
+            raise ValueError(f"{where} must be {'' if self.integer else 'in '}{self.range_str()}, got {value!r}")
         return v
 
 

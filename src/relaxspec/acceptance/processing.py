@@ -149,6 +149,21 @@ def accept_or_strict(gate: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -
     return torch.where(gate & (q_x > 0), 1.0, strict)
 
 
+def ranking_probs(pos) -> torch.Tensor:
+    """The verifier distribution a top-k candidate test ranks tokens by (topk-delta, topk-ratio): the processed
+    p when sampling, the untempered softmax(z_p) at temperature 0, where the processed p is one-hot (the
+    engines that ship these tests run them on greedy requests, on softmax(logits))."""
+    return pos.p_tilde if is_greedy(pos.temperature) else pos.p
+
+
+def top_candidate(probs: torch.Tensor, x: torch.Tensor, k: float, floor: torch.Tensor) -> torch.Tensor:
+    """[...] bool: token x is among the k most probable tokens of probs [..., V] (ties with the k-th kept),
+    has probs(x) >= floor [...] and probs(x) > 0 (a token the verifier rules out is never a candidate)."""
+    p_x = probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    rank = (probs > p_x.unsqueeze(-1)).sum(dim=-1)
+    return (rank < k) & (p_x >= floor) & (p_x > 0)
+
+
 def normalize_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """Rows of `weights` normalised to sum 1; rows with zero mass become `fallback`."""
     mass = weights.sum(dim=-1, keepdim=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relaxspec.acceptance.base import Targets, VerifyContext, get_rule
+from relaxspec.acceptance.base import Rule, Targets, VerifyContext, get_rule
 from relaxspec.acceptance.random import ACCEPT, TOKEN, Draws, GeneratorDraws
 from relaxspec.acceptance.processing import (
     as_float,
@@ -40,6 +40,7 @@ from relaxspec.acceptance.processing import (
 
 # verify's `greedy` settings: what a rule does at temperature 0.
 GREEDY_MODES = ("rule", "strict")
+STRICT = Rule()  # the base rule is strict: what `relax` falls back to
 
 
 @dataclass
@@ -152,6 +153,7 @@ def verify(
     draft_probs: torch.Tensor | None = None,
     greedy: str = "rule",
     num_drafts: torch.Tensor | None = None,
+    relax: torch.Tensor | None = None,
     **params,
 ) -> VerifyResult:
     """Verify a block of drafts with acceptance rule `method` (see `RULES`).
@@ -171,6 +173,8 @@ def verify(
     later columns are padding, and the token after its last draft comes from the rule's bonus at
     that position (so a row's result does not depend on the block width: the engine's ragged
     rounds near the length limit).
+    relax: bool [B, N+1], where the rule decides (draft positions, then the bonus position); strict decides
+    elsewhere (same uniforms). Phase-aware relaxation (relaxspec.engine.phase) passes it; None: the rule everywhere.
 
     Every argument is checked here; `VerifyStep` is the same computation for a caller (the engine)
     that checks its arguments once per call path instead of once per block.
@@ -190,8 +194,9 @@ def verify(
         if num_drafts.device != draft_tokens.device or bool(((num_drafts < 0) | (num_drafts > N)).any()):
             raise ValueError(f"num_drafts must lie in [0, N] = [0, {N}], on the drafts' device")
         num_drafts = num_drafts.long()
+    relax = _check_relax(relax, draft_tokens.shape[0], N, draft_tokens.device)
     return step(target_logits, draft_logits, draft_tokens.long(), generator=generator, random=random,
-                draft_probs=draft_probs, num_drafts=num_drafts, **inputs)
+                draft_probs=draft_probs, num_drafts=num_drafts, relax=relax, **inputs)
 
 
 class VerifyStep:
@@ -217,12 +222,14 @@ class VerifyStep:
         self.closed_form = is_greedy(temperature) and (self.rule.greedy_closed_form or greedy == "strict")
 
     def __call__(self, target_logits, draft_logits, draft_tokens, *, generator=None, random: Draws | None = None,
-                 draft_probs=None, num_drafts: torch.Tensor | None = None, **inputs) -> VerifyResult:
+                 draft_probs=None, num_drafts: torch.Tensor | None = None, relax: torch.Tensor | None = None,
+                 **inputs) -> VerifyResult:
+        """One block; `relax` [B, N+1] (bool, on the block's device): where the rule decides, strict elsewhere."""
         rule = self.rule
         params = dict(self.params)
         for name, spec in rule.inputs.items():
             params[name] = rule._check_input(spec, inputs.get(name), tuple(draft_tokens.shape))
-        if self.closed_form:
+        if self.closed_form:  # strict everywhere: nothing to relax
             return _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens, draft_probs, num_drafts)
         ctx = _context(target_logits, draft_logits, draft_tokens, draft_probs, **self.sampling)
         B, N = ctx.batch_size, ctx.num_drafts
@@ -230,6 +237,8 @@ class VerifyStep:
 
         accept_prob = rule.accept_prob(drafts, **params)
         strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x)
+        if relax is not None:  # phase-aware: strict where the rule may not relax
+            accept_prob = torch.where(relax[:, :N], accept_prob, strict_accept_prob)
         if random is None:
             random = GeneratorDraws(generator, B, accept_prob.device)
         u = random.uniform(ACCEPT, N, dtype=accept_prob.dtype)
@@ -247,9 +256,14 @@ class VerifyStep:
         # sampled; a residual without mass falls back to p at that position.
         at_row = ctx.rows(torch.arange(B, device=n.device), n.clamp(max=N - 1))
         residual = rule.residual(at_row, **params)
+        bonus_ctx = ctx if num_drafts is None else _at_bonus(ctx, num_drafts)
+        bonus = rule.bonus(bonus_ctx, **params)
+        if relax is not None:  # strict's residual / bonus where the rule may not relax
+            at_bonus = torch.full_like(n, N) if num_drafts is None else num_drafts
+            residual = torch.where(relax.gather(1, n.unsqueeze(1)), residual, STRICT.residual(at_row))
+            bonus = torch.where(relax.gather(1, at_bonus.unsqueeze(1)), bonus, STRICT.bonus(bonus_ctx))
         stopped = (n < (N if num_drafts is None else num_drafts)).unsqueeze(1)
         use_residual = stopped & (residual.sum(dim=-1, keepdim=True) > 0)
-        bonus = rule.bonus(ctx if num_drafts is None else _at_bonus(ctx, num_drafts), **params)
         final = torch.where(stopped, at_row.p, bonus)
         final = torch.where(use_residual, residual, final)
         last = random.sample(final, TOKEN, offset=n)  # [B], drawn for output position start + n
@@ -276,6 +290,16 @@ def _at_bonus(ctx: VerifyContext, num_drafts: torch.Tensor) -> VerifyContext:
                          target_logits=ctx.target_logits[rows, num_drafts].unsqueeze(1),
                          draft_logits=ctx.draft_logits[rows, drafter_row].unsqueeze(1),
                          draft_tokens=ctx.draft_tokens, temperature=ctx.temperature, top_k=ctx.top_k, top_p=ctx.top_p)
+
+
+def _check_relax(relax, B: int, N: int, device) -> torch.Tensor | None:
+    """verify's `relax` mask as a bool tensor [B, N+1] on the block's device, or None; ValueError if malformed."""
+    if relax is None:
+        return None
+    if not isinstance(relax, torch.Tensor) or relax.dtype != torch.bool or tuple(relax.shape) != (B, N + 1):
+        got = f"{relax.dtype} {list(relax.shape)}" if isinstance(relax, torch.Tensor) else type(relax).__name__
+        raise ValueError(f"relax must be a bool tensor [B, N+1] = [{B}, {N + 1}], got {got}")
+    return relax.to(device)
 
 
 def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs, num_drafts=None) -> VerifyResult:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from relaxspec.bench.config import BenchConfig, needs_classifier
 from relaxspec.bench.names import AR, STRICT, method_label
 from relaxspec.bench.sampling import new_samples, prompts_needed, samples_at
+from relaxspec.bench.phase import phase_options
 from relaxspec.bench.store import Row, token_hash
 from relaxspec.bench.versions import code_version, file_version, model_version
 
@@ -59,6 +60,7 @@ def cell_config(spec: CellSpec, config: BenchConfig, versions: dict) -> dict:
         "system": config.system, **({"compile": True} if config.compile else {}),  # absent when off: old keys hold
         "pad_classifier": versions.get("pad_classifier") if needs_classifier(spec.method) else None,
         "code_version": versions["code"],
+        **phase_options(config.phase, spec.task),
     }
 
 
@@ -69,7 +71,8 @@ def generate_samples(spec: CellSpec, prompts: list[str], seeds: list[int], verif
     return generate(verifier, drafter if spec.method != AR else None, prompts, method=spec.method,
                     draft_length=spec.draft_length if spec.method != AR else 1,
                     max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
-                    top_p=config.top_p, seed=seeds, **generation_options(config), **extra, **spec.params)
+                    top_p=config.top_p, seed=seeds, **generation_options(config), **extra, **spec.params,
+                    **phase_options(config.phase, spec.task))
 
 
 def run_samples(spec: CellSpec, task, samples: list[tuple[int, int]], verifier, drafter, config: BenchConfig,

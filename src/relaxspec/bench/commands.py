@@ -36,14 +36,15 @@ Intervals vs strict are at 1 - 0.05/looks (Bonferroni over the looks). Each spec
 drafter its classifier was trained for) x N in {{3, 5, 10}} x tasks arithmetic and sorting, --sampling paper,
 80 prompts, 1 repeat in the first look, at most 2 looks (the second for cells undecided at the findings'
 budget, --max-drop 0.1), no batch-1 timing (the findings use the modelled speed-ups at the measured c_rel), a
-60-minute time budget: 524 cells, 15-30 min on 2 CPU cores (the first look's estimate is printed). Explicit flags
+60-minute time budget: 704 cells, about 20-40 min on 2 CPU cores (524 took 21 min before the engines' three rules
+joined the grid; the first look's estimate is printed). Explicit flags
 (and a --config's keys) override the preset's settings, --sampling its sampling.
 
 --methods takes a comma-separated list of NAME (its paper grid) or NAME:PARAM=V1/V2[;PARAM=V]
 (e.g. --methods ar,strict,'cactus:delta=0.5/2','typical:epsilon=0.1;delta=0.2').
 A TOML --config takes the same settings as keys (verifiers, drafters, tasks, methods, draft_lengths,
 seeds, limit, repeats, looks, max_drop, time_budget_s, speed_prompts, temperature, top_k, top_p,
-max_new_tokens, batch_size, device, dtype, chat_template, system, pad_thresholds, pad_classifier, out, and
+max_new_tokens, batch_size, device, dtype, chat_template, system, pad_thresholds, pad_classifier, phase, out, and
 sampling = "paper"); flags override it. Results go to OUT/results.sqlite; every look of a cell is stored as
 it finishes and a re-run continues where the last one stopped.
 """
@@ -104,6 +105,8 @@ def register(subparsers) -> None:
     b.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: tiny models gain little from more, and shared CPUs lose)")
     b.add_argument("--max-drop", type=float, help=f"utility drop vs strict allowed (default {DEFAULT_MAX_DROP:g})")
+    b.add_argument("--phase", help="relax only inside a span of each response, strict outside: 'task' (the task's "
+                                   "span: the worked steps before the final answer), 'think' or 'BEGIN..END'")
     b.add_argument("--no-plots", action="store_true")
     b.add_argument("--no-progress", action="store_true")
     add_executor_arguments(b)
@@ -133,7 +136,7 @@ _FLAG_TO_FIELD = {"verifier": "verifiers", "drafter": "drafters", "tasks": "task
                   "max_new_tokens": "max_new_tokens", "batch_size": "batch_size", "device": "device", "dtype": "dtype",
                   "compile": "compile",
                   "chat_template": "chat_template", "system": "system", "pad_thresholds": "pad_thresholds",
-                  "pad_classifier": "pad_classifier", "out": "out"}
+                  "pad_classifier": "pad_classifier", "out": "out", "phase": "phase"}
 
 
 def config_from_args(args) -> BenchConfig:

@@ -79,6 +79,7 @@ class BenchConfig:
     system: str | None = None  # system prompt, passed to generate
     pad_thresholds: list[float] = field(default_factory=lambda: list(DEFAULT_PAD_THRESHOLDS))
     pad_classifier: str | None = None  # None: the built-in classifier, if one ships
+    phase: str | None = None  # relax only inside a span (bench.phase): None, "task", "think" or "BEGIN..END"
     out: str = DEFAULT_OUT
 
     def validate(self) -> None:
@@ -108,6 +109,8 @@ class BenchConfig:
             warnings.warn("bench: repeats > 1 at temperature 0 (greedy) repeat the same responses", stacklevel=2)
         self.method_specs()  # parsing raises on unknown rules / parameters
         check_out_dir(self.out, "--out")
+        from relaxspec.bench.phase import check_phase_setting
+        check_phase_setting(self.phase, self.tasks)
 
     def method_specs(self) -> list[tuple[str, dict]]:
         if self.methods is None:

@@ -36,7 +36,7 @@ CSV_COLUMNS = [
 ]
 # Settings that make cells comparable: cells differing in any of these are reported in separate groups.
 SETTINGS = ("limit", "first_repeats", "looks", "temperature", "top_k", "top_p", "max_new_tokens", "batch_size",
-            "device", "dtype", "chat_template", "system", "code_version")
+            "device", "dtype", "chat_template", "system", "code_version", "phase")
 _PLAN_SETTINGS = ("first_repeats", "looks")  # how a cell was sampled (in its metrics, not its key)
 # What an AR cell shares with a speculative cell it is the baseline of (within one settings group).
 _AR_FIELDS = ("verifier", "verifier_version", "task", "seed")
@@ -255,7 +255,7 @@ def _format_group(rows: list[dict], max_drop: float) -> list[str]:
            f"repeats, at most {s['looks']} looks; temperature {s['temperature']}, top_k {s['top_k']}, top_p "
            f"{s['top_p']}, max {s['max_new_tokens']} new tokens; chat template {s['chat_template']}, system "
            f"{s['system']!r}; device {s['device'] or 'default'}, dtype {s['dtype'] or 'default'}; code "
-           f"{s['code_version']} =="]
+           f"{s['code_version']}{'; relaxed only in the phase ' + repr(s['phase']) if s.get('phase') else ''} =="]
     head = ["task", "drafter", "method", "N", "n", "utility [95% CI]", "vs strict [CI]", "same", "state",
             "vs AR [95% CI]", "acc", "tau", "len", "S", "S_blk", "Slen.2", "x b1", "x batch"]
     lines = []

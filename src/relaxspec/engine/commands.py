@@ -55,7 +55,7 @@ def _read_prompts(args) -> list[str]:
 
 # TOML keys `generate --config` reads (the bench's keys it has no use for are accepted and ignored)
 GENERATE_KEYS = ("verifier", "drafter", "method", "draft_length", "max_new_tokens", "temperature", "top_k", "top_p",
-                 "seed")
+                 "seed", "phase")
 
 
 def apply_generate_config(args, defaults: dict) -> dict:
@@ -101,6 +101,7 @@ def cmd_generate(args) -> int:
     from relaxspec.acceptance import check_sampling_args
     from relaxspec.acceptance.random import check_seed
     from relaxspec.engine import generate
+    from relaxspec.engine.phase import parse_phase
     from relaxspec.models import load_model
     from relaxspec.drafters import load_drafter
     from relaxspec.models.options import check_positive, device_kwargs, prompt_kwargs
@@ -115,6 +116,7 @@ def cmd_generate(args) -> int:
     check_sampling_args(args.temperature, args.top_k, args.top_p)
     params.update(parse_params(args.param))
     prompts = _read_prompts(args)
+    parse_phase(args.phase)  # a malformed spec is an error before any model loads
     verifier = load_model(args.verifier, **device_kwargs(args), compile=bool(args.compile))
     drafter = None if args.method == AR else load_drafter(args.drafter, verifier)
     pivot_fn = None
@@ -127,7 +129,8 @@ def cmd_generate(args) -> int:
         pivot_fn = load_classifier(path).pivot_fn(verifier, getattr(drafter, "lm", None), force=args.force)
     out = generate(verifier, drafter, prompts, method=args.method, draft_length=args.draft_length,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed, pivot_fn=pivot_fn, **prompt_kwargs(args), **params)
+                   top_p=args.top_p, seed=args.seed, pivot_fn=pivot_fn, phase=args.phase, **prompt_kwargs(args),
+                   **params)
     if args.json:
         print(json.dumps({"results": [{"prompt": r.prompt, "text": r.text, "token_ids": r.token_ids,
                                        "seed": r.seed, "stats": r.stats.as_dict(per_result=True)}
@@ -216,6 +219,8 @@ def register(subparsers) -> None:
     g.add_argument("--top-k", type=int, help="keep the k most likely tokens (default: all)")
     g.add_argument("--top-p", type=float, help="keep the smallest set of tokens with this mass (default: all)")
     g.add_argument("--seed", type=int, default=0, help="sequence i samples with a seed derived from (SEED, i)")
+    g.add_argument("--phase", help="relax only inside a span of the response, strict outside: 'think' (<think> .. "
+                                   "</think>) or 'BEGIN..END' (token strings, #ID for a token id; a side may be empty)")
     add_prompt_args(g)
     add_device_args(g)
     add_compile_arg(g)

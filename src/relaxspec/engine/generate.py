@@ -45,6 +45,7 @@ from relaxspec.acceptance import (
     process_logits,
 )
 from relaxspec.acceptance.verify import VerifyStep
+from relaxspec.engine.phase import PhaseTracker, check_phase, parse_phase
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.drafters import Drafter, as_drafter
 from relaxspec.models.compiled import plan_static_shapes
@@ -244,6 +245,7 @@ def generate(
     pivot_fn=None,
     chat_template: str = "auto",
     system: str | None = None,
+    phase=None,
     **rule_params,
 ) -> GenerationOutput:
     """Generate from `verifier` with `drafter` proposing `draft_length` tokens per round under
@@ -261,10 +263,15 @@ def generate(
     other prompts of the call. Prompts go through the verifier tokenizer's chat template when it
     has one (chat_template "auto"; "on" requires one, "off" never uses it; `system`: a system turn).
     A prompt that does not fit the models' context with `max_new_tokens` is an error. `pivot_fn`
-    computes a rule's `pivot_prob` input from the verifier's hidden states (see relaxspec.pivot)."""
+    computes a rule's `pivot_prob` input from the verifier's hidden states (see relaxspec.pivot).
+    phase: relax only inside a span of the response, strict outside (relaxspec.engine.phase: "think", a
+    "BEGIN..END" spec, a (begin, end) pair of token strings / ids, or a Phase); None relaxes everywhere."""
     check_sampling_args(temperature, top_k, top_p)
     if isinstance(verifier, (str, os.PathLike)):  # a name or a path, as the drafter argument accepts
         verifier = load_model(verifier)
+    phase = parse_phase(phase)
+    if phase is not None:
+        check_phase(phase, verifier.tokenizer)
     prompts = prompt_list(prompts)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -320,6 +327,7 @@ def generate(
         drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
     last = ids[:, -1].clone()
     sequence_seeds = SequenceSeeds(seeds, device)
+    phases = PhaseTracker(phase, verifier.tokenizer, encoded) if phase is not None and rule is not None else None
 
     while book.live_count:
         # Each row drafts at most its own room minus one (a round emits up to n + 1 tokens), so a row's
@@ -350,6 +358,8 @@ def generate(
             if pivot_fn is not None:
                 params["pivot_prob"] = pivot_fn(hidden[:, 1:], target_logits[:, :width], draft_logits[:, :width],
                                                 draft_tokens)
+            if phases is not None:  # where each row's span lets the rule decide (strict elsewhere)
+                params["relax"] = torch.tensor(phases.relax(draft_tokens.tolist()), device=device)
             results = step(target_logits, draft_logits, draft_tokens, random=draws, draft_probs=proposal.probs,
                            num_drafts=num_drafts, **params)
             accepted, tokens = results.num_accepted, results.tokens
@@ -363,6 +373,9 @@ def generate(
             # states of that block when it drafts from them).
             target.invalidate_tail(accepted + 1, width + 1, longest=book.longest_kept)
             drafter.rollback(accepted, hidden if drafter_hidden else None)
+        if phases is not None:  # commit each row's emitted tokens to its phase state
+            rows_tokens, rows_n = tokens.tolist(), accepted.tolist()
+            phases.advance([row[: n + 1] for row, n in zip(rows_tokens, rows_n)])
         if done is not None:
             keep = torch.tensor(done, dtype=torch.long, device=device)
             last = last[keep]
@@ -370,6 +383,8 @@ def generate(
             target.select(keep)
             if rule is not None:
                 drafter.select(keep)
+            if phases is not None:
+                phases.select(done)
 
     stats.time_total_s = time.perf_counter() - t_start
     tokenizer = verifier.tokenizer

@@ -522,6 +522,23 @@ def finding_transfer(store, rows: list[dict], column: str, c_rel: float | None, 
     return f
 
 
+def matched_kind(i: Interval, max_drop: float) -> str:
+    """A matched comparison's interval of (utility - the other's): better, worse, equivalent or undecided."""
+    return "better" if i.low > 0 else "worse" if i.high < 0 else \
+        "equivalent" if -max_drop <= i.low and i.high <= max_drop else "undecided"
+
+
+def majority_verdict(found: dict) -> tuple[str, str]:
+    """Better in more comparisons than worse and in at least a quarter of them, the undecided counted both ways."""
+    total = sum(len(v) for v in found.values())
+
+    def holds(better: int, worse: int) -> bool:
+        return better > worse and better >= total / 4
+
+    better, worse, undecided = len(found["better"]), len(found["worse"]), len(found["undecided"])
+    return _both_ways(holds(better, worse + undecided), holds(better + undecided, worse))
+
+
 def finding_pad(store, rows: list[dict], column: str, looks: int, max_drop: float) -> Finding:
     f = Finding("PAD", "PAD keeps more utility than the training-free rules at matched length-adjusted speed-up",
                 f"each PAD cell vs each training-free cell of the same drafter, task and N whose S lies within "
@@ -537,9 +554,7 @@ def finding_pad(store, rows: list[dict], column: str, looks: int, max_drop: floa
     f.intervals, f.confidence = len(matched), simultaneous(looks, len(matched))
     for p, r in matched:
         i = compare(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
-        kind = "better" if i.low > 0 else "worse" if i.high < 0 else \
-            "equivalent" if -max_drop <= i.low and i.high <= max_drop else "undecided"
-        found[kind].append((p, r, i))
+        found[matched_kind(i, max_drop)].append((p, r, i))
     total = sum(len(v) for v in found.values())
     if not total:
         f.verdict, f.reason = _both_ways(False, False, "PAD cells with training-free cells at a matched speed-up")
@@ -548,12 +563,7 @@ def finding_pad(store, rows: list[dict], column: str, looks: int, max_drop: floa
     for p, r, i in (found["better"] + found["worse"])[:4]:
         f.evidence.append(f"  {_label(p)} ({_f(p[column])}x) - {method_label(r['method'], json.loads(r['params']))} "
                           f"({_f(r[column])}x): {_ci(i)}")
-
-    def holds(better: int, worse: int) -> bool:
-        return better > worse and better >= total / 4
-
-    better, worse, undecided = len(found["better"]), len(found["worse"]), len(found["undecided"])
-    f.verdict, f.reason = _both_ways(holds(better, worse + undecided), holds(better + undecided, worse))
+    f.verdict, f.reason = majority_verdict(found)
     return f
 
 
@@ -562,6 +572,7 @@ def check_findings(store, rows: list[dict], max_drop: float = FINDINGS_MAX_DROP,
     """Every finding's verdict on the report rows of one settings group (report.build_rows), each at its own
     simultaneous confidence (see the module doc)."""
     from relaxspec.bench.report import with_decisions
+    from relaxspec.study.phase import finding_phase
     column = speed_column(c_rel)
     with_decisions(rows, max_drop)
     roles = drafter_roles(rows)
@@ -571,7 +582,8 @@ def check_findings(store, rows: list[dict], max_drop: float = FINDINGS_MAX_DROP,
             finding_weak_lengths(store, rows, roles, column, looks),
             finding_tune_n(store, rows, column, c_rel, looks, max_drop),
             finding_transfer(store, rows, column, c_rel, looks, max_drop),
-            finding_pad(store, rows, column, looks, max_drop)]
+            finding_pad(store, rows, column, looks, max_drop),
+            finding_phase(store, rows, looks, max_drop)]
 
 
 def format_findings(findings: list[Finding], rows: list[dict], max_drop: float, c_rel: float | None) -> str:

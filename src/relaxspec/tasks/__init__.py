@@ -70,4 +70,15 @@ def get_task(spec: str, limit: int | None = None, seed: int = 0, prompt_template
     raise ValueError(f"unknown task {spec!r}; known: {', '.join(KNOWN_SPECS)}")
 
 
-__all__ = ["get_task", "Task", "Example", "final_answer", "parse_number", "BUILTIN_TASKS", "KNOWN_SPECS"]
+def relax_span(spec: str) -> tuple[str | None, str | None]:
+    """The span of a task's responses that phase-aware relaxation may relax (bench / tune `phase = "task"`), as
+    (begin, end) markers: for the built-in synthetic tasks, the worked steps, from the response's start until the
+    final-answer marker (the answer itself is decided strictly)."""
+    from relaxspec.tasks.base import ANSWER_MARKER
+    if spec in synthetic.GENERATORS:
+        return None, ANSWER_MARKER
+    raise ValueError(f"task {spec!r} offers no relaxation span (phase 'task'); give the span's markers "
+                     "('BEGIN..END') or 'think'")
+
+
+__all__ = ["get_task", "relax_span", "Task", "Example", "final_answer", "parse_number", "BUILTIN_TASKS", "KNOWN_SPECS"]

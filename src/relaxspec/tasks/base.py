@@ -46,6 +46,7 @@ class Task:
         return float(self.utility(response, reference))
 
 
+ANSWER_MARKER = "The answer is"  # what precedes the final answer the built-in tasks score
 _FINAL_ANSWER = re.compile(r"The answer is\s*(.+?)\s*\.?\s*$", re.MULTILINE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 TUNE_EPILOG = """\
@@ -73,6 +72,8 @@ def register(subparsers) -> None:
     t.add_argument("--top-k", type=int)
     t.add_argument("--max-new-tokens", type=int, default=160)
     t.add_argument("--pad-classifier", help="PAD classifier path (default: the built-in one, for its pair)")
+    t.add_argument("--phase", help="relax only inside a span of each response, strict outside: 'task', 'think' "
+                                   "or 'BEGIN..END' (as bench --phase)")
     t.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=f"output directory (default ./{DEFAULT_OUT})")
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     from relaxspec.models.options import add_compile_arg
@@ -104,7 +105,7 @@ def cmd_tune(args) -> int:
                         heldout_prompts=args.heldout_prompts, heldout_repeats=args.heldout_repeats, seed=args.seed,
                         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_new_tokens=args.max_new_tokens, pad_classifier=args.pad_classifier, out=str(args.out),
-                        compile=bool(args.compile))
+                        compile=bool(args.compile), phase=args.phase)
     for flag, name in (("draft_lengths", "draft_lengths"), ("rungs", "sizes"), ("caps", "caps")):
         if getattr(args, flag) is not None:
             setattr(config, name, tuple(getattr(args, flag)) if name != "draft_lengths" else getattr(args, flag))

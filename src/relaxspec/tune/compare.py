@@ -25,7 +25,7 @@ from relaxspec.tune.report import TOML_NAME
 from relaxspec.tune.space import Config, make_config
 
 CONFIDENCE = 0.95
-SETTINGS = ("verifier", "drafter", "task", "seed", "temperature", "top_k", "top_p", "max_new_tokens")
+SETTINGS = ("verifier", "drafter", "task", "seed", "temperature", "top_k", "top_p", "max_new_tokens", "phase")
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from relaxspec.bench.phase import phase_for
 from relaxspec.tune.racing import ALPHA
 
 TOML_NAME = "tune.toml"
@@ -94,7 +95,8 @@ def toml_text(result) -> str:
     values = {"verifier": bench.verifiers[0], "drafter": bench.drafters[0], "task": cfg.task,
               "method": choice.method_spec,
               "draft_length": choice.draft_length, "temperature": cfg.temperature, "top_k": cfg.top_k,
-              "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed}
+              "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
+              "phase": phase_for(cfg.phase, cfg.task)}
     for k, v in values.items():
         if v is not None:
             out.append(f"{k} = {_toml_value(v)}")

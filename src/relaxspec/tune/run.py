@@ -61,6 +61,7 @@ class TuneConfig:
     max_new_tokens: int = 160
     speed_prompts: int = 10  # batch-1 timing prompts (objective measured-bs1 only)
     pad_classifier: str | None = None
+    phase: str | None = None  # relax only inside a span (bench.phase): None, "task", "think" or "BEGIN..END"
     out: str = DEFAULT_OUT
     compile: bool = False  # load_model(compile=True) for the bench cells (models/compiled.py)
 
@@ -83,6 +84,8 @@ class TuneConfig:
         if self.caps is None:
             self.caps = tuple(DEFAULT_CAPS[min(i, len(DEFAULT_CAPS) - 1)] for i in range(len(self.sizes) - 1))
         validate_schedule(self.sizes, self.caps)
+        from relaxspec.bench.phase import check_phase_setting
+        check_phase_setting(self.phase, [self.task])
 
     def bench_config(self, limit: int) -> BenchConfig:
         """The bench settings of tune's cells (`limit`: the prompts the cells draw from)."""
@@ -91,7 +94,7 @@ class TuneConfig:
                            tasks=[self.task], seeds=[self.seed], limit=limit, temperature=self.temperature,
                            top_k=self.top_k, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
                            speed_prompts=self.speed_prompts, pad_classifier=self.pad_classifier, out=str(self.out),
-                           compile=self.compile)
+                           compile=self.compile, phase=self.phase)
 
 
 def search_jobs(n: int, prompts: int) -> list[tuple[int, int]]:
