@@ -136,6 +136,7 @@ def test_the_phase_finding_pairs_the_phase_group_with_the_plain_one(tmp_path, st
         found = {f.key: f for f in check_findings(store, rows, max_drop=0.1)}
         text = format_findings(list(found.values()), rows, 0.1, None)
     assert found["phase"].verdict == verdict
+    assert found["phase"].intervals == 2 and found["phase"].confidence == pytest.approx(1 - 0.05 / 2)  # one test
     better = 2 if verdict == CONFIRMED else 0
     assert f"2 matched pairs (phase '..The answer is'): phase better in {better}, worse in {2 - better}" in \
         found["phase"].evidence[0]
@@ -254,6 +255,8 @@ def test_speed_gains_are_judged_by_intervals_and_each_verdict_states_its_error(t
     assert found["3"].verdict == INCONCLUSIVE
     assert "holds on 0 of 2 tasks by lower bounds" in found["3"].evidence[-1]
     assert verdicts(tmp_path / "clear", "paper", strong_gain=1.2)["3"].verdict == CONFIRMED
+    assert found["phase"].intervals == 0 and found["phase"].reason.startswith("missing")  # no run with a phase here
     for f in found.values():
-        assert f.intervals > 0 and f.confidence == pytest.approx(1 - 0.05 / f.intervals)  # 1 look
+        if f.key != "phase":
+            assert f.intervals > 0 and f.confidence == pytest.approx(1 - 0.05 / f.intervals)  # 1 look
     assert found["2"].intervals == 32  # the MTP drafter's q-trusting and verifier-bounded cells, both tasks
