@@ -12,7 +12,7 @@ Configurations, at every thread count, greedy, batch 1, the held-out chat prompt
 Every configuration runs once per prompt, in an order rotated from prompt to prompt (a change in the machine's
 load hits all alike); ms/token is the median over prompts of one call's wall time (prefill included) over its
 tokens. "x own AR" divides by relaxspec AR in the same format, "x llama.cpp AR" by llama.cpp's AR. c_rel and
-c_block are the bench's interleaved speed constants (`bench.runner.speed_constants`) in each format, c_block
+c_block are the bench's interleaved speed constants (`bench.cell.speed_constants`) in each format, c_block
 also at 4, 6 and 9 tokens; modelled = tau / (c_block + N c_rel) (bench/speedup.py). Greedy divergences:
 strict's tokens against AR's in the same format, with the top-2 logit gap of AR's verifier at the first
 differing position (a near-tie when below the format's rounding). Peak RSS: each format loaded and run in a
