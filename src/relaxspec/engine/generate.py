@@ -172,6 +172,12 @@ class _Book:
         self.live = rows[keep]
         return keep.tolist()
 
+    def last_round(self) -> list[list[int]]:
+        """Each row of the round just recorded: its kept drafts and the token it emitted, read from that
+        round's host copy (no second copy of the tensors)."""
+        host = self.log[-1][4]
+        return [row[1:n + 2] for row, n in zip(host.tolist(), host[:, 0].tolist())]
+
     def results(self) -> tuple[list[list[int]], list[GenerationStats], list[list[Round]]]:
         """Per sequence: output tokens, GenerationStats and trace."""
         B, N = len(self.length), self.N
@@ -374,8 +380,7 @@ def generate(
             target.invalidate_tail(accepted + 1, width + 1, longest=book.longest_kept)
             drafter.rollback(accepted, hidden if drafter_hidden else None)
         if phases is not None:  # commit each row's emitted tokens to its phase state
-            rows_tokens, rows_n = tokens.tolist(), accepted.tolist()
-            phases.advance([row[: n + 1] for row, n in zip(rows_tokens, rows_n)])
+            phases.advance(book.last_round())
         if done is not None:
             keep = torch.tensor(done, dtype=torch.long, device=device)
             last = last[keep]
