@@ -134,8 +134,11 @@ def crop_cache(cache, length: int) -> None:
 
 def can_gather_cache(cache) -> bool:
     """Whether `gather_cache` can rearrange this cache: FastLlama's, or transformers' DynamicCache of plain
-    full-attention layers."""
-    if hasattr(cache, "kv"):
+    full-attention layers (not a compiled model's static cache: its buffers keep the rows that left the batch,
+    and its shapes are fixed)."""
+    from relaxspec.models.fast_llama import KVCache
+
+    if isinstance(cache, KVCache):
         return True
     from transformers.cache_utils import DynamicLayer
 
