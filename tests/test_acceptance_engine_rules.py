@@ -249,7 +249,7 @@ def test_the_new_rules_are_registered_with_their_grids():
     from relaxspec.bench.config import default_methods
     from relaxspec.tune.space import search_space
     grid = [(m, p) for m, p in default_methods() if m in ("threshold", "topk-delta", "topk-ratio")]
-    assert grid == [("threshold", {"single": s, "acc": a}) for s in (0.01, 1.0) for a in (0.01, 1.0)] + \
+    assert grid == [("threshold", {"single": s}) for s in (0.01, 1.0)] + \
         [("topk-delta", {"delta": 0.3}), ("topk-delta", {"delta": 0.6}),
          ("topk-ratio", {"ratio": 0.1}), ("topk-ratio", {"ratio": 0.3})]
     space = {c.method for c in search_space(None, [3])}

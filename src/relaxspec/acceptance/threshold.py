@@ -31,7 +31,7 @@ class ThresholdRule(Rule):
             doc="accept outright when p(x) >= single (SGLang speculative_accept_threshold_single; 1 is off)",
         ),
         "acc": ParamSpec(
-            "acc", 1.0, low=0.0, high=1.0, low_inclusive=False, grid=(0.01, 1.0),
+            "acc", 1.0, low=0.0, high=1.0, low_inclusive=False,
             doc="accept when u <= p(x)/acc (SGLang speculative_accept_threshold_acc; 1 is lossless)",
         ),
     }
