@@ -285,44 +285,39 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
                     drafters: dict | None = None) -> dict:
     """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step) per
     speculative cell's (verifier, drafter, N), measured once before any cell runs: every forward they need
-    (each verifier's step and blocks, each LM drafter's step) runs once per round, interleaved, and each
+    (each verifier's step and blocks, each drafter's step) runs once per round, interleaved, and each
     constant is the median over rounds of the ratio within a round, so a load that comes and goes cancels out.
     `drafters` maps (verifier, drafter) to a loaded Drafter (CellRunner.drafters); without it every drafter is
-    an LM in `models`. A drafter of another kind (MTP head, prompt lookup) is timed per drafted token through
-    the drafter protocol (as `relaxspec models list` does), over the verifier's median step."""
+    an LM in `models`. An LM drafter's step is its one-token forward; a drafter of another kind (MTP head,
+    prompt lookup) is timed per drafted token through the drafter protocol (`draft_timer`, as `relaxspec
+    models list` does), in the same rounds."""
     import statistics
 
     from relaxspec.models import measure_step_latencies, relative_costs
-    from relaxspec.drafters import measure_draft_latency
+    from relaxspec.drafters import draft_timer
     keys = list(dict.fromkeys((c.verifier, c.drafter, c.draft_length) for c in cells if c.method != AR))
     if not keys:
         return {}
     labels, steps = [], []
 
-    def add(label, lm, block):
+    def add(label, step):
         if label not in labels:
             labels.append(label)
-            steps.append((lm, block))
+            steps.append(step() if callable(step) else step)
 
     for v, d, n in keys:
-        add((v, 1), models[v], 1)
-        add((v, n + 1), models[v], n + 1)
+        add((v, 1), (models[v], 1))
+        add((v, n + 1), (models[v], n + 1))
         lm = models[d] if drafters is None else getattr(drafters[(v, d)], "lm", None)
-        if lm is not None:
-            add((v, d), lm, 1)
+        add((v, d), (lm, 1) if lm is not None else lambda v=v, d=d: draft_timer(drafters[(v, d)], models[v]))
     times = measure_step_latencies(steps, rounds=rounds)
     out = {}
     for v, d, n in keys:
-        iv, ib = labels.index((v, 1)), labels.index((v, n + 1))
+        iv, ib, i_d = labels.index((v, 1)), labels.index((v, n + 1)), labels.index((v, d))
         costs = relative_costs(times, reference=iv)
-        lat_v = statistics.median(t[iv] for t in times)
-        if (v, d) in labels:
-            lat_d, c_rel = statistics.median(t[labels.index((v, d))] for t in times), costs[labels.index((v, d))]
-        else:
-            lat_d = measure_draft_latency(drafters[(v, d)], models[v])
-            c_rel = lat_d / lat_v
-        out[(v, d, n)] = {"c_rel_measured": c_rel, "c_block_measured": costs[ib],
-                          "latency_verifier_s": lat_v, "latency_drafter_s": lat_d}
+        out[(v, d, n)] = {"c_rel_measured": costs[i_d], "c_block_measured": costs[ib],
+                          "latency_verifier_s": statistics.median(t[iv] for t in times),
+                          "latency_drafter_s": statistics.median(t[i_d] for t in times)}
     return out
 
 

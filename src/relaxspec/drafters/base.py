@@ -227,15 +227,27 @@ def load_drafter(name: str | Path, verifier: CausalLM) -> Drafter:
                                 compile=verifier.compiled))
 
 
+@torch.inference_mode()
 def measure_draft_latency(drafter: Drafter, verifier: CausalLM, context: int = 128, n: int = 5,
                           rounds: int = 30) -> float:
-    """Median seconds per drafted token, batch 1, through the protocol: prefill `context` tokens, then
-    propose n greedily and roll back to 2 accepted, repeatedly (the context grows as in a real run).
-    Over `measure_step_latency(verifier)` this is the drafter's c_rel, for any kind."""
-    from relaxspec.models.hf import step_clock, synchronize
+    """Median seconds per drafted token, batch 1, through the protocol (`draft_timer`, alone). Over
+    `measure_step_latency(verifier)` this is the drafter's c_rel, for any kind; the bench takes c_rel with
+    the timer interleaved with the verifier's step instead (bench.cell.speed_constants)."""
+    from relaxspec.models.hf import step_clock
+
+    timer = draft_timer(drafter, verifier, context, n)
+    clock = step_clock(model_device(verifier))
+    return statistics.median([timer(clock) for _ in range(rounds + 3)][3:])
+
+
+@torch.inference_mode()
+def draft_timer(drafter: Drafter, verifier: CausalLM, context: int = 128, n: int = 5):
+    """A step for `measure_step_latencies`: prefill `context` tokens, then each call proposes n greedily
+    (timed: seconds per drafted token on the clock it is given) and rolls back to 2 accepted (untimed), so the
+    context grows as in a real run."""
+    from relaxspec.models.hf import synchronize
 
     device = model_device(verifier)
-    clock = step_clock(device)
     ids = torch.randint(2, verifier.vocab_size, (1, context + 1), device=device)
     mask = torch.ones_like(ids)
     hidden = None
@@ -245,15 +257,18 @@ def measure_draft_latency(drafter: Drafter, verifier: CausalLM, context: int = 1
                                      hidden_layer=drafter.hidden_layers)
     drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
     block_hidden = None if hidden is None else hidden[:, -1:].expand(1, n + 1, -1)
-    times = []
-    for _ in range(rounds + 3):
+    accepted = torch.tensor([2], device=device)
+
+    def timer(clock) -> float:
         synchronize(device)
         t = clock()
         drafter.propose(ids[:, -1], n, 0, lambda logits, i: (logits.argmax(dim=-1), None))
         synchronize(device)
-        times.append((clock() - t) / n)
-        drafter.rollback(torch.tensor([2], device=device), block_hidden)
-    return statistics.median(times[3:])
+        seconds = (clock() - t) / n
+        drafter.rollback(accepted, block_hidden)
+        return seconds
+
+    return timer
 
 
 def as_drafter(drafter, verifier: CausalLM) -> Drafter:

@@ -302,10 +302,15 @@ def measure_step_latencies(steps: list, context: int = 128, rounds: int = 30, wa
     goes falls on all of them alike. Returns `rounds` lists of times, in the order of `steps`; a ratio of two
     steps' costs is best taken within each round, then its median over rounds (see relative_costs). On a CPU
     with one torch thread the clock is the thread's CPU time (step_clock), which other processes' load does
-    not inflate."""
+    not inflate. A step may also be a callable `timer(clock) -> seconds` that times itself on that clock (e.g.
+    drafters.draft_timer: a drafter of any kind, per drafted token); the first step must be an (lm, block)."""
     clock = step_clock(steps[0][0].device) if steps else time.perf_counter
     states = []
-    for lm, block in steps:
+    for step in steps:
+        if callable(step):
+            states.append(step)
+            continue
+        lm, block = step
         ids = torch.randint(0, lm.vocab_size, (1, context + block), device=lm.device)
         cache = lm.new_cache()
         mask = torch.ones_like(ids)
@@ -318,6 +323,9 @@ def measure_step_latencies(steps: list, context: int = 128, rounds: int = 30, wa
         times = [0.0] * k
         for j in range(k):
             i = (r + j) % k
+            if callable(states[i]):
+                times[i] = states[i](clock)
+                continue
             lm, ids, cache, mask, pos = states[i]
             synchronize(lm.device)
             t = clock()
