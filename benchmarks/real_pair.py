@@ -16,9 +16,10 @@ interleaved: for each prompt every configuration runs once, in an order that rot
 so a change in the machine's load hits every configuration alike. ms/token is the median over prompts of one
 call's wall time (prefill included) over the tokens it generated; speed-ups are ratios of those medians to
 our AR at the same threads and temperature. tau is the engine's mean accepted drafts + 1 per round; c_rel (the
-drafter's time per drafted token through the drafter protocol / a verifier step) and c_block (the verifier's
-(N+1)-token block / a one-token step) are measured before the run at each thread count; "modelled" is the
-block-aware model tau / (c_block + N * c_rel) (bench/speedup.py).
+drafter's step: an LM's forward, any other kind's time per drafted token through the drafter protocol / a
+verifier step) and c_block (the verifier's (N+1)-token block / a one-token step) are measured before the run at
+each thread count as `relaxspec bench` does (bench.cell.speed_constants: interleaved, medians of within-round
+ratios); "modelled" is the block-aware model tau / (c_block + N * c_rel) (bench/speedup.py).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from dataclasses import dataclass
 import torch
 
 from relaxspec.acceptance import get_rule
+from relaxspec.bench.cell import CellSpec, speed_constants
 from relaxspec.bench.speedup import block_aware_speedup
 from relaxspec.engine import GenerationStats, generate
-from relaxspec.models import load_model, measure_step_latencies, relative_costs
-from relaxspec.drafters import LMDrafter, load_drafter, measure_draft_latency
+from relaxspec.models import load_model
+from relaxspec.drafters import LMDrafter, load_drafter
 from relaxspec.models.fast_llama import FastLlama
 from relaxspec.models.hf import CausalLM
 from relaxspec.models.prompts import encode_prompts
@@ -72,14 +74,15 @@ def configurations(drafter: str, hf_can_assist: bool, threads, draft_lengths, te
 
 
 def pair_constants(verifier: CausalLM, drafter, draft_lengths) -> dict:
-    """c_rel of the drafter and c_block at every N + 1, at the current thread count: the verifier's one-token
-    step and its blocks interleaved round by round (each c_block the median of the within-round ratio, as
-    `relaxspec bench` measures them), the drafter per drafted token through its protocol."""
-    blocks = [1] + [n + 1 for n in draft_lengths]
-    times = measure_step_latencies([(verifier, b) for b in blocks])
-    step = statistics.median(t[0] for t in times)
-    return {"step_ms": step * 1e3, "c_rel": measure_draft_latency(drafter, verifier) / step,
-            "c_block": dict(zip(blocks[1:], relative_costs(times)[1:]))}
+    """c_rel of the drafter and c_block at every N + 1, at the current thread count, as `relaxspec bench`
+    measures them (bench.cell.speed_constants): the verifier's one-token step, its blocks and the drafter's
+    step (an LM's forward, any other kind per drafted token through its protocol) interleaved round by round,
+    each constant the median of the within-round ratio."""
+    cells = [CellSpec(verifier.name, drafter.name, "", "strict", {}, n, 0) for n in draft_lengths]
+    speed = speed_constants({verifier.name: verifier}, cells, drafters={(verifier.name, drafter.name): drafter})
+    first = speed[(verifier.name, drafter.name, draft_lengths[0])]
+    return {"step_ms": first["latency_verifier_s"] * 1e3, "c_rel": first["c_rel_measured"],
+            "c_block": {n + 1: speed[(verifier.name, drafter.name, n)]["c_block_measured"] for n in draft_lengths}}
 
 
 def _run_ours(cfg: Config, verifier, drafters, prompt, max_new_tokens, seed):

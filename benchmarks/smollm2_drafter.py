@@ -5,9 +5,10 @@ vs full LM head.
 
 tau: mean acceptance length (bonus included) of strict greedy decoding of the 20 held-out chat prompts
 (`tasks.chat.HELDOUT`, never trained on) through the chat template, 128 new tokens, one batch.
-c_rel: `measure_draft_latency` (seconds per drafted token through the drafter protocol, batch 1, N=5)
-over the verifier's `measure_step_latency` (a one-token step after 128 tokens of context), for the
-shipped head (truncated vocabulary) and the same head scoring the verifier's full LM head.
+c_rel: seconds per drafted token through the drafter protocol (batch 1, N=5) over the verifier's one-token
+step after 128 tokens of context, interleaved round by round and taken as the median of the within-round
+ratio (bench.cell.speed_constants, as `relaxspec bench` does), for the shipped head (truncated vocabulary)
+and the same head scoring the verifier's full LM head.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import time
 
 import torch
 
+from relaxspec.bench.cell import CellSpec, speed_constants
 from relaxspec.engine import generate
-from relaxspec.models import load_model, measure_step_latency
-from relaxspec.drafters import load_drafter, measure_draft_latency
+from relaxspec.models import load_model
+from relaxspec.drafters import load_drafter
 from relaxspec.drafters.mtp import MTPDrafter, MTPHead
 from relaxspec.tasks import chat
 
@@ -48,14 +50,18 @@ def main() -> None:
     variants = [("truncated" if drafter.draft_vocab is not None else "full", drafter)]
     if drafter.draft_vocab is not None:
         variants.append(("full", full_vocabulary(drafter, verifier)))
-    step = measure_step_latency(verifier)
+    # c_rel as `relaxspec bench` measures it (bench.cell.speed_constants): the verifier's step and each head's
+    # drafting (per drafted token, through the protocol) interleaved, the median of the within-round ratio.
+    speed = speed_constants({verifier.name: verifier},
+                            [CellSpec(verifier.name, label, "", "strict", {}, 5, 0) for label, _ in variants],
+                            drafters={(verifier.name, label): d for label, d in variants})
+    step = speed[(verifier.name, variants[0][0], 5)]["latency_verifier_s"]
     print(f"{a.drafter} for {a.verifier}: verifier step {step * 1e3:.1f} ms, {a.threads} thread(s)")
     for label, d in variants:
         k = len(d.draft_vocab) if d.draft_vocab is not None else verifier.vocab_size
-        latency = measure_draft_latency(d, verifier)
-        print(f"  {label:9s} head (K={k:5d}): {latency * 1e3:6.2f} ms per drafted token, c_rel {latency / step:.3f}")
-    step_again = measure_step_latency(verifier)
-    print(f"  verifier step again {step_again * 1e3:.1f} ms (drift: the machine's load)")
+        const = speed[(verifier.name, label, 5)]
+        print(f"  {label:9s} head (K={k:5d}): {const['latency_drafter_s'] * 1e3:6.2f} ms per drafted token, "
+              f"c_rel {const['c_rel_measured']:.3f}")
     print(f"strict greedy on {len(chat.HELDOUT)} held-out chat prompts, {a.max_new_tokens} new tokens:")
     for (label, d), lengths in zip(variants, [a.n, a.full_n]):
         for n in lengths:

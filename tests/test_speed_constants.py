@@ -54,3 +54,29 @@ def test_interleaved_measurement_and_speed_constants(pair):
     assert 0 < a["c_rel_measured"] < 1 and b["c_block_measured"] > 1
     assert a["latency_verifier_s"] > a["latency_drafter_s"] > 0
     assert speed_constants(pair, cells[-1:]) == {}
+
+
+def test_a_protocol_drafter_is_timed_inside_the_interleaved_rounds(pair, monkeypatch):
+    from relaxspec.drafters import draft_timer, load_drafter
+    import relaxspec.models as models
+
+    v = pair["verifier"]
+    drafters = {("verifier", "drafter-mtp"): load_drafter("drafter-mtp", v),
+                ("verifier", "ngram"): load_drafter("ngram", v)}
+    timer = draft_timer(drafters[("verifier", "ngram")], v)
+    clock = step_clock(torch.device("cpu"))
+    assert 0 < timer(clock) < 0.1  # seconds per drafted token of prompt lookup: no forward
+    seen = []
+    real = models.measure_step_latencies
+
+    def spy(steps, **kw):
+        seen.append(steps)
+        return real(steps, **kw)
+
+    monkeypatch.setattr(models, "measure_step_latencies", spy)
+    cells = [CellSpec("verifier", d, "arithmetic", "strict", {}, 3, 0) for d in ("drafter-mtp", "ngram")]
+    got = speed_constants({"verifier": v}, cells, rounds=5, drafters=drafters)
+    # one interleaved measurement: the verifier's step and block, and both drafters' timers
+    assert len(seen) == 1 and len(seen[0]) == 4 and sum(callable(s) for s in seen[0]) == 2
+    mtp, ngram = got[("verifier", "drafter-mtp", 3)], got[("verifier", "ngram", 3)]
+    assert 0 < ngram["c_rel_measured"] < mtp["c_rel_measured"] < 1  # a one-layer head costs less than the verifier

@@ -46,6 +46,7 @@ from relaxspec.acceptance.processing import (
     is_greedy,
     jsd,
     process_logits,
+    process_logits_unchecked,
     total_variation,
 )
 from relaxspec.acceptance.random import DRAFT, TOKEN, Draws, SequenceSeeds, derive_seed
@@ -62,6 +63,7 @@ __all__ = [
     "GREEDY_TEMPERATURE",
     "GREEDY_MODES",
     "process_logits",
+    "process_logits_unchecked",
     "entropy",
     "jsd",
     "total_variation",

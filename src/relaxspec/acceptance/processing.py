@@ -41,6 +41,13 @@ def process_logits(
     change the argmax, so they are no-ops there.
     """
     check_sampling_args(temperature, top_k, top_p)
+    return process_logits_unchecked(logits, temperature, top_k, top_p)
+
+
+def process_logits_unchecked(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                             top_p: float | None = None) -> torch.Tensor:
+    """`process_logits` for settings already checked (`check_sampling_args`) once per call path: the engine
+    and a VerifyStep process a few rows many times per generated sequence."""
     z = as_float(logits)
     if is_greedy(temperature):
         return one_hot_argmax(z)

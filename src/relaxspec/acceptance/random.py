@@ -168,6 +168,7 @@ class CounterDraws(Draws):
                  width: int | None = None):
         self.low, self.high, self.start = keys_low, keys_high, start  # keys [B, purposes * WORDS]
         self._table = None if width is None else self._round_table(width)
+        self._u53: dict = {}  # purpose -> [B, columns] 53-bit uniforms of the table, converted once per round
 
     def _raw(self, purpose: int, word: int, positions: torch.Tensor) -> torch.Tensor:
         """32 bits per (row, position): [B, K] int64 for positions [B, K]."""
@@ -202,6 +203,14 @@ class CounterDraws(Draws):
 
     def uniform53(self, purpose: int, offset: torch.Tensor | int = 0) -> torch.Tensor:
         """[B] float64 uniforms (53 bits) at positions start + offset (float32 on mps)."""
+        if self._table is not None and (purpose, 1) in self._table:
+            if purpose not in self._u53:  # the round's whole lane at once (elementwise: the same values)
+                self._u53[purpose] = _uniform53(self._table[(purpose, 1)], self._table[(purpose, 2)])
+            table = self._u53[purpose]
+            if isinstance(offset, torch.Tensor):
+                return table.gather(1, offset.unsqueeze(-1)).squeeze(-1)
+            if offset < table.shape[1]:
+                return table[:, offset]
         return _uniform53(self._words(purpose, 1, offset), self._words(purpose, 2, offset)).squeeze(-1)
 
     def sample(self, weights, purpose, offset=0):

@@ -35,7 +35,7 @@ from relaxspec.acceptance.processing import (
     check_logits,
     check_sampling_args,
     is_greedy,
-    process_logits,
+    process_logits_unchecked,
 )
 
 # verify's `greedy` settings: what a rule does at temperature 0.
@@ -72,9 +72,9 @@ def _context(target_logits, draft_logits, draft_tokens, draft_probs, **sampling)
     N = draft_tokens.shape[1]
     target_logits, draft_logits = as_float(target_logits), as_float(draft_logits)
     if draft_probs is None:
-        draft_probs = process_logits(draft_logits[:, :N], **sampling)
+        draft_probs = process_logits_unchecked(draft_logits[:, :N], **sampling)
     return VerifyContext(
-        p=process_logits(target_logits, **sampling),
+        p=process_logits_unchecked(target_logits, **sampling),
         q=as_float(draft_probs),
         target_logits=target_logits,
         draft_logits=draft_logits,

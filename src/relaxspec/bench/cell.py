@@ -97,24 +97,39 @@ def run_samples(spec: CellSpec, task, samples: list[tuple[int, int]], verifier, 
 
 
 def time_batch1(spec: CellSpec, task, verifier, drafter, config: BenchConfig, pivot_fn=None) -> dict:
-    """Measured speed-up at batch 1 (latency): the first `speed_prompts` prompts one at a time, AR and the
-    method taking turns prompt by prompt (a drift of the machine's speed hits both); per-token seconds of
-    each run; ratio of the medians (AR / method)."""
+    """Measured speed-up at batch 1 (latency) of one cell: `time_batch1_cells` with this cell alone."""
+    return time_batch1_cells([spec], task, lambda s: (verifier, drafter), config, pivot_fn)[0]
+
+
+def time_batch1_cells(specs: list[CellSpec], task, pair, config: BenchConfig, pivot_fn=None) -> list[dict]:
+    """Measured speed-up at batch 1 (latency) of speculative cells of one verifier, task and seed: the first
+    `speed_prompts` prompts one at a time, AR and every cell taking turns prompt by prompt (the order reversed
+    every other prompt, so a drift of the machine's speed hits all of them); per-token seconds of each run;
+    ratio of the medians (AR / cell). AR runs once per prompt for all the cells. `pair(spec)`: the cell's
+    (verifier, drafter); `pivot_fn` goes to the cells whose rule needs it (generate_samples). One dict per spec."""
     from relaxspec.engine import derive_seed
     n = min(config.speed_prompts, len(task.examples))
-    if n == 0:
-        return {}
-    ar = CellSpec(spec.verifier, None, spec.task, AR, {}, 0, spec.seed)
-    per_token = {AR: [], spec.method: []}
+    if n == 0 or not specs:
+        return [{} for _ in specs]
+    first = specs[0]
+    ar = CellSpec(first.verifier, None, first.task, AR, {}, 0, first.seed)
+    order = [ar, *specs]
+    per_token = [[] for _ in order]
     for i in range(n):
-        for cell in (ar, spec) if i % 2 == 0 else (spec, ar):
+        for j in (range(len(order)) if i % 2 == 0 else reversed(range(len(order)))):
+            cell = order[j]
+            verifier, drafter = pair(cell if cell is not ar else first)
             t0 = time.perf_counter()
-            out = generate_samples(cell, [task.examples[i].prompt], [derive_seed(spec.seed, i, 0)], verifier,
-                            drafter, config, pivot_fn)
-            per_token[cell.method].append((time.perf_counter() - t0) / max(1, len(out.results[0].token_ids)))
-    ar_s, method_s = statistics.median(per_token[AR]), statistics.median(per_token[spec.method])
-    return {"batch1_prompts": n, "batch1_ar_s_per_token": ar_s, "batch1_s_per_token": method_s,
-            "measured_speedup_batch1": ar_s / method_s if method_s else float("nan")}
+            out = generate_samples(cell, [task.examples[i].prompt], [derive_seed(first.seed, i, 0)], verifier,
+                                   drafter, config, pivot_fn)
+            per_token[j].append((time.perf_counter() - t0) / max(1, len(out.results[0].token_ids)))
+    ar_s = statistics.median(per_token[0])
+    out = []
+    for times in per_token[1:]:
+        method_s = statistics.median(times)
+        out.append({"batch1_prompts": n, "batch1_ar_s_per_token": ar_s, "batch1_s_per_token": method_s,
+                    "measured_speedup_batch1": ar_s / method_s if method_s else float("nan")})
+    return out
 
 
 def pad_classifier(config: BenchConfig):
@@ -176,21 +191,34 @@ class CellRunner:
         return samples_at(self.config.limit or pool, self.config.repeats, look, pool)
 
     def run(self, spec: CellSpec, done: int, target: int) -> dict:
-        """The samples look `target` adds to the cell's looks up to `done`, and its batch-1 timing when it has
-        no samples yet."""
+        """The samples look `target` adds to the cell's looks up to `done`; `span`: its wall-clock start and
+        end (time.time()). Its batch-1 timing is not measured here (the driver's quiet phase: bench.runner)."""
         import torch
         task = self.task(spec.task)
         verifier, drafter = self.pair(spec)
         pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
         with torch.inference_mode():
-            wall0 = time.perf_counter()
+            start, wall0 = time.time(), time.perf_counter()
             pool = len(task.examples)
             samples = new_samples(self.config.limit or pool, self.config.repeats, done, target, pool)
             rows, parts = run_samples(spec, task, samples, verifier, drafter, self.config, pivot_fn)
             sample_wall = time.perf_counter() - wall0
-            batch1 = time_batch1(spec, task, verifier, drafter, self.config, pivot_fn) \
-                if done == 0 and spec.method != AR else None
-        return {"rows": rows, "parts": parts, "sample_wall_s": sample_wall, "batch1": batch1}
+        return {"rows": rows, "parts": parts, "sample_wall_s": sample_wall, "span": (start, time.time())}
+
+    def time_batch1(self, specs: list[CellSpec]) -> dict:
+        """{spec.identity: batch-1 timing} of speculative cells (`time_batch1_cells`, AR shared per verifier,
+        task and seed), in this process and its torch threads."""
+        import torch
+        groups: dict = {}
+        for spec in specs:
+            if spec.method != AR:
+                groups.setdefault((spec.verifier, spec.task, spec.seed), []).append(spec)
+        out = {}
+        with torch.inference_mode():
+            for group in groups.values():
+                timed = time_batch1_cells(group, self.task(group[0].task), self.pair, self.config, self.pivot_fn)
+                out.update((spec.identity, t) for spec, t in zip(group, timed))
+        return out
 
 
 _PROCESS: dict = {}  # this process's runner, across the cells it runs (a pool or Ray worker keeps its models)
@@ -257,47 +285,42 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
                     drafters: dict | None = None) -> dict:
     """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step) per
     speculative cell's (verifier, drafter, N), measured once before any cell runs: every forward they need
-    (each verifier's step and blocks, each LM drafter's step) runs once per round, interleaved, and each
+    (each verifier's step and blocks, each drafter's step) runs once per round, interleaved, and each
     constant is the median over rounds of the ratio within a round, so a load that comes and goes cancels out.
     `drafters` maps (verifier, drafter) to a loaded Drafter (CellRunner.drafters); without it every drafter is
-    an LM in `models`. A drafter of another kind (MTP head, prompt lookup) is timed per drafted token through
-    the drafter protocol (as `relaxspec models list` does), over the verifier's median step."""
+    an LM in `models`. An LM drafter's step is its one-token forward; a drafter of another kind (MTP head,
+    prompt lookup) is timed per drafted token through the drafter protocol (`draft_timer`, as `relaxspec
+    models list` does), in the same rounds."""
     import statistics
 
     from relaxspec.models import measure_step_latencies, relative_costs
-    from relaxspec.drafters import measure_draft_latency
+    from relaxspec.drafters import draft_timer
     keys = list(dict.fromkeys((c.verifier, c.drafter, c.draft_length) for c in cells if c.method != AR))
     if not keys:
         return {}
     labels, steps = [], []
 
-    def add(label, lm, block):
+    def add(label, step):
         if label not in labels:
             labels.append(label)
-            steps.append((lm, block))
+            steps.append(step() if callable(step) else step)
 
     for v, d, n in keys:
-        add((v, 1), models[v], 1)
-        add((v, n + 1), models[v], n + 1)
+        add((v, 1), (models[v], 1))
+        add((v, n + 1), (models[v], n + 1))
         lm = models[d] if drafters is None else getattr(drafters[(v, d)], "lm", None)
-        if lm is not None:
-            add((v, d), lm, 1)
+        add((v, d), (lm, 1) if lm is not None else lambda v=v, d=d: draft_timer(drafters[(v, d)], models[v]))
     times = measure_step_latencies(steps, rounds=rounds)
     out = {}
     for v, d, n in keys:
-        iv, ib = labels.index((v, 1)), labels.index((v, n + 1))
+        iv, ib, i_d = labels.index((v, 1)), labels.index((v, n + 1)), labels.index((v, d))
         costs = relative_costs(times, reference=iv)
-        lat_v = statistics.median(t[iv] for t in times)
-        if (v, d) in labels:
-            lat_d, c_rel = statistics.median(t[labels.index((v, d))] for t in times), costs[labels.index((v, d))]
-        else:
-            lat_d = measure_draft_latency(drafters[(v, d)], models[v])
-            c_rel = lat_d / lat_v
-        out[(v, d, n)] = {"c_rel_measured": c_rel, "c_block_measured": costs[ib],
-                          "latency_verifier_s": lat_v, "latency_drafter_s": lat_d}
+        out[(v, d, n)] = {"c_rel_measured": costs[i_d], "c_block_measured": costs[ib],
+                          "latency_verifier_s": statistics.median(t[iv] for t in times),
+                          "latency_drafter_s": statistics.median(t[i_d] for t in times)}
     return out
 
 
-__all__ = ["CellSpec", "CellRunner", "cell_config", "generate_samples", "run_samples", "time_batch1", "pad_classifier",
+__all__ = ["CellSpec", "CellRunner", "cell_config", "generate_samples", "run_samples", "time_batch1", "time_batch1_cells", "pad_classifier",
            "pad_applies", "generation_options", "model_options", "check_versions", "runner_key", "cell_runner",
            "run_cell", "SPEED_ROUNDS", "speed_constants"]

@@ -53,6 +53,9 @@ class RunSummary:
     out_of_time: list[str] = field(default_factory=list)  # labels of cells a later look could not extend in time
     wall_s: float = 0.0
     out: str = ""
+    # wall-clock (start, end) (time.time()) of the run's phases: "speed constants", "batch 1" (the quiet batch-1
+    # timing of the cells new in this run) and "look N" (first start to last end of that look's sample jobs)
+    phases: dict = field(default_factory=dict)
 
 
 def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print, executor=None) -> RunSummary:
@@ -94,7 +97,18 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
     key_of = {c.identity: k for c, k in keyed}  # not the label: it does not name the pair
     strict_key = {k: key_of.get(c.strict.identity) for c, k in keyed if c.method not in (AR, STRICT)}
+    phase_start = time.time()
     speed = speed_constants(worker.models, cells, drafters=worker.drafters)
+    summary.phases["speed constants"] = (phase_start, time.time())
+    # Batch-1 timing of the speculative cells new in this run, here in the driver, with the speed constants'
+    # torch threads and before any worker starts (a quiet machine, as the speed constants had).
+    phase_start = time.time()
+    new = [c for c, k in keyed if c.method != AR and not store.has(k)]
+    batch1 = worker.time_batch1(new) if config.speed_prompts else {}
+    summary.phases["batch 1"] = (phase_start, time.time())
+    if batch1:
+        log(f"bench: batch-1 timing of {len(new)} cells ({config.speed_prompts} prompts each): "
+            f"{summary.phases['batch 1'][1] - phase_start:.0f} s")
     run_id = uuid.uuid4().hex[:12]
     pool = ray_pool = None
     if executor is not None and executor.kind == "ray":
@@ -128,7 +142,10 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
                     if isinstance(result, str):  # the cell raised: reported, not stored
                         summary.failed.append(f"{spec.label}: {result}")
                         continue
-                    metrics = _store_look(store, spec, key, result, look, speed, config, versions, run_id)
+                    span = summary.phases.get(f"look {look}", result["span"])
+                    summary.phases[f"look {look}"] = (min(span[0], result["span"][0]), max(span[1], result["span"][1]))
+                    metrics = _store_look(store, spec, key, result, look, speed, batch1.get(spec.identity, {}), config,
+                                          versions, run_id)
                     bar.set_postfix_str(spec.label, refresh=False)
                     if key not in summary.ran:
                         summary.ran.append(key)
@@ -194,12 +211,13 @@ def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: B
     return jobs
 
 
-def _store_look(store: Store, spec: CellSpec, key: str, result: dict, look: int, speed: dict,
+def _store_look(store: Store, spec: CellSpec, key: str, result: dict, look: int, speed: dict, batch1: dict,
                 config: BenchConfig, versions: dict, run_id: str) -> dict:
-    """The cell's metrics over all its rows (stored and new), written with the new rows in one transaction."""
+    """The cell's metrics over all its rows (stored and new), written with the new rows in one transaction;
+    `batch1`: the cell's batch-1 timing from this run (used when the cell is new)."""
     old = store.get(key)
     parts = (old.metrics["engine_stats"] if old else []) + result["parts"]
-    batch1 = old.metrics["batch1"] if old else (result["batch1"] or {})
+    batch1 = old.metrics["batch1"] if old else batch1
     all_rows = (store.rows(key) if old else []) + result["rows"]
     metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
                            merge_engine_stats(parts),

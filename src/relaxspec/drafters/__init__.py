@@ -3,7 +3,7 @@
 (`relaxspec.drafters.mtp`); `load_drafter(name, verifier)` builds any of them from a name."""
 
 from relaxspec.drafters.base import (Drafter, LMDrafter, NgramDrafter, Proposal, as_drafter, load_drafter,
-                                     measure_draft_latency, one_hot_logits, parse_ngram)
+                                     draft_timer, measure_draft_latency, one_hot_logits, parse_ngram)
 
-__all__ = ["Drafter", "Proposal", "LMDrafter", "NgramDrafter", "load_drafter", "as_drafter", "measure_draft_latency",
+__all__ = ["Drafter", "Proposal", "LMDrafter", "NgramDrafter", "load_drafter", "as_drafter", "measure_draft_latency", "draft_timer",
            "one_hot_logits", "parse_ngram"]

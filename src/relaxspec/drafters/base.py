@@ -4,7 +4,7 @@ The engine talks to every drafter through one small protocol, as transformers' `
 
     drafter.prefill(ids, mask, hidden)        the prompt, less its last token (left-padded rows)
     drafter.propose(last, n, extra, sample)   n tokens per live row (+ `extra` rows of logits)
-    drafter.rollback(accepted, hidden)        keep `last` and the first accepted[b] drafts
+    drafter.rollback(accepted, hidden, longest)  keep `last` and the first accepted[b] drafts
     drafter.select(rows)                      rows leave the batch
 
 `sample(logits, i)` is the engine's: it draws the token at draft offset i from the engine's
@@ -13,7 +13,8 @@ returns (tokens, processed probabilities, or None when greedy). A drafter withou
 (prompt lookup) returns one-hot logits: 0 at its token and -inf elsewhere, so every rule sees
 q = one-hot. Hidden-state drafters name the verifier blocks they read in `hidden_layers` (e.g. (-1,):
 the last hidden state; several: their states concatenated, EAGLE-3's fused features): the engine then
-hands them those hidden states of the prompt and of every verified block.
+hands them those hidden states of the prompt and of every verified block. `longest` is accepted.max() when
+the caller has it on the host (the engine does: one copy per round), so a drafter needs no device sync for it.
 
 Kinds: `LMDrafter` (a causal LM sharing the verifier's vocabulary), `NgramDrafter` (prompt
 lookup), and `relaxspec.drafters.mtp.MTPDrafter` (a head on the verifier's hidden states).
@@ -69,7 +70,7 @@ class Drafter:
     def propose(self, last: torch.Tensor, n: int, extra: int, sample) -> Proposal:
         raise NotImplementedError
 
-    def rollback(self, accepted: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+    def rollback(self, accepted: torch.Tensor, hidden: torch.Tensor | None = None, longest: int | None = None) -> None:
         raise NotImplementedError
 
     def select(self, rows: torch.Tensor) -> None:
@@ -97,11 +98,12 @@ class LMDrafter(Drafter):
         self.stream.prefill(ids.to(self.stream.device), mask.to(self.stream.device))
         self.catch_up = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)  # x_N, when not yet fed
         self.needs_catch_up = torch.zeros_like(self.catch_up)
+        self.any_catch_up = False  # whether a row needs it, known on the host (None: read needs_catch_up)
 
     def propose(self, last, n, extra, sample) -> Proposal:
         device, own = last.device, self.stream.device
         # The catch-up column is only fed when some row needs it (a masked slot for the others).
-        with_catch_up = bool(self.needs_catch_up.any())
+        with_catch_up = bool(self.needs_catch_up.any()) if self.any_catch_up is None else self.any_catch_up
         if with_catch_up:
             feed_ids = torch.stack([self.catch_up, last], dim=1)
             feed_valid = torch.stack([self.needs_catch_up, torch.ones_like(last)], dim=1).to(own)
@@ -123,16 +125,19 @@ class LMDrafter(Drafter):
         return Proposal(tokens, torch.stack(logits_rows, dim=1),
                         None if probs[0] is None else torch.stack(probs, dim=1), forwards=n + extra)
 
-    def rollback(self, accepted, hidden=None) -> None:
+    def rollback(self, accepted, hidden=None, longest=None) -> None:
         # This round appended [catch_up?, last, x_1..x_{n-1}] (+ x_n with the extra pass).
         fed_before, n, extra = self._fed
         keep = fed_before + accepted.clamp(max=n - 1 + extra)
-        self.stream.invalidate_tail(keep.to(self.stream.device), fed_before + n - 1 + extra)
+        self.stream.invalidate_tail(keep.to(self.stream.device), fed_before + n - 1 + extra,
+                                    longest=None if longest is None else fed_before + min(longest, n - 1 + extra))
         self.needs_catch_up = (accepted == n).long() * (1 - extra)
+        self.any_catch_up = None if longest is None else longest == n and not extra  # no row accepts more than n
 
     def select(self, rows) -> None:
         self.stream.select(rows.to(self.stream.device))
         self.catch_up, self.needs_catch_up = self.catch_up[rows], self.needs_catch_up[rows]
+        self.any_catch_up = None
 
 
 def one_hot_logits(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -185,7 +190,7 @@ class NgramDrafter(Drafter):
         tokens = torch.tensor(rows, dtype=torch.long, device=last.device)
         return Proposal(tokens, one_hot_logits(tokens, self.vocab_size), None, forwards=0)
 
-    def rollback(self, accepted, hidden=None) -> None:
+    def rollback(self, accepted, hidden=None, longest=None) -> None:
         for text, token, proposal, n in zip(self.texts, self._last, self._proposed, accepted.tolist()):
             text.append(token)
             text.extend(proposal[:n])
@@ -222,15 +227,27 @@ def load_drafter(name: str | Path, verifier: CausalLM) -> Drafter:
                                 compile=verifier.compiled))
 
 
+@torch.inference_mode()
 def measure_draft_latency(drafter: Drafter, verifier: CausalLM, context: int = 128, n: int = 5,
                           rounds: int = 30) -> float:
-    """Median seconds per drafted token, batch 1, through the protocol: prefill `context` tokens, then
-    propose n greedily and roll back to 2 accepted, repeatedly (the context grows as in a real run).
-    Over `measure_step_latency(verifier)` this is the drafter's c_rel, for any kind."""
-    from relaxspec.models.hf import step_clock, synchronize
+    """Median seconds per drafted token, batch 1, through the protocol (`draft_timer`, alone). Over
+    `measure_step_latency(verifier)` this is the drafter's c_rel, for any kind; the bench takes c_rel with
+    the timer interleaved with the verifier's step instead (bench.cell.speed_constants)."""
+    from relaxspec.models.hf import step_clock
+
+    timer = draft_timer(drafter, verifier, context, n)
+    clock = step_clock(model_device(verifier))
+    return statistics.median([timer(clock) for _ in range(rounds + 3)][3:])
+
+
+@torch.inference_mode()
+def draft_timer(drafter: Drafter, verifier: CausalLM, context: int = 128, n: int = 5):
+    """A step for `measure_step_latencies`: prefill `context` tokens, then each call proposes n greedily
+    (timed: seconds per drafted token on the clock it is given) and rolls back to 2 accepted (untimed), so the
+    context grows as in a real run."""
+    from relaxspec.models.hf import synchronize
 
     device = model_device(verifier)
-    clock = step_clock(device)
     ids = torch.randint(2, verifier.vocab_size, (1, context + 1), device=device)
     mask = torch.ones_like(ids)
     hidden = None
@@ -240,15 +257,18 @@ def measure_draft_latency(drafter: Drafter, verifier: CausalLM, context: int = 1
                                      hidden_layer=drafter.hidden_layers)
     drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
     block_hidden = None if hidden is None else hidden[:, -1:].expand(1, n + 1, -1)
-    times = []
-    for _ in range(rounds + 3):
+    accepted = torch.tensor([2], device=device)
+
+    def timer(clock) -> float:
         synchronize(device)
         t = clock()
         drafter.propose(ids[:, -1], n, 0, lambda logits, i: (logits.argmax(dim=-1), None))
         synchronize(device)
-        times.append((clock() - t) / n)
-        drafter.rollback(torch.tensor([2], device=device), block_hidden)
-    return statistics.median(times[3:])
+        seconds = (clock() - t) / n
+        drafter.rollback(accepted, block_hidden)
+        return seconds
+
+    return timer
 
 
 def as_drafter(drafter, verifier: CausalLM) -> Drafter:

@@ -42,13 +42,14 @@ from relaxspec.acceptance import (
     derive_seed,
     get_rule,
     is_greedy,
-    process_logits,
+    process_logits_unchecked,
 )
 from relaxspec.acceptance.verify import VerifyStep
 from relaxspec.engine.phase import PhaseTracker, check_phase, parse_phase
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.drafters import Drafter, as_drafter
 from relaxspec.models.compiled import plan_static_shapes
+from relaxspec.models.device import inference
 from relaxspec.models.hf import CausalLM, hidden_blocks, load_model
 from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
 from relaxspec.models.stream import Stream, left_pad, model_device
@@ -90,7 +91,7 @@ def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int
     a one-hot row (and draws nothing), and returns None for the distribution."""
     if is_greedy(temperature):
         return logits.argmax(dim=-1), None
-    probs = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    probs = process_logits_unchecked(logits, temperature, top_k, top_p)  # settings checked once by generate
     return draws.sample(probs, purpose, offset), probs
 
 
@@ -237,6 +238,7 @@ def _hidden_layer(verifier: CausalLM, drafter: Drafter | None, pivot_fn) -> int 
     return layers
 
 
+@inference  # one inference mode for the whole call, not one per forward
 def generate(
     verifier: CausalLM | str,
     drafter: Drafter | CausalLM | str | None,
@@ -378,7 +380,7 @@ def generate(
             # Roll back both to `last` + the accepted drafts (the drafter gets the verifier's hidden
             # states of that block when it drafts from them).
             target.invalidate_tail(accepted + 1, width + 1, longest=book.longest_kept)
-            drafter.rollback(accepted, hidden if drafter_hidden else None)
+            drafter.rollback(accepted, hidden if drafter_hidden else None, longest=book.longest_kept - 1)
         if phases is not None:  # commit each row's emitted tokens to its phase state
             phases.advance(book.last_round())
         if done is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -77,3 +78,15 @@ def resolve_dtype(dtype=None, device: torch.device | None = None) -> torch.dtype
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)}")
     return DTYPES[name]
+
+
+def inference(fn):
+    """`fn` under torch.inference_mode, entered only when not already in it: a model's forward runs many times
+    per generated token, and entering the mode costs as much as a few small ops."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if torch.is_inference_mode_enabled():
+            return fn(*args, **kwargs)
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+    return wrapper

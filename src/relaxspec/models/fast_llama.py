@@ -11,8 +11,8 @@ drafter is almost all per-op overhead, so every op per layer counts:
 * RoPE is one complex multiply on q, k (and v, rotated by 1) together: the q/k
   projection rows of each head are permuted once so that HF's half-split pairs
   (j, j + D/2) sit side by side. q·k is unchanged by a permutation applied to both;
-* the attention mask is built once per call (not per layer), and skipped for a
-  single new token that may see every slot;
+* the attention mask is built once per call (not per layer), into a buffer kept across calls, and skipped
+  for a single new token that may see every slot;
 * every large matrix is stored once, in the weight format asked for (`models/quant.py`: float32 through
   oneDNN on a copy reordered once into its blocked layout, for one row and for a block alike; bfloat16;
   int4 weight-only, group-wise), so that a block of several rows (a verifier's N+1 tokens, a prefill) reads
@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from relaxspec.models.device import inference
 from relaxspec.models.quant import Linear
 
 _MASKED = -1e30  # additive mask: finite, so a row with no visible slot (padding) stays NaN-free (capped by the dtype)
@@ -101,6 +102,8 @@ class FastLlama:
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._rotations = torch.empty((0, self.head_dim // 2), dtype=torch.complex64, device=self.device)
         self.masked = max(_MASKED, torch.finfo(self.dtype).min)
+        self._bias = torch.empty(0, dtype=self.dtype, device=self.device)  # storage of the attention bias
+        self._future: dict[int, torch.Tensor] = {}  # T -> [T, T] True above the diagonal (a later query's slot)
         self.final_norm = inner.norm.weight.detach().to(self.dtype)
         self.layers = []
         for layer in inner.layers:
@@ -160,15 +163,21 @@ class FastLlama:
 
     def _attention_bias(self, attention_mask, past: int, T: int):
         """Additive mask [B, 1, T, L]: key j is visible to query t iff it is a real slot of the row and
-        not in the future (by cache index). None when a single new token may see every slot."""
+        not in the future (by cache index). None when a single new token may see every slot. Written into
+        a storage kept across calls (grown by doubling), so a call allocates no [B, 1, T, L] tensor."""
         if T == 1 and bool(attention_mask.all()):
             return None
-        slots = torch.arange(past + T, device=self.device)
-        causal = slots[None, :] <= slots[past:, None]  # [T, L]
-        allowed = causal[None, None] & attention_mask[:, None, None, :].bool()
-        return torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, self.masked)
+        B, L = attention_mask.shape
+        if self._bias.numel() < B * T * L:
+            self._bias = self._bias.new_empty(2 * B * T * L)
+        bias = self._bias[:B * T * L].view(B, 1, T, L)
+        bias.zero_().masked_fill_(attention_mask[:, None, None, :] == 0, self.masked)  # broadcast over T
+        if T not in self._future:
+            self._future[T] = torch.ones((T, T), dtype=torch.bool, device=self.device).triu_(1)
+        bias[..., past:].masked_fill_(self._future[T], self.masked)
+        return bias
 
-    @torch.inference_mode()
+    @inference
     def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_blocks=()):
         """Logits [B, T, V] and the hidden states after `hidden_blocks` (0-based; the last one after the
         final norm) concatenated [B, T, k * H], or None when none is asked for."""
@@ -183,19 +192,19 @@ class FastLlama:
         bias = self._attention_bias(attention_mask, past, T)
         hidden = {}
         for i, (w_in, qkv_proj, o_proj, w_post, gate_up_proj, down_proj) in enumerate(self.layers):
-            qkv = qkv_proj(F.rms_norm(x, C, w_in, self.eps))
+            qkv = qkv_proj(torch.rms_norm(x, C, w_in, self.eps))
             pairs = torch.view_as_complex(qkv.float().view(B, T, H + 2 * KVH, D // 2, 2))
             heads = torch.view_as_real(pairs * rotation).to(x.dtype).view(B, T, H + 2 * KVH, D).transpose(1, 2)
             kv = cache.write(i, past, heads[:, H:])
             o = F.scaled_dot_product_attention(heads[:, :H], kv[:, :KVH], kv[:, KVH:], attn_mask=bias,
                                                enable_gqa=KVH != H)
             x = o_proj(o.transpose(1, 2).reshape(B * T, H * D), residual=x)
-            gate, up = gate_up_proj(F.rms_norm(x, C, w_post, self.eps)).chunk(2, dim=-1)
+            gate, up = gate_up_proj(torch.rms_norm(x, C, w_post, self.eps)).chunk(2, dim=-1)
             x = down_proj(F.silu(gate) * up, residual=x)
             if i in hidden_blocks:
                 hidden[i] = x
         cache.length = past + T
-        x = F.rms_norm(x, C, self.final_norm, self.eps)
+        x = torch.rms_norm(x, C, self.final_norm, self.eps)
         hidden[self.num_layers - 1] = x  # as transformers reports it: the last hidden state is after the final norm
         logits = self.lm_head(x).view(B, T, -1)
         if not hidden_blocks:

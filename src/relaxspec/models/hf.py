@@ -9,6 +9,7 @@ crop of the columns that no row uses any more.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import statistics
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from relaxspec.models.device import resolve_device, resolve_format
+from relaxspec.models.device import inference, resolve_device, resolve_format
 from relaxspec.models.family import builtin_path, is_builtin, is_mtp
 from relaxspec.models.gguf import check_gguf_packages, is_gguf, split_gguf
 from relaxspec.models.quant import check_format, convert_linears, gguf_format
@@ -63,7 +64,7 @@ class CausalLM:
             return torch.bfloat16
         return self.model.get_input_embeddings().weight.dtype
 
-    @property
+    @functools.cached_property  # read on every feed; a transformers config's attribute access is slow
     def max_position_embeddings(self) -> int | None:
         """The context length the model was made for (prompt + generated tokens), None when unknown."""
         return getattr(self.model.config, "max_position_embeddings", None)
@@ -72,7 +73,7 @@ class CausalLM:
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().out_features  # (an nn.Linear, or one in a format)
 
-    @property
+    @functools.cached_property
     def num_layers(self) -> int:
         return self.model.config.num_hidden_layers
 
@@ -92,7 +93,7 @@ class CausalLM:
 
         return DynamicCache(config=self.model.config)
 
-    @torch.inference_mode()
+    @inference
     def forward(self, input_ids, cache, attention_mask, position_ids,
                 hidden_layer: int | tuple[int, ...] | None = None):
         """Logits [B, T, V] (float32, whatever the model's dtype) for `input_ids` [B, T] appended to `cache`;
@@ -301,10 +302,15 @@ def measure_step_latencies(steps: list, context: int = 128, rounds: int = 30, wa
     goes falls on all of them alike. Returns `rounds` lists of times, in the order of `steps`; a ratio of two
     steps' costs is best taken within each round, then its median over rounds (see relative_costs). On a CPU
     with one torch thread the clock is the thread's CPU time (step_clock), which other processes' load does
-    not inflate."""
+    not inflate. A step may also be a callable `timer(clock) -> seconds` that times itself on that clock (e.g.
+    drafters.draft_timer: a drafter of any kind, per drafted token); the first step must be an (lm, block)."""
     clock = step_clock(steps[0][0].device) if steps else time.perf_counter
     states = []
-    for lm, block in steps:
+    for step in steps:
+        if callable(step):
+            states.append(step)
+            continue
+        lm, block = step
         ids = torch.randint(0, lm.vocab_size, (1, context + block), device=lm.device)
         cache = lm.new_cache()
         mask = torch.ones_like(ids)
@@ -317,6 +323,9 @@ def measure_step_latencies(steps: list, context: int = 128, rounds: int = 30, wa
         times = [0.0] * k
         for j in range(k):
             i = (r + j) % k
+            if callable(states[i]):
+                times[i] = states[i](clock)
+                continue
             lm, ids, cache, mask, pos = states[i]
             synchronize(lm.device)
             t = clock()
