@@ -1,6 +1,7 @@
 """Per-sequence random streams (docs/design.md, "Coupled randomness"): batch invariance, coupling of
 methods, per-request seeds, and tensors that follow the models' device."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -154,6 +155,11 @@ def test_round_draws_equal_the_scalar_definition_of_the_streams():
     width = 4
     table = SequenceSeeds(seeds, torch.device("cpu")).at(torch.tensor(starts), width)
     lazy = SequenceSeeds(seeds, torch.device("cpu")).at(torch.tensor(starts))
+    # the round's hash on the host (numpy, as the engine runs it), and after rows left the batch
+    host = SequenceSeeds(seeds, torch.device("cpu")).at(torch.tensor(starts), width, host_start=np.array(starts))
+    kept = SequenceSeeds([7, *seeds], torch.device("cpu"))
+    kept.select(torch.arange(1, len(seeds) + 1))
+    host_kept = kept.at(torch.tensor(starts), width, host_start=np.array(starts))
 
     def u24(s, purpose, pos):
         return (stream_bits(s, purpose, 0, pos) >> 8) / (1 << 24)
@@ -161,7 +167,7 @@ def test_round_draws_equal_the_scalar_definition_of_the_streams():
     def u53(s, purpose, pos):
         return ((stream_bits(s, purpose, 1, pos) >> 5) * (1 << 26) + (stream_bits(s, purpose, 2, pos) >> 6)) / (1 << 53)
 
-    for draws in (table, lazy):
+    for draws in (table, lazy, host, host_kept):
         accept = draws.uniform(ACCEPT, width)
         assert accept.tolist() == [[u24(s, ACCEPT, t + i) for i in range(width)] for s, t in zip(seeds, starts)]
         for purpose, offsets in ((DRAFT, range(width)), (TOKEN, range(width + 1))):

@@ -19,7 +19,8 @@ xor-shift-multiply rounds on a 32-bit word. Both key halves enter every draw, so
 share a stream only if their 64-bit keys are equal (not, as a 32-bit state would allow, one in
 2^32 pairs). The tensor code uses int64 ops that never overflow, so it gives the same bits on
 every device, and a round's draws (every row, position and purpose) come from one vectorised hash
-(`SequenceSeeds.at(start, width)`). Uniforms for acceptance tests take 24 bits (float32, word 0);
+(`SequenceSeeds.at(start, width)`; with the positions also on the host, as the engine has them, that hash
+runs on the host in numpy, the same int64 ops, and the round's bits go to the device in one copy). Uniforms for acceptance tests take 24 bits (float32, word 0);
 the uniform that picks a token by inverse CDF takes 53 bits from words 1 and 2 (float64 where the
 device has it).
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from relaxspec.acceptance.processing import sample_rows, sample_with_uniform
@@ -106,7 +108,8 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _bits(key_low: torch.Tensor, key_high: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """`stream_bits` on tensors: keys and positions of the same (broadcast) shape."""
+    """`stream_bits` on tensors (or numpy int64 arrays: the same ops): keys and positions of the same
+    (broadcast) shape."""
     return _hash32(_hash32(key_low ^ (positions & _MASK32)) ^ key_high)
 
 
@@ -165,9 +168,10 @@ class CounterDraws(Draws):
     that table; draws outside it are computed on demand (same values)."""
 
     def __init__(self, keys_low: torch.Tensor, keys_high: torch.Tensor, start: torch.Tensor,
-                 width: int | None = None):
+                 width: int | None = None, host: tuple | None = None):
         self.low, self.high, self.start = keys_low, keys_high, start  # keys [B, purposes * WORDS]
-        self._table = None if width is None else self._round_table(width)
+        # host: (keys_low, keys_high, start) as numpy int64 arrays: the round's table is hashed there
+        self._table = None if width is None else self._round_table(width, host)
         self._u53: dict = {}  # purpose -> [B, columns] 53-bit uniforms of the table, converted once per round
 
     def _raw(self, purpose: int, word: int, positions: torch.Tensor) -> torch.Tensor:
@@ -175,17 +179,23 @@ class CounterDraws(Draws):
         c = (purpose - 1) * WORDS + word
         return _bits(self.low[:, c:c + 1], self.high[:, c:c + 1], positions)
 
-    def _round_table(self, width: int) -> dict:
-        """{(purpose, word): [B, columns] bits} for one round, from one hash over every lane."""
+    def _round_table(self, width: int, host: tuple | None = None) -> dict:
+        """{(purpose, word): [B, columns] bits} for one round, from one hash over every lane (on the host
+        when `host` has the keys and positions there: one copy of the bits to the device)."""
         lanes = _round_lanes(width)
-        key = (width, self.start.device)
+        key = (width, None if host is not None else self.start.device)
         if key not in _LAYOUTS:
             columns = [(p - 1) * WORDS + w for p, w, k in lanes for _ in range(k)]
             offsets = [i for _, _, k in lanes for i in range(k)]
-            _LAYOUTS[key] = (torch.tensor(columns, device=self.start.device),
-                             torch.tensor(offsets, device=self.start.device))
+            _LAYOUTS[key] = (np.array(columns), np.array(offsets)) if host is not None else (
+                torch.tensor(columns, device=self.start.device), torch.tensor(offsets, device=self.start.device))
         columns, offsets = _LAYOUTS[key]
-        bits = _bits(self.low[:, columns], self.high[:, columns], self.start.unsqueeze(-1) + offsets)
+        if host is not None:
+            low, high, start = host
+            bits = torch.from_numpy(_bits(low[:, columns], high[:, columns], start[:, None] + offsets))
+            bits = bits.to(self.start.device)
+        else:
+            bits = _bits(self.low[:, columns], self.high[:, columns], self.start.unsqueeze(-1) + offsets)
         return dict(zip([(p, w) for p, w, _ in lanes], bits.split([k for _, _, k in lanes], dim=1)))
 
     def _words(self, purpose: int, word: int, offset: torch.Tensor | int, width: int = 1) -> torch.Tensor:
@@ -226,15 +236,19 @@ class SequenceSeeds:
             if not 0 <= s <= _MASK63:
                 raise ValueError(f"a sequence seed must be an integer in [0, 2^63), got {s}")
         keys = [[stream_key(s, p, w) for p in PURPOSES for w in range(WORDS)] for s in seeds]
-        self.low = torch.tensor([[k & _MASK32 for k in row] for row in keys], dtype=torch.long,
-                                device=device).reshape(len(seeds), len(PURPOSES) * WORDS)
-        self.high = torch.tensor([[k >> 32 for k in row] for row in keys], dtype=torch.long,
-                                 device=device).reshape(len(seeds), len(PURPOSES) * WORDS)
+        shape = (len(seeds), len(PURPOSES) * WORDS)
+        self.host = (np.array([[k & _MASK32 for k in row] for row in keys], dtype=np.int64).reshape(shape),
+                     np.array([[k >> 32 for k in row] for row in keys], dtype=np.int64).reshape(shape))
+        self.low, self.high = (torch.from_numpy(keys).to(device) for keys in self.host)  # and on the device
 
-    def at(self, start: torch.Tensor, width: int | None = None) -> CounterDraws:
+    def at(self, start: torch.Tensor, width: int | None = None, host_start: np.ndarray | None = None) -> CounterDraws:
         """Draws for rows whose next output position is start [B]; with `width`, a round of that many
-        drafts' draws computed at once."""
-        return CounterDraws(self.low, self.high, start, width)
+        drafts' draws computed at once (on the host when `host_start`, the same positions as a numpy
+        int64 array, is given)."""
+        host = None if host_start is None else (*self.host, np.asarray(host_start, dtype=np.int64))
+        return CounterDraws(self.low, self.high, start, width, host)
 
     def select(self, rows: torch.Tensor) -> None:
         self.low, self.high = self.low[rows], self.high[rows]
+        kept = rows.cpu().numpy()  # rows leave rarely: one copy then
+        self.host = (self.host[0][kept], self.host[1][kept])

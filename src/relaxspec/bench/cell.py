@@ -101,34 +101,44 @@ def time_batch1(spec: CellSpec, task, verifier, drafter, config: BenchConfig, pi
     return time_batch1_cells([spec], task, lambda s: (verifier, drafter), config, pivot_fn)[0]
 
 
+BATCH1_CELLS_PER_AR = 6  # batch-1 timing: AR runs again before every this many cells of a prompt
+
+
 def time_batch1_cells(specs: list[CellSpec], task, pair, config: BenchConfig, pivot_fn=None) -> list[dict]:
     """Measured speed-up at batch 1 (latency) of speculative cells of one verifier, task and seed: the first
-    `speed_prompts` prompts one at a time, AR and every cell taking turns prompt by prompt (the order reversed
-    every other prompt, so a drift of the machine's speed hits all of them); per-token seconds of each run;
-    ratio of the medians (AR / cell). AR runs once per prompt for all the cells. `pair(spec)`: the cell's
-    (verifier, drafter); `pivot_fn` goes to the cells whose rule needs it (generate_samples). One dict per spec."""
+    `speed_prompts` prompts one at a time; per prompt, AR then up to BATCH1_CELLS_PER_AR cells, again for
+    the next cells (the order within each such turn reversed every other prompt), so each cell's AR reference
+    runs next to it and a drift of the machine's speed hits both; per-token seconds of each run, on the speed
+    constants' clock (`step_clock`: on a CPU at one thread the thread's CPU time, which other processes'
+    load does not inflate; else wall time); ratio of the medians (AR of the cell's turns / cell).
+    `pair(spec)`: the cell's (verifier, drafter); `pivot_fn` goes to the cells whose rule needs it
+    (generate_samples). One dict per spec."""
     from relaxspec.engine import derive_seed
+    from relaxspec.models.hf import step_clock
     n = min(config.speed_prompts, len(task.examples))
     if n == 0 or not specs:
         return [{} for _ in specs]
     first = specs[0]
     ar = CellSpec(first.verifier, None, first.task, AR, {}, 0, first.seed)
-    order = [ar, *specs]
-    per_token = [[] for _ in order]
+    turns = [[ar, *specs[i:i + BATCH1_CELLS_PER_AR]] for i in range(0, len(specs), BATCH1_CELLS_PER_AR)]
+    clock = step_clock(pair(first)[0].device)
+    per_token = [[[] for _ in turn] for turn in turns]
     for i in range(n):
-        for j in (range(len(order)) if i % 2 == 0 else reversed(range(len(order)))):
-            cell = order[j]
-            verifier, drafter = pair(cell if cell is not ar else first)
-            t0 = time.perf_counter()
-            out = generate_samples(cell, [task.examples[i].prompt], [derive_seed(first.seed, i, 0)], verifier,
-                                   drafter, config, pivot_fn)
-            per_token[j].append((time.perf_counter() - t0) / max(1, len(out.results[0].token_ids)))
-    ar_s = statistics.median(per_token[0])
+        for turn, times in zip(turns, per_token):
+            for j in (range(len(turn)) if i % 2 == 0 else reversed(range(len(turn)))):
+                cell = turn[j]
+                verifier, drafter = pair(cell if cell is not ar else first)
+                t0 = clock()
+                out = generate_samples(cell, [task.examples[i].prompt], [derive_seed(first.seed, i, 0)], verifier,
+                                       drafter, config, pivot_fn)
+                times[j].append((clock() - t0) / max(1, len(out.results[0].token_ids)))
     out = []
-    for times in per_token[1:]:
-        method_s = statistics.median(times)
-        out.append({"batch1_prompts": n, "batch1_ar_s_per_token": ar_s, "batch1_s_per_token": method_s,
-                    "measured_speedup_batch1": ar_s / method_s if method_s else float("nan")})
+    for times in per_token:
+        ar_s = statistics.median(times[0])
+        for cell_times in times[1:]:
+            method_s = statistics.median(cell_times)
+            out.append({"batch1_prompts": n, "batch1_ar_s_per_token": ar_s, "batch1_s_per_token": method_s,
+                        "measured_speedup_batch1": ar_s / method_s if method_s else float("nan")})
     return out
 
 
@@ -321,6 +331,6 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
     return out
 
 
-__all__ = ["CellSpec", "CellRunner", "cell_config", "generate_samples", "run_samples", "time_batch1", "time_batch1_cells", "pad_classifier",
+__all__ = ["CellSpec", "CellRunner", "cell_config", "generate_samples", "run_samples", "time_batch1", "time_batch1_cells", "BATCH1_CELLS_PER_AR", "pad_classifier",
            "pad_applies", "generation_options", "model_options", "check_versions", "runner_key", "cell_runner",
            "run_cell", "SPEED_ROUNDS", "speed_constants"]

@@ -158,8 +158,8 @@ def run_preset(name: str) -> dict:
 
 def estimate_minutes(config: "BenchConfig", cells: int) -> float:
     """Minutes of the first look of `cells` cells on the project's 2-core machine with the built-in family
-    (SECONDS_PER_SAMPLE over the workers; the batch-1 timing, one process before the look, AR shared by the
-    cells: half of SECONDS_PER_TIMED_PROMPT per cell); later looks run while config.time_budget_s allows."""
+    (SECONDS_PER_SAMPLE over the workers; the batch-1 timing, one process before the look, AR shared by a few
+    cells: about half of SECONDS_PER_TIMED_PROMPT per cell); later looks run while config.time_budget_s allows."""
     samples = (config.limit or DEFAULT_LIMIT) * config.repeats * SECONDS_PER_SAMPLE / min(config.workers, 2)
     return cells * (samples + config.speed_prompts * SECONDS_PER_TIMED_PROMPT / 2) / 60
 

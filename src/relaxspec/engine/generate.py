@@ -342,7 +342,8 @@ def generate(
         # rounds do not depend on the other rows of the batch; the block is as wide as the roomiest
         # row's, the others' extra columns are padding (verify's num_drafts).
         width, num_drafts = book.draft_lengths()
-        draws = None if greedy else sequence_seeds.at(book.start(), width if rule is not None else 0)
+        draws = None if greedy else sequence_seeds.at(book.start(), width if rule is not None else 0,
+                                                      host_start=book.length[book.live])
         if rule is None:
             t0 = time.perf_counter()
             logits, _ = target.feed(last[:, None])

@@ -73,7 +73,9 @@ class Stream:
         else:
             positions = start + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
             self.next_position = self.next_position + valid.sum(dim=1)
-        if self.lm.max_position_embeddings:  # a row's padding columns past its room (never kept) stay in range
+        # A row's padding columns past its room (never kept) stay in range; no position exceeds the slots in use
+        # (length + T - 1), so the clamp is skipped while those fit.
+        if self.lm.max_position_embeddings and self.length + T > self.lm.max_position_embeddings:
             positions = positions.clamp(max=self.lm.max_position_embeddings - 1)
         if self.length + T > self._mask.shape[1]:
             grown = self._mask.new_zeros((self._mask.shape[0], 2 * (self.length + T)))
