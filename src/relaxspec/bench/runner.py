@@ -94,7 +94,8 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
     key_of = {c.identity: k for c, k in keyed}  # not the label: it does not name the pair
     strict_key = {k: key_of.get(c.strict.identity) for c, k in keyed if c.method not in (AR, STRICT)}
-    speed = speed_constants(worker.models, cells, drafters=worker.drafters)
+    speed = speed_constants(worker.models, cells, drafters=worker.drafters,
+                            dynamic=config.draft_confidence is not None)
     run_id = uuid.uuid4().hex[:12]
     pool = ray_pool = None
     if executor is not None and executor.kind == "ray":
@@ -203,7 +204,8 @@ def _store_look(store: Store, spec: CellSpec, key: str, result: dict, look: int,
     all_rows = (store.rows(key) if old else []) + result["rows"]
     metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
                            merge_engine_stats(parts),
-                           {**speed.get((spec.verifier, spec.drafter, spec.draft_length), {}), **batch1})
+                           {**speed.get((spec.verifier, spec.drafter, spec.draft_length), {}), **batch1},
+                           dynamic=config.draft_confidence is not None)
     metrics.update(engine_stats=parts, batch1=batch1, looks=config.looks, first_repeats=config.repeats, look=look,
                    run_id=run_id, sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0)
                    + result["sample_wall_s"])

@@ -52,9 +52,8 @@ from relaxspec.models.compiled import plan_static_shapes
 from relaxspec.models.hf import CausalLM, hidden_blocks, load_model
 from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
 from relaxspec.models.stream import Stream, left_pad, model_device
-from relaxspec.names import AR
+from relaxspec.names import AR, AUTO
 
-AUTO = "auto"  # draft_length: transformers' heuristic schedule per sequence
 AUTO_START, AUTO_MAX = 5, 10  # its first draft length and its bound (it never goes below 1)
 
 
