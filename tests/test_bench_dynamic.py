@@ -97,3 +97,32 @@ def test_bad_dynamic_settings_are_one_line_errors(tmp_path, capsys):
     code = main(["bench", "--draft-confidence", "2", "--out", str(tmp_path / "x"), "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "draft_confidence" in err and "Traceback" not in err, err
+
+
+def test_tune_searches_auto_with_the_confidence_stop_and_writes_both(tmp_path, capsys):
+    import json
+
+    import relaxspec
+    from relaxspec.bench.config import load_toml
+    from relaxspec.tune.space import DEFAULT_DRAFT_LENGTHS, search_space
+
+    assert "auto" in DEFAULT_DRAFT_LENGTHS
+    assert [c.label for c in search_space(["cactus:delta=10"], [2, "auto"])] == [
+        "strict N=2", "strict N=auto", "cactus(delta=10) N=2", "cactus(delta=10) N=auto"]
+    with pytest.raises(ValueError, match="draft lengths"):
+        search_space(None, [2, "often"])
+    result = relaxspec.tune(task="arithmetic", max_drop=0.02, out=str(tmp_path / "tune"), methods=["cactus:delta=10"],
+                            draft_lengths=[2, "auto"], draft_confidence=0.5, sizes=(2, 4), caps=(4,), search_prompts=4,
+                            heldout_prompts=2, heldout_repeats=1, max_new_tokens=24, budget_minutes=30.0, plots=False)
+    with Store(tmp_path / "tune") as store:
+        cells = [c for c in store.cells() if c.config["method"] != "ar"]
+    assert {c.config["draft_length"] for c in cells} == {2, "auto"}
+    assert all(c.config["draft_confidence"] == 0.5 for c in cells)
+    # a configuration is priced at its cell's mean drafts per round (all of them vary under the stop)
+    for c in cells:
+        assert c.metrics["model_draft_length"] < (2 if c.config["draft_length"] == 2 else 10)
+    toml = load_toml(result.toml_path)
+    assert toml["draft_confidence"] == 0.5 and toml["draft_length"] == result.choice.draft_length
+    assert main(["generate", "--config", result.toml_path, "--prompt", "Tom has 3 apples and buys 4 more.",
+                 "--json", "--max-new-tokens", "16"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["draft_length"] in (2, 10)

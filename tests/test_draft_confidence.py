@@ -141,3 +141,16 @@ def test_bad_draft_confidence_is_a_one_line_error(builtin_pair, capsys):
         assert main(["generate", "--prompt", "x", *args]) != 0
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "confidence" in err, err
+
+
+def test_generate_cli_takes_auto_with_a_confidence_stop(capsys):
+    import json
+
+    prompt = _prompts(1)[0]
+    runs = {}
+    for extra in ([], ["--draft-confidence", "0.9"]):
+        assert main(["generate", "--prompt", prompt, "--draft-length", "auto", "--max-new-tokens", "40", "--json",
+                     *extra]) == 0
+        runs[bool(extra)] = json.loads(capsys.readouterr().out)
+    assert runs[True]["results"][0]["token_ids"] == runs[False]["results"][0]["token_ids"]  # greedy: the same text
+    assert runs[True]["stats"]["drafts_proposed"] < runs[False]["stats"]["drafts_proposed"]

@@ -93,12 +93,7 @@ class BenchConfig:
         for n in self.draft_lengths:
             if n != AUTO and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise ValueError(f"bench: draft lengths must be integers >= 1 or {AUTO!r}, got {n!r}")
-        if self.draft_confidence is not None:
-            from relaxspec.engine.generate import check_draft_confidence
-            try:
-                check_draft_confidence(self.draft_confidence)
-            except ValueError as e:
-                raise ValueError(f"bench: {e}") from None
+        check_draft_confidence_setting(self.draft_confidence, "bench")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
             raise ValueError(f"bench: limit must be a positive integer, got {self.limit!r}")
         for name in ("repeats", "looks", "batch_size", "workers"):
@@ -148,6 +143,16 @@ class BenchConfig:
                 value = [value]
             kwargs[name] = value
         return cls(**kwargs)
+
+
+def check_draft_confidence_setting(value, who: str) -> None:
+    """ValueError '<who>: draft_confidence must be ...' unless value is None or a threshold the engine takes."""
+    if value is not None:
+        from relaxspec.engine.generate import check_draft_confidence
+        try:
+            check_draft_confidence(value)
+        except ValueError as e:
+            raise ValueError(f"{who}: {e}") from None
 
 
 def sampling_preset(name: str) -> dict:

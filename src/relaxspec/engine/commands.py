@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from relaxspec.names import AR
+from relaxspec.names import AR, AUTO
 
 
 def _parse_value(text: str):
@@ -113,7 +113,7 @@ def cmd_generate(args) -> int:
     if args.json and args.show:
         raise ValueError("--show marks drafts in the text output; --json prints no text to mark (use one of them)")
     check_seed(args.seed, "--seed")
-    check_positive(args, "max_new_tokens", "draft_length")
+    check_positive(args, "max_new_tokens", *(() if args.draft_length == AUTO else ("draft_length",)))
     check_sampling_args(args.temperature, args.top_k, args.top_p)
     params.update(parse_params(args.param))
     prompts = _read_prompts(args)
