@@ -38,13 +38,14 @@ def test_greedy_strict_with_a_confidence_stop_equals_ar(builtin_pair, name):
 def test_drafts_shorten_as_the_threshold_rises(builtin_pair):
     verifier, drafter = builtin_pair
     prompts = _mixed_prompts()
-    proposed, drafter_forwards = [], []
+    proposed, total, drafter_forwards = [], [], []
     for t in (None, 0.2, 0.5, 0.8, 0.99):
         out = generate(verifier, drafter, prompts, method="strict", draft_length=6, max_new_tokens=50,
                        draft_confidence=t)
-        per_round = out.stats.drafts_proposed / out.stats.sequence_rounds
-        proposed.append(per_round)
+        total.append(out.stats.drafts_proposed)
+        proposed.append(out.stats.drafts_proposed / out.stats.sequence_rounds)
         drafter_forwards.append(out.stats.drafter_forwards / out.stats.verifier_forwards)
+    assert all(a > b for a, b in zip(total, total[1:])), total
     assert all(a >= b for a, b in zip(proposed, proposed[1:])), proposed
     assert proposed[0] > 5.5 and proposed[-1] < 0.5 * proposed[0], proposed
     # The drafter loop ends once every row has stopped: fewer drafter forwards per round.
