@@ -100,8 +100,8 @@ def table(result: dict) -> list[str]:
         best = min(fixed, key=lambda c: fixed[c][0])
         for c, (ms, _) in by_config.items():
             if c.draft_length == "auto":
-                lines.append(f"{c.label}: {ar_ms / ms:.2f}x AR vs best fixed {best.label} {ar_ms / fixed[best][0]:.2f}x "
-                             f"(auto / best fixed time {ms / fixed[best][0]:.2f})")
+                lines.append(f"{c.label}: {ar_ms / ms:.2f}x AR vs best fixed {best.label} "
+                             f"{ar_ms / fixed[best][0]:.2f}x (auto / best fixed time {ms / fixed[best][0]:.2f})")
         lines.append("")
     return lines
 
@@ -109,7 +109,8 @@ def table(result: dict) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=list(PAIRS))
-    ap.add_argument("--prompts", type=int, default=8, help=f"prompts per pair (at most {len(chat.HELDOUT)} for smollm2)")
+    ap.add_argument("--prompts", type=int, default=8,
+                    help=f"prompts per pair (at most {len(chat.HELDOUT)} for smollm2)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--draft-lengths", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8])
     ap.add_argument("--confidences", type=float, nargs="*", default=[0.4], help="draft_confidence values with auto")

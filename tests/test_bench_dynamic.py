@@ -83,7 +83,8 @@ def test_an_auto_cell_is_stored_reported_and_reloaded(tmp_path, capsys):
         stopped = {(c.config["method"], c.config["draft_length"]): c.metrics for c in store.cells()
                    if c.config.get("draft_confidence") == 0.9}
     assert len(stopped) == 5
-    assert stopped[("strict", 2)]["model_draft_length"] < 2 and [w for w, _ in stopped[("strict", 2)]["c_block_widths"]] == [2, 3]
+    assert stopped[("strict", 2)]["model_draft_length"] < 2
+    assert [w for w, _ in stopped[("strict", 2)]["c_block_widths"]] == [2, 3]
     assert stopped[("strict", "auto")]["model_draft_length"] < cells[("strict", "auto")].metrics["model_draft_length"]
     assert main(["report", str(out), "--no-plots", "--all"]) == 0
     assert capsys.readouterr().out.count("Sanity check") == 2  # two settings groups

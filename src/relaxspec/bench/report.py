@@ -340,7 +340,8 @@ def _decisions(rows: list[dict], max_drop: float) -> list[str]:
     relaxed = [r for r in rows if r["method"] not in (AR, STRICT)]
     if not relaxed:
         return ["No relaxed cells."]
-    missing = sorted({r["draft_length"] for r in relaxed if r["vs_strict_decision"] == NO_STRICT}, key=draft_length_order)
+    missing = sorted({r["draft_length"] for r in relaxed if r["vs_strict_decision"] == NO_STRICT},
+                     key=draft_length_order)
     decided = [r for r in relaxed if is_decided(r["vs_strict_decision"])]
     out = [f"Decisions vs strict (budget {max_drop:g}): {len(decided)} of {len(relaxed)} relaxed cells decided."]
     if missing:

@@ -15,9 +15,10 @@ given, is the engine's too: a drafting loop calls it after draft i (not after th
 it returns True, proposes only those i + 1 drafts (and then its `extra` rows): the engine's per-row
 early stop (draft_confidence) ends the loop once every row has stopped. A drafter without a distribution
 (prompt lookup) returns one-hot logits: 0 at its token and -inf elsewhere, so every rule sees
-q = one-hot; it has no loop to stop, and `stop` never applies to it (its confidence is 1). Hidden-state drafters name the verifier blocks they read in `hidden_layers` (e.g. (-1,):
-the last hidden state; several: their states concatenated, EAGLE-3's fused features): the engine then
-hands them those hidden states of the prompt and of every verified block.
+q = one-hot; it has no loop to stop (its confidence is 1: `stop` never applies to it). Hidden-state
+drafters name the verifier blocks they read in `hidden_layers` (e.g. (-1,): the last hidden state;
+several: their states concatenated, EAGLE-3's fused features): the engine then hands them those hidden
+states of the prompt and of every verified block.
 
 Kinds: `LMDrafter` (a causal LM sharing the verifier's vocabulary), `NgramDrafter` (prompt
 lookup), and `relaxspec.drafters.mtp.MTPDrafter` (a head on the verifier's hidden states).

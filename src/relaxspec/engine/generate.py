@@ -126,7 +126,8 @@ class _Book:
         if self.schedule is None and int(room.min()) >= self.N:  # every row drafts N (AR: 0)
             self.proposed = self.N
             return self.N, None
-        return self.drafted(np.minimum(np.maximum(room, 0), self.N if self.schedule is None else self.schedule[self.live]))
+        limit = self.N if self.schedule is None else self.schedule[self.live]
+        return self.drafted(np.minimum(np.maximum(room, 0), limit))
 
     def drafted(self, lengths: np.ndarray) -> tuple[int, torch.Tensor | None]:
         """(block width, each row's number of drafts or None when all draft that many) for rows drafting
