@@ -43,10 +43,10 @@ joined the grid; the first look's estimate is printed). Explicit flags
 
 --methods takes a comma-separated list of NAME (its paper grid) or NAME:PARAM=V1/V2[;PARAM=V]
 (e.g. --methods ar,strict,'cactus:delta=0.5/2','typical:epsilon=0.1;delta=0.2').
-A TOML --config takes the same settings as keys (verifiers, drafters, tasks, methods, draft_lengths,
-seeds, limit, repeats, looks, max_drop, time_budget_s, speed_prompts, temperature, top_k, top_p,
-max_new_tokens, batch_size, device, dtype, chat_template, system, pad_thresholds, pad_classifier, phase, out, and
-sampling = "paper"); flags override it. Results go to OUT/results.sqlite; every look of a cell is stored as
+A TOML --config takes the same settings as keys (verifiers, drafters, tasks, methods, draft_lengths (e.g.
+[3, 5, "auto"]), seeds, limit, repeats, looks, max_drop, time_budget_s, speed_prompts, temperature, top_k, top_p,
+max_new_tokens, batch_size, device, dtype, chat_template, system, pad_thresholds, pad_classifier, phase,
+draft_confidence, out, and sampling = "paper"); flags override it. Results go to OUT/results.sqlite; every look of a cell is stored as
 it finishes and a re-run continues where the last one stopped.
 """
 
