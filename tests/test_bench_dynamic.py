@@ -124,6 +124,10 @@ def test_tune_searches_auto_with_the_confidence_stop_and_writes_both(tmp_path, c
         assert c.metrics["model_draft_length"] < (2 if c.config["draft_length"] == 2 else 10)
     toml = load_toml(result.toml_path)
     assert toml["draft_confidence"] == 0.5 and toml["draft_length"] == result.choice.draft_length
+    bench = BenchConfig.from_dict(toml)  # the bench reads it too
+    bench.out = str(tmp_path / "bench")
+    bench.validate()
+    assert bench.draft_confidence == 0.5 and bench.draft_lengths == [result.choice.draft_length]
     assert main(["generate", "--config", result.toml_path, "--prompt", "Tom has 3 apples and buys 4 more.",
                  "--json", "--max-new-tokens", "16"]) == 0
     assert json.loads(capsys.readouterr().out)["stats"]["draft_length"] in (2, 10)
