@@ -26,7 +26,7 @@ N_CELLS = 5  # ar + (strict, cactus) x N in {2, 3}
 # metrics that are timings (they depend on where and when a cell ran); every other value must match
 TIMINGS = {"run_id", "sample_wall_s", "tokens_per_s", "c_rel_measured", "c_block_measured", "latency_verifier_s",
            "latency_drafter_s", "batch1", "batch1_ar_s_per_token", "batch1_s_per_token", "measured_speedup_batch1",
-           "modelled_speedup_measured_c_rel", "block_aware_speedup_measured"}
+           "modelled_speedup_measured_c_rel", "block_aware_speedup_measured", "model_c_block", "c_block_widths"}
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from relaxspec.bench.config import BenchConfig, needs_classifier
-from relaxspec.bench.names import AR, STRICT, method_label
+from relaxspec.bench.names import AR, AUTO, STRICT, method_label
 from relaxspec.bench.sampling import new_samples, prompts_needed, samples_at
 from relaxspec.bench.phase import phase_options
 from relaxspec.bench.store import Row, token_hash
@@ -27,7 +27,7 @@ class CellSpec:
     task: str
     method: str
     params: dict
-    draft_length: int  # 0 for AR
+    draft_length: int | str  # 0 for AR; "auto": the engine's per-sequence schedule
     seed: int
 
     @property
@@ -58,6 +58,8 @@ def cell_config(spec: CellSpec, config: BenchConfig, versions: dict) -> dict:
         "max_new_tokens": config.max_new_tokens, "batch_size": config.batch_size,
         "device": config.device, "dtype": config.dtype, "chat_template": config.chat_template,
         "system": config.system, **({"compile": True} if config.compile else {}),  # absent when off: old keys hold
+        # likewise (AR's too, though it drafts nothing: the report groups cells by it, AR with the others)
+        **({"draft_confidence": config.draft_confidence} if config.draft_confidence is not None else {}),
         "pad_classifier": versions.get("pad_classifier") if needs_classifier(spec.method) else None,
         "code_version": versions["code"],
         **phase_options(config.phase, spec.task),
@@ -68,6 +70,8 @@ def generate_samples(spec: CellSpec, prompts: list[str], seeds: list[int], verif
               pivot_fn):
     from relaxspec.engine import generate
     extra = {"pivot_fn": pivot_fn} if needs_classifier(spec.method) else {}
+    if config.draft_confidence is not None and spec.method != AR:
+        extra["draft_confidence"] = config.draft_confidence
     return generate(verifier, drafter if spec.method != AR else None, prompts, method=spec.method,
                     draft_length=spec.draft_length if spec.method != AR else 1,
                     max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
@@ -291,10 +295,23 @@ def _run_job(runner: CellRunner, job: tuple) -> tuple:
 SPEED_ROUNDS = 40  # interleaved measurement rounds of the speed constants
 
 
+def block_widths(n, dynamic: bool = False) -> list[int]:
+    """The verifier block widths whose c_block a cell of draft length n needs: N + 1, and for a cell whose drafts
+    per round vary ("auto", or any N with a confidence stop) the widths of 1, 3, 5, 7 and 10 drafts up to it, between
+    which metrics.c_block_at interpolates at the cell's mean block width."""
+    from relaxspec.engine.generate import AUTO_MAX
+
+    top = AUTO_MAX + 1 if n == AUTO else n + 1
+    if n != AUTO and not dynamic:
+        return [top]
+    return sorted({w for w in (2, 4, 6, 8) if w < top} | {top})
+
+
 def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROUNDS,
-                    drafters: dict | None = None) -> dict:
+                    drafters: dict | None = None, dynamic: bool = False) -> dict:
     """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step) per
-    speculative cell's (verifier, drafter, N), measured once before any cell runs: every forward they need
+    speculative cell's (verifier, drafter, N), measured once before any cell runs (N "auto", or `dynamic`: a
+    confidence stop, also c_block_widths, [[width, c_block], ...] at `block_widths`): every forward they need
     (each verifier's step and blocks, each drafter's step) runs once per round, interleaved, and each
     constant is the median over rounds of the ratio within a round, so a load that comes and goes cancels out.
     `drafters` maps (verifier, drafter) to a loaded Drafter (CellRunner.drafters); without it every drafter is
@@ -317,20 +334,24 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
 
     for v, d, n in keys:
         add((v, 1), (models[v], 1))
-        add((v, n + 1), (models[v], n + 1))
+        for width in block_widths(n, dynamic):
+            add((v, width), (models[v], width))
         lm = models[d] if drafters is None else getattr(drafters[(v, d)], "lm", None)
         add((v, d), (lm, 1) if lm is not None else lambda v=v, d=d: draft_timer(drafters[(v, d)], models[v]))
     times = measure_step_latencies(steps, rounds=rounds)
     out = {}
     for v, d, n in keys:
-        iv, ib, i_d = labels.index((v, 1)), labels.index((v, n + 1)), labels.index((v, d))
+        widths = block_widths(n, dynamic)
+        iv, ib, i_d = labels.index((v, 1)), labels.index((v, widths[-1])), labels.index((v, d))
         costs = relative_costs(times, reference=iv)
         out[(v, d, n)] = {"c_rel_measured": costs[i_d], "c_block_measured": costs[ib],
                           "latency_verifier_s": statistics.median(t[iv] for t in times),
                           "latency_drafter_s": statistics.median(t[i_d] for t in times)}
+        if len(widths) > 1:
+            out[(v, d, n)]["c_block_widths"] = [[w, costs[labels.index((v, w))]] for w in widths]
     return out
 
 
 __all__ = ["CellSpec", "CellRunner", "cell_config", "generate_samples", "run_samples", "time_batch1", "time_batch1_cells", "BATCH1_CELLS_PER_AR", "pad_classifier",
            "pad_applies", "generation_options", "model_options", "check_versions", "runner_key", "cell_runner",
-           "run_cell", "SPEED_ROUNDS", "speed_constants"]
+           "run_cell", "SPEED_ROUNDS", "block_widths", "speed_constants"]

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from relaxspec.engine.commands import draft_length_arg
 from relaxspec.bench.executors import add_executor_arguments, executor_options, print_failed
 from relaxspec.bench.names import FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
@@ -42,10 +43,10 @@ joined the grid; the first look's estimate is printed). Explicit flags
 
 --methods takes a comma-separated list of NAME (its paper grid) or NAME:PARAM=V1/V2[;PARAM=V]
 (e.g. --methods ar,strict,'cactus:delta=0.5/2','typical:epsilon=0.1;delta=0.2').
-A TOML --config takes the same settings as keys (verifiers, drafters, tasks, methods, draft_lengths,
-seeds, limit, repeats, looks, max_drop, time_budget_s, speed_prompts, temperature, top_k, top_p,
-max_new_tokens, batch_size, device, dtype, chat_template, system, pad_thresholds, pad_classifier, phase, out, and
-sampling = "paper"); flags override it. Results go to OUT/results.sqlite; every look of a cell is stored as
+A TOML --config takes the same settings as keys (verifiers, drafters, tasks, methods, draft_lengths (e.g.
+[3, 5, "auto"]), seeds, limit, repeats, looks, max_drop, time_budget_s, speed_prompts, temperature, top_k, top_p,
+max_new_tokens, batch_size, device, dtype, chat_template, system, pad_thresholds, pad_classifier, phase,
+draft_confidence, out, and sampling = "paper"); flags override it. Results go to OUT/results.sqlite; every look of a cell is stored as
 it finishes and a re-run continues where the last one stopped.
 """
 
@@ -76,7 +77,11 @@ def register(subparsers) -> None:
     b.add_argument("--tasks", type=csv_list(str), help="arithmetic, sorting, humaneval, jsonl:PATH[:metric]")
     b.add_argument("--methods", type=csv_list(str), help="methods, see below")
     b.add_argument("--unsafe-exec", action="store_true", help=UNSAFE_EXEC_HELP)
-    b.add_argument("--draft-lengths", type=csv_list(int), help="e.g. 3,5")
+    b.add_argument("--draft-lengths", type=csv_list(draft_length_arg),
+                   help="e.g. 3,5 ('auto': the engine's per-sequence +2/-1 schedule, an extra value of the grid)")
+    b.add_argument("--draft-confidence", type=float, metavar="T",
+                   help="every speculative cell: a sequence stops drafting after a draft its drafter gave "
+                        "probability < T (generate --draft-confidence); enters the cells' keys only when set")
     b.add_argument("--seed", type=csv_list(int), help="seed(s), comma-separated")
     b.add_argument("--limit", type=int, help=f"prompts per task (default {DEFAULT_LIMIT})")
     b.add_argument("--repeats", type=int, help=f"samples per prompt in the first look (default {DEFAULT_REPEATS})")
@@ -136,7 +141,8 @@ _FLAG_TO_FIELD = {"verifier": "verifiers", "drafter": "drafters", "tasks": "task
                   "max_new_tokens": "max_new_tokens", "batch_size": "batch_size", "device": "device", "dtype": "dtype",
                   "compile": "compile",
                   "chat_template": "chat_template", "system": "system", "pad_thresholds": "pad_thresholds",
-                  "pad_classifier": "pad_classifier", "out": "out", "phase": "phase"}
+                  "pad_classifier": "pad_classifier", "out": "out", "phase": "phase",
+                  "draft_confidence": "draft_confidence"}
 
 
 def config_from_args(args) -> BenchConfig:

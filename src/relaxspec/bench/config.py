@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from relaxspec.acceptance.random import check_seed
-from relaxspec.bench.names import AR, FINDINGS_MAX_DROP
+from relaxspec.bench.names import AR, AUTO, FINDINGS_MAX_DROP
 
 DEFAULT_OUT = "relaxspec-results"
 DEFAULT_PAD_THRESHOLDS = (0.3, 0.5, 0.7)
@@ -58,7 +58,9 @@ class BenchConfig:
     drafters: list[str] = field(default_factory=lambda: [_default_model("DEFAULT_DRAFTER")])
     tasks: list[str] = field(default_factory=lambda: ["arithmetic"])
     methods: list[str] | None = None  # None: the default grid (see default_methods)
-    draft_lengths: list[int] = field(default_factory=lambda: [3, 5])
+    draft_lengths: list[int | str] = field(default_factory=lambda: [3, 5])  # "auto": the engine's +2/-1 schedule
+    # a sequence stops drafting after a draft its drafter gave probability < this (None: off; engine.generate)
+    draft_confidence: float | None = None
     seeds: list[int] = field(default_factory=lambda: [0])
     limit: int | None = DEFAULT_LIMIT  # prompts per task
     repeats: int = DEFAULT_REPEATS  # samples per prompt (more only when a later look runs out of prompts)
@@ -89,8 +91,9 @@ class BenchConfig:
         for seed in self.seeds:
             check_seed(seed, "bench: a seed")
         for n in self.draft_lengths:
-            if not isinstance(n, int) or n < 1:
-                raise ValueError(f"bench: draft lengths must be integers >= 1, got {n!r}")
+            if n != AUTO and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                raise ValueError(f"bench: draft lengths must be integers >= 1 or {AUTO!r}, got {n!r}")
+        check_draft_confidence_setting(self.draft_confidence, "bench")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
             raise ValueError(f"bench: limit must be a positive integer, got {self.limit!r}")
         for name in ("repeats", "looks", "batch_size", "workers"):
@@ -140,6 +143,16 @@ class BenchConfig:
                 value = [value]
             kwargs[name] = value
         return cls(**kwargs)
+
+
+def check_draft_confidence_setting(value, who: str) -> None:
+    """ValueError '<who>: draft_confidence must be ...' unless value is None or a threshold the engine takes."""
+    if value is not None:
+        from relaxspec.engine.generate import check_draft_confidence
+        try:
+            check_draft_confidence(value)
+        except ValueError as e:
+            raise ValueError(f"{who}: {e}") from None
 
 
 def sampling_preset(name: str) -> dict:

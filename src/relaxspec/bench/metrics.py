@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from relaxspec.bench.names import AR
+from relaxspec.bench.names import AR, AUTO
 from relaxspec.bench.speedup import C_REL_GRID, block_aware_speedup, modelled_speedup
 from relaxspec.bench.stats import Interval, paired_diff_interval, utility_interval
 
@@ -30,14 +30,31 @@ def merge_engine_stats(parts: list[dict]):
     return GenerationStats.merge([GenerationStats.from_dict(p) for p in parts])
 
 
-def cell_metrics(method: str, draft_length: int, extra_passes: int, rows: list, stats, speed: dict) -> dict:
+def c_block_at(widths: list, width: float) -> float:
+    """c_block at a (mean) block width, linear between the measured [[width, c_block], ...] (clamped to them)."""
+    points = sorted(widths)
+    for (w0, c0), (w1, c1) in zip(points, points[1:]):
+        if width <= w1:
+            return c0 if width <= w0 else c0 + (c1 - c0) * (width - w0) / (w1 - w0)
+    return points[-1][1]
+
+
+def cell_metrics(method: str, draft_length, extra_passes: int, rows: list, stats, speed: dict,
+                 dynamic: bool = False) -> dict:
     """Metrics of a cell from all its rows and its merged engine stats (tau read from the engine).
-    `speed`: c_rel_measured, c_block_measured, latencies, batch-1 timing (see runner)."""
+    `speed`: c_rel_measured, c_block_measured, latencies, batch-1 timing (see runner).
+    A cell whose drafts per round vary (N "auto", or `dynamic`: a confidence stop) is modelled at its measured
+    mean drafts per round (`model_draft_length`): the drafter's cost, and c_block interpolated at that mean + 1
+    between the block widths measured for it (speed's c_block_widths); a fixed N is modelled at N."""
     ci = utility_interval([r.utility for r in rows], clusters=[r.prompt_index for r in rows])
     lengths = [r.tokens for r in rows]
     tau = stats.mean_acceptance_length
     n = draft_length
     c_rel, c_block = speed.get("c_rel_measured"), speed.get("c_block_measured")
+    if method != AR and (n == AUTO or dynamic):
+        n = stats.drafts_proposed / stats.sequence_rounds if stats.sequence_rounds else 0.0
+        if c_block and speed.get("c_block_widths"):
+            c_block = c_block_at(speed["c_block_widths"], n + 1)
     metrics = {
         "n_prompts": len({r.prompt_index for r in rows}), "n_samples": len(rows),
         "utility": ci.mean, "utility_ci_low": ci.low, "utility_ci_high": ci.high,
@@ -47,6 +64,7 @@ def cell_metrics(method: str, draft_length: int, extra_passes: int, rows: list, 
         "acceptance_rate_per_position": list(stats.acceptance_rate_per_position) if method != AR else [],
         "mean_acceptance_length": tau,
         "extra_draft_passes": extra_passes,
+        "model_draft_length": n, "model_c_block": c_block,
         "tokens_per_s": stats.generated_tokens / stats.time_total_s if stats.time_total_s else math.nan,
         **speed,
         "modelled_speedup_measured_c_rel": 1.0 if method == AR else

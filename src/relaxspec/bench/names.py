@@ -3,7 +3,7 @@ uses)."""
 
 from __future__ import annotations
 
-from relaxspec.names import AR  # noqa: F401 - the bench's modules read it here
+from relaxspec.names import AR, AUTO, draft_length_order  # noqa: F401 - the bench's modules read them here
 
 STRICT = "strict"  # lossless speculative sampling: the reference of every relaxed rule
 # A run of ~80 paired samples cannot show a drop <= 0.03 even when every output equals strict's (Tango's

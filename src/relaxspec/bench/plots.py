@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from relaxspec.bench.names import AR, STRICT
+from relaxspec.bench.names import AR, STRICT, draft_length_order
 from relaxspec.bench.speedup import C_REL_GRID
 
 _PANELS = [*[(f"c_rel = {c:g}", f"length_adjusted_speedup_c{c:g}") for c in C_REL_GRID],
@@ -56,7 +56,8 @@ def capability_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
             groups.setdefault((r["settings_group"], r["verifier"], r["drafter"], r["task"], r["draft_length"],
                                r["seed"]), []).append(r)
     several_seeds = len({k[5] for k in groups}) > 1
-    for (group, verifier, drafter, task, n, seed), cells in sorted(groups.items()):
+    for (group, verifier, drafter, task, n, seed), cells in sorted(groups.items(), key=lambda item: (
+            *item[0][:4], draft_length_order(item[0][4]), item[0][5])):
         ar = next((r for r in rows if r["method"] == AR and r["verifier"] == verifier and r["task"] == task
                    and r["seed"] == seed and r["settings_group"] == group), None)
         rules = sorted({r["method"] for r in cells if r["method"] != STRICT})
@@ -159,7 +160,7 @@ def acceptance_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
             groups.setdefault((r["settings_group"], r["verifier"], r["drafter"], r["task"], r["seed"]), []).append(r)
     several_seeds = len({k[4] for k in groups}) > 1
     for (group, verifier, drafter, task, seed), cells in sorted(groups.items()):
-        ns = sorted({r["draft_length"] for r in cells})
+        ns = sorted({r["draft_length"] for r in cells}, key=draft_length_order)
         rules = sorted({r["method"] for r in cells if r["method"] != STRICT})
         colors = _colors(rules)
         fig, axes = plt.subplots(1, len(ns), figsize=(max(9.0, 6.0 * len(ns)), 4.8), squeeze=False, sharey=True)
@@ -176,7 +177,8 @@ def acceptance_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
                             label=rule if j == len(pts) - 1 else None)
             ax.set_title(f"N = {n}")
             ax.set_xlabel("draft position")
-            ax.set_xticks(range(1, n + 1))
+            ax.set_xticks(range(1, max((len(json.loads(r["acceptance_rate_per_position"])) for r in cells
+                                        if r["draft_length"] == n), default=1) + 1))
             ax.set_ylim(0, 1.02)
             ax.grid(True, alpha=0.3)
         axes[0][0].set_ylabel("P(draft position accepted) per verifier call")

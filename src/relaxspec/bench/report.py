@@ -14,7 +14,7 @@ from pathlib import Path
 
 from relaxspec.bench.metrics import (ALPHA, BEYOND, NO_STRICT, WITHIN, compare, decision, decision_confidence,
                                      identical_fraction, is_decided, samples_needed)
-from relaxspec.bench.names import AR, STRICT, method_label
+from relaxspec.bench.names import AR, STRICT, draft_length_order, method_label
 from relaxspec.bench.speedup import C_REL_GRID, length_adjusted_speedup
 from relaxspec.bench.stats import METHOD, Interval, ratio
 from relaxspec.bench.store import Store
@@ -27,7 +27,7 @@ CSV_COLUMNS = [
     "outputs_identical_to_strict", "vs_strict_confidence", "vs_strict_decision", "vs_strict_samples_needed",
     "utility_diff_vs_ar", "utility_diff_ci_low", "utility_diff_ci_high",
     "acceptance_rate", "acceptance_rate_per_position", "mean_acceptance_length", "extra_draft_passes",
-    "mean_response_length", "c_rel_measured", "c_block_measured",
+    "mean_response_length", "c_rel_measured", "c_block_measured", "model_draft_length",
     "measured_speedup_batch1", "batch1_prompts", "measured_speedup_batched", "tokens_per_s",
     "modelled_speedup_measured_c_rel", *[f"modelled_speedup_c{c:g}" for c in C_REL_GRID],
     "block_aware_speedup_measured",
@@ -36,7 +36,7 @@ CSV_COLUMNS = [
 ]
 # Settings that make cells comparable: cells differing in any of these are reported in separate groups.
 SETTINGS = ("limit", "first_repeats", "looks", "temperature", "top_k", "top_p", "max_new_tokens", "batch_size",
-            "device", "dtype", "chat_template", "system", "code_version", "phase")
+            "device", "dtype", "chat_template", "system", "code_version", "phase", "draft_confidence")
 _PLAN_SETTINGS = ("first_repeats", "looks")  # how a cell was sampled (in its metrics, not its key)
 # What an AR cell shares with a speculative cell it is the baseline of (within one settings group).
 _AR_FIELDS = ("verifier", "verifier_version", "task", "seed")
@@ -89,6 +89,8 @@ def _group_rows(store: Store, cells: list, index: int, settings: dict) -> list[d
             "verifier": cfg["verifier"], "drafter": cfg["drafter"] or "", "task": cfg["task"],
             "method": cfg["method"], "params": json.dumps(cfg["params"], sort_keys=True),
             "draft_length": cfg["draft_length"], "seed": cfg["seed"],
+            # the drafts per round the speed model used (older stores: N)
+            "model_draft_length": m.get("model_draft_length", cfg["draft_length"]),
             **{k: m.get(k, math.nan) for k in (
                 "n_prompts", "n_samples", "utility", "utility_ci_low", "utility_ci_high", "acceptance_rate",
                 "mean_acceptance_length", "extra_draft_passes", "mean_response_length", "c_rel_measured",
@@ -103,7 +105,7 @@ def _group_rows(store: Store, cells: list, index: int, settings: dict) -> list[d
         row.update(_vs_strict(store, cell, ref, m.get("looks", 1)))
         rows.append(row)
     order = {AR: 0, STRICT: 1}
-    rows.sort(key=lambda r: (r["verifier"], r["task"], r["seed"], r["drafter"], r["draft_length"],
+    rows.sort(key=lambda r: (r["verifier"], r["task"], r["seed"], r["drafter"], draft_length_order(r["draft_length"]),
                              order.get(r["method"], 2), r["method"], _param_order(r["params"])))
     return rows
 
@@ -292,6 +294,8 @@ def _format_group(rows: list[dict], max_drop: float) -> list[str]:
         "acc: acceptance rate; tau: tokens per sequence round (bonus included); len: mean response tokens; "
         "S: tau/(1+(N+extra)c_rel) at the measured c_rel (extra: the rule's declared extra drafter passes);",
         "S_blk: block-aware tau/((N+extra)c_rel+c_block), c_block measured; Slen.2: length-adjusted S at c_rel 0.2; "
+        "N=auto (and any N with --draft-confidence): N in S and S_blk is the cell's measured mean drafts per round, "
+        "c_block interpolated at that mean + 1 between block widths measured for it; "
         "x b1: measured speed-up at batch 1 (latency; median per-token time, AR and method taking turns prompt "
         "by prompt); x batch: measured throughput ratio (tokens/s vs AR at the bench's batch).",
         "",
@@ -336,7 +340,8 @@ def _decisions(rows: list[dict], max_drop: float) -> list[str]:
     relaxed = [r for r in rows if r["method"] not in (AR, STRICT)]
     if not relaxed:
         return ["No relaxed cells."]
-    missing = sorted({r["draft_length"] for r in relaxed if r["vs_strict_decision"] == NO_STRICT})
+    missing = sorted({r["draft_length"] for r in relaxed if r["vs_strict_decision"] == NO_STRICT},
+                     key=draft_length_order)
     decided = [r for r in relaxed if is_decided(r["vs_strict_decision"])]
     out = [f"Decisions vs strict (budget {max_drop:g}): {len(decided)} of {len(relaxed)} relaxed cells decided."]
     if missing:

@@ -98,7 +98,8 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     key_of = {c.identity: k for c, k in keyed}  # not the label: it does not name the pair
     strict_key = {k: key_of.get(c.strict.identity) for c, k in keyed if c.method not in (AR, STRICT)}
     phase_start = time.time()
-    speed = speed_constants(worker.models, cells, drafters=worker.drafters)
+    speed = speed_constants(worker.models, cells, drafters=worker.drafters,
+                            dynamic=config.draft_confidence is not None)
     summary.phases["speed constants"] = (phase_start, time.time())
     # Batch-1 timing of the speculative cells new in this run, here in the driver, with the speed constants'
     # torch threads and before any worker starts (a quiet machine, as the speed constants had).
@@ -221,7 +222,8 @@ def _store_look(store: Store, spec: CellSpec, key: str, result: dict, look: int,
     all_rows = (store.rows(key) if old else []) + result["rows"]
     metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
                            merge_engine_stats(parts),
-                           {**speed.get((spec.verifier, spec.drafter, spec.draft_length), {}), **batch1})
+                           {**speed.get((spec.verifier, spec.drafter, spec.draft_length), {}), **batch1},
+                           dynamic=config.draft_confidence is not None)
     metrics.update(engine_stats=parts, batch1=batch1, looks=config.looks, first_repeats=config.repeats, look=look,
                    run_id=run_id, sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0)
                    + result["sample_wall_s"])

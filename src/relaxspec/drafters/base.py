@@ -3,18 +3,23 @@
 The engine talks to every drafter through one small protocol, as transformers' `CandidateGenerator`:
 
     drafter.prefill(ids, mask, hidden)        the prompt, less its last token (left-padded rows)
-    drafter.propose(last, n, extra, sample)   n tokens per live row (+ `extra` rows of logits)
+    drafter.propose(last, n, extra, sample, stop=None)
+                                              n tokens per live row (+ `extra` rows of logits)
     drafter.rollback(accepted, hidden, longest)  keep `last` and the first accepted[b] drafts
     drafter.select(rows)                      rows leave the batch
 
 `sample(logits, i)` is the engine's: it draws the token at draft offset i from the engine's
 per-sequence random streams (so outputs stay batch invariant and coupled across methods) and
-returns (tokens, processed probabilities, or None when greedy). A drafter without a distribution
+returns (tokens, processed probabilities, or None when greedy). `stop(i, logits, tokens, probs)`, when
+given, is the engine's too: a drafting loop calls it after draft i (not after the last of the n) and, when
+it returns True, proposes only those i + 1 drafts (and then its `extra` rows): the engine's per-row
+early stop (draft_confidence) ends the loop once every row has stopped. A drafter without a distribution
 (prompt lookup) returns one-hot logits: 0 at its token and -inf elsewhere, so every rule sees
-q = one-hot. Hidden-state drafters name the verifier blocks they read in `hidden_layers` (e.g. (-1,):
-the last hidden state; several: their states concatenated, EAGLE-3's fused features): the engine then
-hands them those hidden states of the prompt and of every verified block. `longest` is accepted.max() when
-the caller has it on the host (the engine does: one copy per round), so a drafter needs no device sync for it.
+q = one-hot; it has no loop to stop (its confidence is 1: `stop` never applies to it). Hidden-state
+drafters name the verifier blocks they read in `hidden_layers` (e.g. (-1,): the last hidden state;
+several: their states concatenated, EAGLE-3's fused features): the engine then hands them those hidden
+states of the prompt and of every verified block. `longest` is accepted.max() when the caller has it on the
+host (the engine does: one copy per round), so a drafter needs no device sync for it.
 
 Kinds: `LMDrafter` (a causal LM sharing the verifier's vocabulary), `NgramDrafter` (prompt
 lookup), and `relaxspec.drafters.mtp.MTPDrafter` (a head on the verifier's hidden states).
@@ -67,7 +72,7 @@ class Drafter:
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         raise NotImplementedError
 
-    def propose(self, last: torch.Tensor, n: int, extra: int, sample) -> Proposal:
+    def propose(self, last: torch.Tensor, n: int, extra: int, sample, stop=None) -> Proposal:
         raise NotImplementedError
 
     def rollback(self, accepted: torch.Tensor, hidden: torch.Tensor | None = None, longest: int | None = None) -> None:
@@ -100,7 +105,7 @@ class LMDrafter(Drafter):
         self.needs_catch_up = torch.zeros_like(self.catch_up)
         self.any_catch_up = False  # whether a row needs it, known on the host (None: read needs_catch_up)
 
-    def propose(self, last, n, extra, sample) -> Proposal:
+    def propose(self, last, n, extra, sample, stop=None) -> Proposal:
         device, own = last.device, self.stream.device
         # The catch-up column is only fed when some row needs it (a masked slot for the others).
         with_catch_up = bool(self.needs_catch_up.any()) if self.any_catch_up is None else self.any_catch_up
@@ -110,7 +115,8 @@ class LMDrafter(Drafter):
         else:
             feed_ids, feed_valid = last[:, None], None
         tokens, logits_rows, probs = [], [], []
-        for i in range(n + extra):
+        i = 0
+        while i < n + extra:
             logits, _ = self.stream.feed(feed_ids.to(own), feed_valid)
             logits = logits[:, -1].to(device)
             logits_rows.append(logits)
@@ -119,6 +125,9 @@ class LMDrafter(Drafter):
                 tokens.append(token)
                 probs.append(p)
                 feed_ids, feed_valid = token[:, None], None
+                if stop is not None and i + 1 < n and stop(i, logits, token, p):
+                    n = i + 1  # every row has stopped drafting
+            i += 1
         self._fed = (1 + int(with_catch_up), n, extra)
         tokens = torch.stack(tokens, dim=1)
         self.catch_up = tokens[:, -1]
@@ -176,7 +185,7 @@ class NgramDrafter(Drafter):
                 return text[start:start + want]
         return []
 
-    def propose(self, last, n, extra, sample) -> Proposal:
+    def propose(self, last, n, extra, sample, stop=None) -> Proposal:
         self._last = last.tolist()
         rows = []
         for text, token in zip(self.texts, self._last):

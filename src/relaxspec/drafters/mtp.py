@@ -257,12 +257,13 @@ class MTPDrafter(Drafter):
         self.pending_valid = torch.ones((B, 1), dtype=torch.long, device=ids.device)
 
     @torch.inference_mode()
-    def propose(self, last, n, extra, sample) -> Proposal:
+    def propose(self, last, n, extra, sample, stop=None) -> Proposal:
         tokens_in = torch.cat([self.pending_tokens[:, :-1], last[:, None]], dim=1)
         feature = self._feed(self.pending, tokens_in, self.pending_valid)[:, -1]
         ones = torch.ones_like(last)[:, None]
         tokens, logits_rows, probs = [], [], []
-        for i in range(n + extra):
+        i = 0
+        while i < n + extra:
             if i:  # the head's own feature stands in for the verifier's
                 feature = self._feed(feature[:, None], token[:, None], ones)[:, 0]
             logits = self._logits(feature)
@@ -271,6 +272,9 @@ class MTPDrafter(Drafter):
                 token, p = sample(logits, i)
                 tokens.append(token)
                 probs.append(p)
+                if stop is not None and i + 1 < n and stop(i, logits, token, p):
+                    n = i + 1  # every row has stopped drafting
+            i += 1
         self._drafts, self._guessed = torch.stack(tokens, dim=1), n - 1 + extra
         return Proposal(self._drafts, torch.stack(logits_rows, dim=1),
                         None if probs[0] is None else torch.stack(probs, dim=1), forwards=n + extra)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from relaxspec.names import AR
+from relaxspec.names import AR, AUTO
 
 
 def _parse_value(text: str):
@@ -55,7 +55,7 @@ def _read_prompts(args) -> list[str]:
 
 # TOML keys `generate --config` reads (the bench's keys it has no use for are accepted and ignored)
 GENERATE_KEYS = ("verifier", "drafter", "method", "draft_length", "max_new_tokens", "temperature", "top_k", "top_p",
-                 "seed", "phase")
+                 "seed", "phase", "draft_confidence")
 
 
 def apply_generate_config(args, defaults: dict) -> dict:
@@ -101,6 +101,7 @@ def cmd_generate(args) -> int:
     from relaxspec.acceptance import check_sampling_args
     from relaxspec.acceptance.random import check_seed
     from relaxspec.engine import generate
+    from relaxspec.engine.generate import check_draft_confidence
     from relaxspec.engine.phase import parse_phase
     from relaxspec.models import load_model
     from relaxspec.drafters import load_drafter
@@ -112,11 +113,14 @@ def cmd_generate(args) -> int:
     if args.json and args.show:
         raise ValueError("--show marks drafts in the text output; --json prints no text to mark (use one of them)")
     check_seed(args.seed, "--seed")
-    check_positive(args, "max_new_tokens", "draft_length")
+    check_positive(args, "max_new_tokens", *(() if args.draft_length == AUTO else ("draft_length",)))
     check_sampling_args(args.temperature, args.top_k, args.top_p)
     params.update(parse_params(args.param))
     prompts = _read_prompts(args)
     parse_phase(args.phase)  # a malformed spec is an error before any model loads
+    check_draft_confidence(args.draft_confidence)
+    if args.draft_confidence is not None and args.method == AR:
+        raise ValueError("--draft-confidence: method 'ar' drafts nothing")
     verifier = load_model(args.verifier, **device_kwargs(args), compile=bool(args.compile))
     drafter = None if args.method == AR else load_drafter(args.drafter, verifier)
     pivot_fn = None
@@ -129,7 +133,8 @@ def cmd_generate(args) -> int:
         pivot_fn = load_classifier(path).pivot_fn(verifier, getattr(drafter, "lm", None), force=args.force)
     out = generate(verifier, drafter, prompts, method=args.method, draft_length=args.draft_length,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed, pivot_fn=pivot_fn, phase=args.phase, **prompt_kwargs(args),
+                   top_p=args.top_p, seed=args.seed, pivot_fn=pivot_fn, phase=args.phase,
+                   draft_confidence=args.draft_confidence, **prompt_kwargs(args),
                    **params)
     if args.json:
         print(json.dumps({"results": [{"prompt": r.prompt, "text": r.text, "token_ids": r.token_ids,
@@ -214,6 +219,9 @@ def register(subparsers) -> None:
     g.add_argument("--draft-length", type=draft_length_arg, default=5,
                    help="tokens the drafter proposes per round (N), or 'auto': 5, +2 after a fully accepted round, "
                         "-1 after any other, within [1, 10], per sequence")
+    g.add_argument("--draft-confidence", type=float, metavar="T",
+                   help="a sequence stops drafting after a draft its drafter gave probability < T (the draft is "
+                        "still proposed; transformers' assistant_confidence_threshold); never fires for ngram")
     g.add_argument("--max-new-tokens", type=int, default=128, help="generated tokens per prompt, at most")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     g.add_argument("--top-k", type=int, help="keep the k most likely tokens (default: all)")

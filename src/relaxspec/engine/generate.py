@@ -53,9 +53,8 @@ from relaxspec.models.device import inference
 from relaxspec.models.hf import CausalLM, hidden_blocks, load_model
 from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
 from relaxspec.models.stream import Stream, left_pad, model_device
-from relaxspec.names import AR
+from relaxspec.names import AR, AUTO
 
-AUTO = "auto"  # draft_length: transformers' heuristic schedule per sequence
 AUTO_START, AUTO_MAX = 5, 10  # its first draft length and its bound (it never goes below 1)
 
 
@@ -128,13 +127,22 @@ class _Book:
         if self.schedule is None and int(room.min()) >= self.N:  # every row drafts N (AR: 0)
             self.proposed = self.N
             return self.N, None
-        lengths = np.minimum(np.maximum(room, 0), self.N if self.schedule is None else self.schedule[self.live])
+        limit = self.N if self.schedule is None else self.schedule[self.live]
+        return self.drafted(np.minimum(np.maximum(room, 0), limit))
+
+    def drafted(self, lengths: np.ndarray) -> tuple[int, torch.Tensor | None]:
+        """(block width, each row's number of drafts or None when all draft that many) for rows drafting
+        `lengths` [L]: those of `draft_lengths`, or fewer after a confidence stop."""
         width = max(1, int(lengths.max()))
         if (lengths == width).all():
             self.proposed = width
             return width, None
         self.proposed = lengths
         return width, torch.from_numpy(lengths).to(self.device)
+
+    def limits(self) -> np.ndarray:
+        """Each live row's number of drafts this round, from the last `draft_lengths`."""
+        return np.broadcast_to(self.proposed, (self.live_count,)).copy()
 
     def record(self, tokens, accepted, drafts=None, relaxed_only=None) -> list[int] | None:
         """Log each live row's round (tokens [L, C]: the kept drafts, then the emitted token; accepted [L];
@@ -212,6 +220,33 @@ class _Book:
         return outputs, stats, traces
 
 
+class _ConfidenceStop:
+    """draft_confidence: a row stops drafting after a draft to which its drafter gave a probability below
+    `threshold` (under the drafter's processed q, the distribution the draft was drawn from; greedy: the
+    softmax of its logits), and that draft is still proposed: transformers' `ConfidenceCriteria`
+    (assistant_confidence_threshold), per row. The drafter's loop ends once every row has stopped; `count`
+    is each row's number of drafts (its length limit when its stop never fired). One small copy to the host
+    per draft step."""
+
+    def __init__(self, threshold: float, limits: np.ndarray):
+        self.threshold, self.count = threshold, limits
+
+    def __call__(self, i: int, logits, token, probs) -> bool:
+        q = torch.softmax(logits, dim=-1) if probs is None else probs
+        low = (q.gather(1, token[:, None]).squeeze(1) < self.threshold).cpu().numpy()
+        self.count = np.where(low & (self.count > i + 1), i + 1, self.count)
+        return bool((self.count <= i + 1).all())
+
+
+def check_draft_confidence(value) -> float | None:
+    """draft_confidence: None (off) or a probability threshold in (0, 1]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
+        raise ValueError(f"draft_confidence must be a probability in (0, 1] (or None: off), got {value!r}")
+    return float(value)
+
+
 def _sequence_seeds(seed, batch_size: int) -> list[int]:
     """One seed per sequence: derived from the call's seed and the prompt's index, or given."""
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
@@ -254,6 +289,7 @@ def generate(
     chat_template: str = "auto",
     system: str | None = None,
     phase=None,
+    draft_confidence: float | None = None,
     **rule_params,
 ) -> GenerationOutput:
     """Generate from `verifier` with `drafter` proposing `draft_length` tokens per round under
@@ -262,7 +298,10 @@ def generate(
     draft_length "auto": each sequence drafts 5 tokens, then 2 more after a round that accepted all of
     them and 1 fewer after any other, within [1, 10] (transformers' heuristic schedule; its own history
     only, so outputs stay batch invariant). Near `max_new_tokens` a sequence drafts at most its room
-    minus one.
+    minus one. draft_confidence t: a sequence also stops drafting after a draft its drafter gave a
+    probability below t (that draft is still proposed; transformers' assistant_confidence_threshold);
+    with "auto" the schedule counts the drafts actually proposed. A one-hot drafter (prompt lookup) has
+    confidence 1: the stop never fires for it.
     `drafter`: any Drafter (relaxspec.drafters: LM, MTP head, prompt lookup), a CausalLM (an
     LM drafter) or a drafter name for `load_drafter`.
 
@@ -275,6 +314,7 @@ def generate(
     phase: relax only inside a span of the response, strict outside (relaxspec.engine.phase: "think", a
     "BEGIN..END" spec, a (begin, end) pair of token strings / ids, or a Phase); None relaxes everywhere."""
     check_sampling_args(temperature, top_k, top_p)
+    draft_confidence = check_draft_confidence(draft_confidence)
     if isinstance(verifier, (str, os.PathLike)):  # a name or a path, as the drafter argument accepts
         verifier = load_model(verifier)
     phase = parse_phase(phase)
@@ -302,6 +342,8 @@ def generate(
         raise ValueError(f"method 'ar' takes no rule parameters, got {sorted(rule_params)}")
     elif pivot_fn is not None:
         raise ValueError("method 'ar' takes no pivot_fn")
+    elif draft_confidence is not None:
+        raise ValueError("method 'ar' drafts nothing: it takes no draft_confidence")
 
     hidden_layer = _hidden_layer(verifier, drafter, pivot_fn) if rule is not None else None
     device = model_device(verifier)
@@ -353,9 +395,12 @@ def generate(
             tokens, accepted, results = token[:, None], torch.zeros_like(token), None
         else:
             t0 = time.perf_counter()
+            stop = None if draft_confidence is None else _ConfidenceStop(draft_confidence, book.limits())
             proposal = drafter.propose(last, width, extra, lambda logits, i: _sample(
-                logits, **sampling, draws=draws, purpose=DRAFT, offset=i))
+                logits, **sampling, draws=draws, purpose=DRAFT, offset=i), stop=stop)
             draft_tokens, draft_logits = proposal.tokens, proposal.logits
+            if stop is not None:  # rows that stopped early draft fewer (the block may be narrower)
+                width, num_drafts = book.drafted(stop.count)
             stats.drafter_forwards += proposal.forwards
             t1 = time.perf_counter()
             stats.time_draft_s += t1 - t0

@@ -219,10 +219,11 @@ def speed_ratio(store, a: dict, b: dict, c_rel: float | None, confidence: float)
     """S(a) / S(b): the ratio of two speculative cells' length-adjusted modelled speed-ups on the same task and
     seed, paired by (prompt, repeat). AR's tokens cancel, so it is mean(rounds_b * cost_b) / mean(rounds_a *
     cost_a), cost = 1 + (N + extra) c_rel (Leviathan's model at the column's c_rel: the given one, or each
-    cell's measured one), with Fieller's interval clustered by prompt (bench.stats.ratio_interval)."""
+    cell's measured one; N: the drafts per round the cell's model used, its mean for N=auto), with Fieller's
+    interval clustered by prompt (bench.stats.ratio_interval)."""
     def costs(r):
         c = r["c_rel_measured"] if c_rel is None else c_rel
-        per_round = 1 + (r["draft_length"] + r["extra_draft_passes"]) * c
+        per_round = 1 + (r["model_draft_length"] + r["extra_draft_passes"]) * c
         return {(x.prompt_index, x.repeat): rounds(x) * per_round for x in store.rows(r["key"])}
     ca, cb = costs(a), costs(b)
     keys = sorted(set(ca) & set(cb))

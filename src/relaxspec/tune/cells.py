@@ -17,6 +17,7 @@ from relaxspec.bench.metrics import cell_metrics, merge_engine_stats
 from relaxspec.bench.names import AR
 from relaxspec.bench.store import Row, Store, cell_key, token_hash
 from relaxspec.bench.versions import code_version, model_version
+from relaxspec.tune.objective import priced_round
 from relaxspec.tune.space import Config
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ class Cells:
         batch1 = self._batch1(spec, old, bench)
         all_rows = self.store.rows(key) + rows
         metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
-                               merge_engine_stats(parts), {**self.speed(spec), **batch1})
+                               merge_engine_stats(parts), {**self.speed(spec), **batch1}, dynamic=self.dynamic)
         metrics.update(engine_stats=parts, batch1=batch1, run_id=self.run_id, tune=True,
                        sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0) + wall)
         self.store.put(key, cell_conf, metrics, rows)
@@ -181,14 +182,27 @@ class Cells:
         if key not in self._speed:  # every N of the search (and this one) in one interleaved measurement
             lengths = dict.fromkeys([*self.config.draft_lengths, spec.draft_length])
             self._speed.update(speed_constants(self.grid.models, [replace(spec, draft_length=n) for n in lengths],
-                                               drafters=self.grid.drafters))
+                                               drafters=self.grid.drafters, dynamic=self.dynamic))
         return self._speed[key]
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether every configuration's drafts per round vary (a confidence stop), not only N "auto"'s."""
+        return self.config.draft_confidence is not None
 
     def speed_constants(self, config: Config) -> tuple[float, float]:
         """(c_rel, c_block) of the configuration's N: the given ones, or measured for the pair."""
         measured = self.speed(self.spec(config))
         return (self.config.c_rel or measured["c_rel_measured"],
                 self.config.c_block or measured["c_block_measured"])
+
+    def priced_round(self, config: Config, heldout: bool) -> tuple[float, float, float]:
+        """(drafts, c_rel, c_block) the speed objectives price a round of the configuration at (objective.priced_round:
+        N, or the cell's mean drafts per round when they vary); a given c_block wins."""
+        c_rel, c_block = self.speed_constants(config)
+        cell = self.store.get(self.key(self.spec(config), heldout)[0])
+        n, model_c_block = priced_round(config.draft_length, cell.metrics if cell else {}, c_block, self.dynamic)
+        return n, c_rel, self.config.c_block or model_c_block
 
     def used(self, wanted: list) -> tuple[int, int]:
         """(samples, generated tokens) of the stored rows [(spec, heldout, jobs)] names (each cell's rows among

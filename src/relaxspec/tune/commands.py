@@ -28,6 +28,7 @@ def _positive_or_measured(text: str):
 
 def register(subparsers) -> None:
     from relaxspec.bench.commands import csv_list
+    from relaxspec.engine.commands import draft_length_arg
     from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
     from relaxspec.tune.objective import OBJECTIVES
     from relaxspec.tune.run import (DEFAULT_BUDGET_MINUTES, DEFAULT_HELDOUT_PROMPTS, DEFAULT_HELDOUT_REPEATS,
@@ -53,7 +54,11 @@ def register(subparsers) -> None:
                    help="verifier (N+1)-token block / one-token step cost (default: measured; 1 = Leviathan)")
     t.add_argument("--methods", type=csv_list(str),
                    help="rules to search (NAME: its range; NAME:PARAM=V1/V2: those points); default: all")
-    t.add_argument("--draft-lengths", type=csv_list(int), help="N values (default 2..10)")
+    t.add_argument("--draft-lengths", type=csv_list(draft_length_arg),
+                   help="N values (default 2..10 and auto: the engine's per-sequence +2/-1 schedule)")
+    t.add_argument("--draft-confidence", type=float, metavar="T",
+                   help="every configuration: a sequence stops drafting after a draft its drafter gave "
+                        "probability < T (generate --draft-confidence)")
     t.add_argument("--budget-minutes", type=float, default=DEFAULT_BUDGET_MINUTES,
                    help=f"wall time of the search; later rungs start only if they fit (default "
                         f"{DEFAULT_BUDGET_MINUTES:g}); the confirmation runs after it")
@@ -105,7 +110,7 @@ def cmd_tune(args) -> int:
                         heldout_prompts=args.heldout_prompts, heldout_repeats=args.heldout_repeats, seed=args.seed,
                         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_new_tokens=args.max_new_tokens, pad_classifier=args.pad_classifier, out=str(args.out),
-                        compile=bool(args.compile), phase=args.phase)
+                        compile=bool(args.compile), phase=args.phase, draft_confidence=args.draft_confidence)
     for flag, name in (("draft_lengths", "draft_lengths"), ("rungs", "sizes"), ("caps", "caps")):
         if getattr(args, flag) is not None:
             setattr(config, name, tuple(getattr(args, flag)) if name != "draft_lengths" else getattr(args, flag))

@@ -17,15 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relaxspec.bench.config import extra_draft_passes, parse_method
-from relaxspec.bench.names import AR, STRICT
+from relaxspec.bench.names import AR, STRICT, draft_length_order
 from relaxspec.bench.stats import Interval, paired_diff_interval
 from relaxspec.bench.store import Store
-from relaxspec.tune.objective import speed_interval
+from relaxspec.tune.objective import priced_round, speed_interval
 from relaxspec.tune.report import TOML_NAME
 from relaxspec.tune.space import Config, make_config
 
 CONFIDENCE = 0.95
-SETTINGS = ("verifier", "drafter", "task", "seed", "temperature", "top_k", "top_p", "max_new_tokens", "phase")
+SETTINGS = ("verifier", "drafter", "task", "seed", "temperature", "top_k", "top_p", "max_new_tokens", "phase",
+            "draft_confidence")
 
 
 @dataclass
@@ -98,6 +99,7 @@ def score(cells: list[StoreCell], constants: dict[int, tuple[float, float]]) -> 
         if strict is None or n not in constants:
             continue  # no reference or no speed constants: cannot be judged
         c_rel, c_block = constants[n]
+        n, c_block = priced_round(n, cell.metrics, c_block, cell.settings.get("draft_confidence") is not None)
         speed = speed_interval("length-adjusted", cell.rows, ar_rows, n, extra_draft_passes(config.method), c_rel,
                                c_block, CONFIDENCE)
         if config.is_strict:
@@ -162,8 +164,9 @@ def measure_constants(settings: dict, lengths) -> dict[int, tuple[float, float]]
     torch.set_num_threads(1)
     v, d = settings["verifier"], settings["drafter"]
     verifier = load_model(v)
-    got = measure({v: verifier}, [CellSpec(v, d, settings["task"], STRICT, {}, n, 0) for n in sorted(lengths)],
-                  drafters={(v, d): load_drafter(d, verifier)})  # a drafter of any kind, as the bench loads it
+    specs = [CellSpec(v, d, settings["task"], STRICT, {}, n, 0) for n in sorted(lengths, key=draft_length_order)]
+    got = measure({v: verifier}, specs, drafters={(v, d): load_drafter(d, verifier)},  # any kind, as the bench's
+                  dynamic=settings.get("draft_confidence") is not None)
     return {n: (m["c_rel_measured"], m["c_block_measured"]) for (_, _, n), m in got.items()}
 
 
@@ -193,7 +196,7 @@ def compare(grid_dir: str | Path, tune_dir: str | Path, max_drop: float = 0.02, 
     else:
         measured = stored_constants(search if constants == "tune" else grid)
     table = {}
-    for n in sorted(lengths):
+    for n in sorted(lengths, key=draft_length_order):
         got = measured.get(n)
         rel = c_rel if c_rel is not None else (got[0] if got else None)
         block = c_block if c_block is not None else (got[1] if got else None)

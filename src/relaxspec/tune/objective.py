@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from relaxspec.bench.names import AUTO
 from relaxspec.bench.speedup import rounds
 from relaxspec.bench.stats import Interval, cluster_of, ratio_interval
 
@@ -25,6 +26,15 @@ OBJECTIVES = ("length-adjusted", "modelled", "measured-bs1")
 def round_cost(draft_length: int, extra: int, c_rel: float, c_block: float) -> float:
     """Verifier one-token steps a speculative round costs: (N + extra) drafter steps and one verify block."""
     return (draft_length + extra) * c_rel + c_block
+
+
+def priced_round(draft_length, metrics: dict, c_block: float, dynamic: bool = False) -> tuple[float, float]:
+    """(drafts, c_block) a configuration's round is priced at: N and the given c_block; for N "auto" (or `dynamic`:
+    a confidence stop), whose drafts per round vary, its cell's measured mean drafts per round and c_block
+    interpolated at that width (the bench's model_draft_length and model_c_block, bench.metrics.cell_metrics)."""
+    if draft_length != AUTO and not dynamic:
+        return draft_length, c_block
+    return metrics["model_draft_length"], metrics["model_c_block"]
 
 
 def speed_interval(objective: str, rows: dict, ar_rows: dict | None, draft_length: int, extra: int, c_rel: float,

@@ -96,7 +96,7 @@ def toml_text(result) -> str:
               "method": choice.method_spec,
               "draft_length": choice.draft_length, "temperature": cfg.temperature, "top_k": cfg.top_k,
               "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
-              "phase": phase_for(cfg.phase, cfg.task)}
+              "phase": phase_for(cfg.phase, cfg.task), "draft_confidence": cfg.draft_confidence}
     for k, v in values.items():
         if v is not None:
             out.append(f"{k} = {_toml_value(v)}")

@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from relaxspec.acceptance.random import check_seed
-from relaxspec.bench.config import BenchConfig, extra_draft_passes
+from relaxspec.bench.config import BenchConfig, check_draft_confidence_setting, extra_draft_passes
 from relaxspec.bench.stats import Interval, paired_diff_interval
 from relaxspec.bench.sampling import TUNE_HELDOUT_PROMPTS
 from relaxspec.tune.cells import Cells
@@ -46,7 +46,8 @@ class TuneConfig:
     c_rel: float | None = None  # None: measured for the pair
     c_block: float | None = None  # None: measured for the pair at each N
     methods: list[str] | None = None  # None: every rule (PAD when a classifier fits the pair)
-    draft_lengths: list[int] = field(default_factory=lambda: list(DEFAULT_DRAFT_LENGTHS))
+    draft_lengths: list[int | str] = field(default_factory=lambda: list(DEFAULT_DRAFT_LENGTHS))  # "auto" among them
+    draft_confidence: float | None = None  # every configuration: the engine's confidence stop (None: off)
     budget_minutes: float = DEFAULT_BUDGET_MINUTES  # the search's wall time; the confirmation runs after it
     search_prompts: int = DEFAULT_SEARCH_PROMPTS
     heldout_prompts: int = DEFAULT_HELDOUT_PROMPTS
@@ -86,6 +87,7 @@ class TuneConfig:
         validate_schedule(self.sizes, self.caps)
         from relaxspec.bench.phase import check_phase_setting
         check_phase_setting(self.phase, [self.task])
+        check_draft_confidence_setting(self.draft_confidence, "tune")
 
     def bench_config(self, limit: int) -> BenchConfig:
         """The bench settings of tune's cells (`limit`: the prompts the cells draw from)."""
@@ -94,7 +96,7 @@ class TuneConfig:
                            tasks=[self.task], seeds=[self.seed], limit=limit, temperature=self.temperature,
                            top_k=self.top_k, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
                            speed_prompts=self.speed_prompts, pad_classifier=self.pad_classifier, out=str(self.out),
-                           compile=self.compile, phase=self.phase)
+                           compile=self.compile, phase=self.phase, draft_confidence=self.draft_confidence)
 
 
 def search_jobs(n: int, prompts: int) -> list[tuple[int, int]]:
@@ -121,7 +123,7 @@ class CellArm:
         self.strict_rows = {k: v for k, v in self.strict_rows.items() if k in wanted}
         if self.ar_rows is not None:
             self.ar_rows = {k: v for k, v in self.ar_rows.items() if k in wanted}
-        self.c_rel, self.c_block = cells.speed_constants(config)
+        self.draft_length, self.c_rel, self.c_block = cells.priced_round(config, heldout)
         self.extra = extra_draft_passes(config.method)
         self.objective = tc.objective
         self.batch1 = cells.batch1_speedup(cells.spec(config), heldout) if tc.objective == "measured-bs1" else None
@@ -133,7 +135,7 @@ class CellArm:
                                     {k: r.utility for k, r in self.strict_rows.items()}, confidence)
 
     def speed(self, confidence: float) -> Interval:
-        return speed_interval(self.objective, self.rows, self.ar_rows, self.config.draft_length, self.extra,
+        return speed_interval(self.objective, self.rows, self.ar_rows, self.draft_length, self.extra,
                               self.c_rel, self.c_block, confidence, self.batch1)
 
     def identical(self) -> float:

@@ -1,5 +1,5 @@
 """The search space of `relaxspec tune`: strict at each draft length N, and every other rule over a range of
-strengths at each N.
+strengths at each N (N: 2..10 and "auto", the engine's per-sequence +2/-1 schedule).
 
 A rule's strengths are its paper grid plus the point between each two neighbours: the geometric mean when the
 grid is positive and spans a factor of 10 or more (e.g. CACTUS delta 0.1 .. 10, log-spaced), the arithmetic
@@ -13,9 +13,9 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from relaxspec.bench.names import AR, STRICT, method_label
+from relaxspec.bench.names import AR, AUTO, STRICT, method_label
 
-DEFAULT_DRAFT_LENGTHS = tuple(range(2, 11))
+DEFAULT_DRAFT_LENGTHS = (*range(2, 11), AUTO)
 PAD_THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
@@ -24,7 +24,7 @@ class Config:
     """One point of the search space: a rule, its parameters (sorted items) and the draft length N."""
     method: str
     params: tuple = field(default=())
-    draft_length: int = 0
+    draft_length: int | str = 0  # "auto": the engine's schedule
 
     @property
     def params_dict(self) -> dict:
@@ -52,7 +52,8 @@ class Config:
 
 
 def make_config(method: str, params: dict, draft_length: int) -> Config:
-    return Config(method, tuple(sorted((k, float(v)) for k, v in params.items())), int(draft_length))
+    return Config(method, tuple(sorted((k, float(v)) for k, v in params.items())),
+                  draft_length if draft_length == AUTO else int(draft_length))
 
 
 def _round(x: float) -> float:
@@ -100,8 +101,8 @@ def search_space(methods: list[str] | None, draft_lengths=DEFAULT_DRAFT_LENGTHS,
     if not draft_lengths:
         raise ValueError("tune: draft lengths must not be empty")
     for n in draft_lengths:
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"tune: draft lengths must be integers >= 1, got {n!r}")
+        if n != AUTO and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"tune: draft lengths must be integers >= 1 or {AUTO!r}, got {n!r}")
     points: list[tuple[str, dict]] = []
     for item in (default_rules(with_classifier) if methods is None else methods):
         name = item.split(":", 1)[0].strip()
