@@ -33,7 +33,7 @@ def first_layers(lm: CausalLM, layers: int) -> CausalLM:
     config = copy.deepcopy(lm.model.config)
     config.num_hidden_layers = layers
     small = type(lm.model)(config).to(lm.dtype).eval()
-    small.load_state_dict(lm.model.state_dict(), strict=False)
+    small.load_state_dict(lm.state_dict(), strict=False)
     small.to(lm.device)
     return CausalLM(f"{lm.name}[:{layers}]", small, lm.tokenizer, FastLlama(small) if lm.fast else None)
 

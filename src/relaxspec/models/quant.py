@@ -114,6 +114,18 @@ class Linear:
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return y if residual is None else y.add_(residual)
 
+    def dense(self) -> torch.Tensor:
+        """The float32 weight [out, in] this layer multiplies by: exact in float32 and bfloat16; in int4 the
+        dequantized weight as the kernel sees it (each value rounded to bfloat16, read off an identity block)."""
+        if self.t is not None:
+            return self.t.t().float().contiguous()
+        if self.w is not None:
+            return self.w.float()
+        if self.format == "float32":
+            return self.packed.to_dense()  # oneDNN's blocked layout back to [out, in]: a permutation, exact
+        eye = torch.eye(self.shape[1], dtype=torch.bfloat16, device=self.packed.device)
+        return torch.cat([self(eye[i:i + 256]).t() for i in range(0, self.shape[1], 256)], dim=1).contiguous()
+
     @property
     def nbytes(self) -> int:
         """Bytes this weight keeps resident."""
