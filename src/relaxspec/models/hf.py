@@ -96,6 +96,16 @@ class CausalLM:
             state.update({name: dense[name] for name in released if name in dense})
         return state
 
+    def restore_weights(self) -> "CausalLM":
+        """Put the weights FastLlama holds back into the transformers model (a second resident copy, in float32),
+        for code that runs the transformers model itself (e.g. its `generate`); relaxspec does not need it."""
+        released = {name for name, t in self.model.state_dict().items() if t.numel() == 0}
+        for name, weight in self.state_dict().items():
+            if name in released:
+                module, _, attr = name.rpartition(".")
+                setattr(self.model.get_submodule(module), attr, torch.nn.Parameter(weight, requires_grad=False))
+        return self
+
     def new_cache(self):
         if self.fast is not None:
             return self.fast.new_cache()
