@@ -41,8 +41,10 @@ def test_int4_codes_and_kernel_match_the_dequantized_weight():
     y = Linear(w, "int4")(x)
     ref = x.bfloat16().float() @ deq.t()
     assert y.shape == (7, 50) and y.dtype == torch.float32
-    # the kernel's output is bfloat16: within 2^-8 of the product, plus accumulation in float32
-    assert torch.allclose(y, ref, rtol=2 ** -8, atol=1e-3), (y - ref).abs().max()
+    # aten's kernel rounds its output to bfloat16, the block kernel (models/int4_block.py) each dequantized weight:
+    # 2^-9 relative either way, so within 2^-8 of sum |x| |w| (plus float32 accumulation)
+    bound = 2 ** -8 * (x.bfloat16().float().abs() @ deq.abs().t()) + 1e-4
+    assert ((y - ref).abs() <= bound).all(), ((y - ref).abs() / bound).max()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -132,7 +134,8 @@ def test_released_weights_read_back_from_fastllama(fmt):
     model = tiny_llama(hidden=256)  # gate_up 1024 x 256 reaches oneDNN's cut, the other linears stay on sgemm
     want = {k: v.clone() for k, v in model.state_dict().items()}
     lm = CausalLM("m", model, None, FastLlama(model, fmt))
-    assert isinstance(lm.fast.layers[0][4].packed, torch.Tensor) == (fmt != "bfloat16")
+    if fmt == "float32":
+        assert lm.fast.layers[0][4].packed.is_mkldnn and lm.fast.layers[0][5].t is not None
     FastLlama.release_weights(model)
     assert model.model.layers[1].self_attn.q_proj.weight.numel() == 0
     got = lm.state_dict()
