@@ -9,7 +9,9 @@ LM head) are stored once, in that format, and multiplied by a stock kernel:
 * int4: 4-bit codes per weight with a bfloat16 scale and zero per group of `GROUP_SIZE` inputs
   (w = (q - 8) * scale + zero), `aten._weight_int4pack_mm_for_cpu` on the activations rounded to bfloat16.
   The kernel needs `in_features % GROUP_SIZE == 0` (`int4_problem`); the output rows are padded with zero
-  rows to a multiple of 16 (its packing), and the padding is sliced off.
+  rows to a multiple of 16 (its packing), and the padding is sliced off. Opt-in (RELAXSPEC_INT4_KERNEL=block):
+  `models/int4_block.py`, which dequantizes each group once per block of up to 10 rows (cheaper 6-10 row
+  blocks, no cheaper single rows), in its own layout of the same codes, scales and zeros (still one copy).
 
 What stays float32 in every format: the activations between layers and the residual stream, norms and their
 weights, RoPE, attention (softmax, KV cache), the embedding table, and the logits (always float32 before any
