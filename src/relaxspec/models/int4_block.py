@@ -34,11 +34,6 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <cstring>
-
-static inline float bf16_bits_to_float(uint32_t bits16) {
-  uint32_t t = bits16 << 16; float f; std::memcpy(&f, &t, 4); return f;
-}
 
 // Output tile of OT rows of W, M rows of x: y[m, o] = sum over groups of dot(bf16(q * s + z'), x_bf16[m]).
 template <int M, int OT>
@@ -69,53 +64,14 @@ static void tile(const uint16_t* x, int64_t in, const uint8_t* codes, const int3
     for (int m = 0; m < M; ++m) y[m * out + o + t] = _mm512_reduce_add_ps(acc[t][m]);
 }
 
-// Same numbers as `tile` (each weight bf16(q * s + z'), the same dot products in the same order), dequantized
-// through a 16-entry bfloat16 table per group (vpermw) instead of converting every code to float.
-template <int M, int OT>
-static void tile_lut(const uint16_t* x, int64_t in, const uint8_t* codes, const int32_t* sz, float* y,
-                     int64_t out, int64_t o) {
-  const int64_t G = in / 32;
-  const __m256i low4 = _mm256_set1_epi16(0xF);
-  const __m512 q16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512 acc[OT][M];
-  for (int t = 0; t < OT; ++t)
-    for (int m = 0; m < M; ++m) acc[t][m] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    __m512bh w[OT];
-    for (int t = 0; t < OT; ++t) {
-      const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(codes + (o + t) * (in / 2) + 16 * g)));
-      const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, low4)),
-                                             _mm256_srli_epi16(b, 4), 1);
-      const uint32_t p = (uint32_t)sz[(o + t) * G + g];
-      const float scale = bf16_bits_to_float(p >> 16), zero = bf16_bits_to_float(p & 0xFFFF);
-      const __m512 table = _mm512_fmadd_ps(q16, _mm512_set1_ps(scale), _mm512_set1_ps(zero - 8.0f * scale));
-      const __m512i lut = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(table));
-      w[t] = (__m512bh)_mm512_permutexvar_epi16(idx, lut);
-    }
-    for (int m = 0; m < M; ++m) {
-      const __m512bh xm = (__m512bh)_mm512_loadu_si512((const void*)(x + m * in + 32 * g));
-      for (int t = 0; t < OT; ++t) acc[t][m] = _mm512_dpbf16_ps(acc[t][m], w[t], xm);
-    }
-  }
-  for (int t = 0; t < OT; ++t)
-    for (int m = 0; m < M; ++m) y[m * out + o + t] = _mm512_reduce_add_ps(acc[t][m]);
-}
-
-static bool use_lut = true;
-void set_lut(bool on) { use_lut = on; }
-
 template <int M>
 static void run(const uint16_t* x, int64_t in, const uint8_t* codes, const int32_t* sz, float* y, int64_t out) {
   constexpr int OT = M <= 4 ? 4 : 2;
   const int64_t tiles = out / OT;
   at::parallel_for(0, tiles, 8, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      if (use_lut) tile_lut<M, OT>(x, in, codes, sz, y, out, i * OT); else tile<M, OT>(x, in, codes, sz, y, out, i * OT);
-    }
+    for (int64_t i = b; i < e; ++i) tile<M, OT>(x, in, codes, sz, y, out, i * OT);
   });
-  for (int64_t o = tiles * OT; o < out; ++o) {
-    if (use_lut) tile_lut<M, 1>(x, in, codes, sz, y, out, o); else tile<M, 1>(x, in, codes, sz, y, out, o);
-  }
+  for (int64_t o = tiles * OT; o < out; ++o) tile<M, 1>(x, in, codes, sz, y, out, o);
 }
 
 torch::Tensor int4_block_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor sz) {
@@ -166,7 +122,7 @@ def kernel():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        return load_inline(name="relaxspec_int4_block_v4", cpp_sources=[_SOURCE], functions=["int4_block_mm", "set_lut"],
+        return load_inline(name="relaxspec_int4_block_v5", cpp_sources=[_SOURCE], functions=["int4_block_mm"],
                            extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16",
                                          "-mfma"], verbose=False)
     except Exception as error:  # no compiler, no ninja, a failed build: the aten kernel serves
