@@ -15,7 +15,7 @@ tokens. "x own AR" divides by relaxspec AR in the same format, "x llama.cpp AR" 
 c_block are the bench's interleaved speed constants (`bench.cell.speed_constants`) in each format, c_block
 also at 4, 6 and 9 tokens; modelled = tau / (c_block + N c_rel) (bench/speedup.py). Greedy divergences:
 strict's tokens against AR's in the same format, with the top-2 logit gap of AR's verifier at the first
-differing position (a near-tie when below the format's rounding). Peak RSS: each format loaded and run in a
+differing position (a near-tie when below the format's rounding). Peak RSS: each format loaded and run AR in a
 fresh process (VmHWM), llama.cpp likewise. Every configuration runs once untimed first (4 tokens: llama.cpp
 loads its model then).
 """
@@ -194,13 +194,16 @@ def greedy_divergences(verifiers, configs, tokens, encoded) -> dict:
     return out
 
 
-def peak_rss_mb(model: str, fmt: str, drafter: str) -> tuple[float, float]:
-    """(peak RSS, RSS after the run) in MB of a fresh process that loads `model` in `fmt` with `drafter` and
-    generates 16 tokens (the peak includes loading: transformers dequantizes a GGUF to float32 first)."""
+def peak_rss_mb(model: str, fmt: str, drafter: str | None = None) -> tuple[float, float]:
+    """(peak RSS, RSS after the run) in MB of a fresh process that loads `model` in `fmt` and generates 16 tokens,
+    AR (as llama.cpp's process does), or strict with `drafter` when given (the peak includes loading:
+    transformers dequantizes a GGUF to float32 first)."""
+    run = ("d = load_drafter({drafter!r}, v); generate(v, d, ['Hello'], method='strict', draft_length=3, "
+           "max_new_tokens=16); ").format(drafter=drafter) if drafter else \
+        "generate(v, None, ['Hello'], method='ar', max_new_tokens=16); "
     code = ("import torch; from relaxspec.models import load_model; "
             "from relaxspec.drafters import load_drafter; from relaxspec.engine import generate; "
-            f"v = load_model({model!r}, device='cpu', dtype={fmt!r}); d = load_drafter({drafter!r}, v); "
-            "generate(v, d, ['Hello'], method='strict', draft_length=3, max_new_tokens=16); " + _PRINT_RSS)
+            f"v = load_model({model!r}, device='cpu', dtype={fmt!r}); " + run + _PRINT_RSS)
     if fmt == "gguf":
         directory, file = split_gguf(model)
         code = ("import llama_cpp; "
@@ -262,7 +265,7 @@ def report(result: dict, rss: dict) -> str:
         notes.append(f"greedy, {fmt}: {len(found)} of {runs} strict runs differ from AR"
                      + (f" (top-2 logit gaps at the first difference: {gaps})" if found else ""))
     if rss:
-        notes.append("RSS (MB, a fresh process loading the model and drafter, generating 16 tokens; peak / after): "
+        notes.append("RSS (MB, a fresh process loading the model, generating 16 tokens AR; peak / after): "
                      + ", ".join(f"{k} {peak:.0f} / {now:.0f}" for k, (peak, now) in rss.items()))
     if not result["llamacpp"]:
         notes.append("llama.cpp: not run (--no-llamacpp or --quick, the model is not a GGUF file, or "
@@ -295,9 +298,9 @@ def main(argv=None) -> None:
     result = measure(args.model, args.drafter, args.formats, chat.HELDOUT[:args.prompts], threads=args.threads,
                      draft_lengths=args.draft_lengths, max_new_tokens=args.max_new_tokens,
                      with_llamacpp=with_llamacpp, rounds=args.rounds, progress=not args.no_progress)
-    rss = {} if args.no_rss else {fmt: peak_rss_mb(args.model, fmt, args.drafter) for fmt in args.formats}
+    rss = {} if args.no_rss else {fmt: peak_rss_mb(args.model, fmt) for fmt in args.formats}
     if rss and with_llamacpp:
-        rss["llama.cpp"] = peak_rss_mb(args.model, "gguf", args.drafter)
+        rss["llama.cpp"] = peak_rss_mb(args.model, "gguf")
     print(f"model {args.model}, drafter {args.drafter}, {args.prompts} held-out chat prompts, "
           f"max {args.max_new_tokens} new tokens, greedy, batch 1; this process's peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")

@@ -38,6 +38,7 @@ def test_peak_rss_is_the_fresh_process_own_memory():
     cpu_peer = sys.modules["cpu_peer"] = importlib.util.module_from_spec(spec)  # (dataclasses look it up there)
     spec.loader.exec_module(cpu_peer)
     ballast = torch.ones(400_000_000)  # 1.6 GB resident in this process
-    peak, after = cpu_peer.peak_rss_mb("verifier", "float32", "drafter-weak")
+    for args in (("verifier", "float32", "drafter-weak"), ("verifier", "int4")):  # strict, AR
+        peak, after = cpu_peer.peak_rss_mb(*args)
+        assert 100 < after <= peak < 1200, (args, peak, after)  # torch + transformers + a tiny model, no ballast
     assert float(ballast[-1]) == 1.0
-    assert 100 < after <= peak < 1200, (peak, after)  # torch + transformers + a tiny model: well under the ballast

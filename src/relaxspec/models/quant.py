@@ -9,9 +9,10 @@ LM head) are stored once, in that format, and multiplied by a stock kernel:
 * int4: 4-bit codes per weight with a bfloat16 scale and zero per group of `GROUP_SIZE` inputs
   (w = (q - 8) * scale + zero), `aten._weight_int4pack_mm_for_cpu` on the activations rounded to bfloat16.
   The kernel needs `in_features % GROUP_SIZE == 0` (`int4_problem`); the output rows are padded with zero
-  rows to a multiple of 16 (its packing), and the padding is sliced off. Opt-in (RELAXSPEC_INT4_KERNEL=block):
-  `models/int4_block.py`, which dequantizes each group once per block of up to 10 rows (cheaper 6-10 row
-  blocks, no cheaper single rows), in its own layout of the same codes, scales and zeros (still one copy).
+  rows to a multiple of 16 (its packing), and the padding is sliced off. By default, where it can be built
+  (AVX-512 BF16, a C++ compiler), `models/int4_block.py` instead: each group dequantized once per block of up
+  to 10 rows, in its own layout of the same codes, scales and zeros (one copy); RELAXSPEC_INT4_KERNEL=aten
+  keeps aten's.
 
 What stays float32 in every format: the activations between layers and the residual stream, norms and their
 weights, RoPE, attention (softmax, KV cache), the embedding table, and the logits (always float32 before any
@@ -83,9 +84,9 @@ class Linear:
     def __init__(self, weight: torch.Tensor, fmt: str = "float32", group_size: int = GROUP_SIZE,
                  transposed: bool = False, int4_impl: str = "auto"):
         """`transposed`: keep W^T as a plain tensor (`t`) in a float format, for a caller that multiplies it
-        itself (the compiled step: inductor picks the kernel). `int4_impl`: the int4 kernel, "aten" or "block"
-        (models/int4_block.py: cheaper blocks of 6-10 rows, dearer single rows, so not the default; where it
-        cannot be built, aten with one warning line); "auto": the environment's RELAXSPEC_INT4_KERNEL, else aten."""
+        itself (the compiled step: inductor picks the kernel). `int4_impl`: the int4 kernel, "block"
+        (models/int4_block.py; where it cannot be built, aten with one warning line) or "aten"; "auto": the
+        environment's RELAXSPEC_INT4_KERNEL if set, else block (groups of 32)."""
         weight = weight.detach()
         self.format, self.shape, self.group_size = fmt, tuple(weight.shape), group_size
         self.packed = self.t = self.w = self.scale_zero = self.block = None
@@ -97,7 +98,7 @@ class Linear:
             if problem:
                 raise ValueError(f"cannot store a weight {list(weight.shape)} as int4: {problem}")
             if int4_impl == "auto":
-                int4_impl = os.environ.get("RELAXSPEC_INT4_KERNEL", "aten")
+                int4_impl = os.environ.get("RELAXSPEC_INT4_KERNEL", "block")
             if int4_impl == "block" and group_size == int4_block.GROUP and int4_block.kernel() is not None:
                 self.block = int4_block.pack(*quantize_int4(weight, group_size))
                 return
