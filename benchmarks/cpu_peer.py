@@ -15,8 +15,9 @@ tokens. "x own AR" divides by relaxspec AR in the same format, "x llama.cpp AR" 
 c_block are the bench's interleaved speed constants (`bench.cell.speed_constants`) in each format, c_block
 also at 4, 6 and 9 tokens; modelled = tau / (c_block + N c_rel) (bench/speedup.py). Greedy divergences:
 strict's tokens against AR's in the same format, with the top-2 logit gap of AR's verifier at the first
-differing position (a near-tie when below the format's rounding). Peak RSS: each format loaded and run in a
-fresh process (ru_maxrss), llama.cpp likewise.
+differing position (a near-tie when below the format's rounding). Peak RSS: each format loaded and run AR in a
+fresh process (VmHWM), llama.cpp likewise. Every configuration runs once untimed first (4 tokens: llama.cpp
+loads its model then).
 """
 
 from __future__ import annotations
@@ -142,24 +143,28 @@ def measure(model: str, drafter: str, formats, prompts, *, threads=(1, 2), draft
     for th in threads:
         torch.set_num_threads(th)
         constants[th] = speed_table(verifiers, drafters, drafter, list(draft_lengths), rounds)
+    def run(cfg: Config, i: int, new_tokens: int):
+        torch.set_num_threads(cfg.threads)
+        if cfg.system == LLAMACPP:
+            return llama.run(cfg, encoded[i], new_tokens), None
+        res = generate(verifiers[cfg.fmt], drafters[cfg.fmt].get(cfg.drafter), [prompts[i]], method=cfg.method,
+                       draft_length=max(cfg.n, 1), max_new_tokens=new_tokens, chat_template="auto")
+        return res.results[0].token_ids, res.stats
+
+    for cfg in configs:  # warm-up, untimed: llama.cpp loads its model on first use, first calls allocate
+        run(cfg, 0, 4)
     ms = {c: [] for c in configs}
     stats = {c: [] for c in configs}
     tokens = {c: [] for c in configs}
     bar = tqdm(total=len(prompts) * len(configs), desc="cpu peer", disable=not progress)
-    for i, prompt in enumerate(prompts):
+    for i in range(len(prompts)):
         shift = i % len(configs)
         for cfg in configs[shift:] + configs[:shift]:
-            torch.set_num_threads(cfg.threads)
             start = time.perf_counter()
-            if cfg.system == LLAMACPP:
-                out = llama.run(cfg, encoded[i], max_new_tokens)
-            else:
-                res = generate(verifiers[cfg.fmt], drafters[cfg.fmt].get(cfg.drafter), [prompt], method=cfg.method,
-                               draft_length=max(cfg.n, 1), max_new_tokens=max_new_tokens, chat_template="auto")
-                out = res.results[0].token_ids
-                if cfg.method == "strict":
-                    stats[cfg].append(res.stats.mean_acceptance_length)
+            out, run_stats = run(cfg, i, max_new_tokens)
             ms[cfg].append((time.perf_counter() - start) * 1e3 / max(len(out), 1))
+            if cfg.method == "strict":
+                stats[cfg].append(run_stats.mean_acceptance_length)
             tokens[cfg].append(out)
             bar.update()
     bar.close()
@@ -189,16 +194,19 @@ def greedy_divergences(verifiers, configs, tokens, encoded) -> dict:
     return out
 
 
-def peak_rss_mb(model: str, fmt: str, drafter: str) -> tuple[float, float]:
-    """(peak RSS, RSS after the run) in MB of a fresh process that loads `model` in `fmt` with `drafter` and
-    generates 16 tokens (the peak includes loading: transformers dequantizes a GGUF to float32 first)."""
-    code = ("import resource, torch; from relaxspec.models import load_model; "
+def peak_rss_mb(model: str, fmt: str, drafter: str | None = None) -> tuple[float, float]:
+    """(peak RSS, RSS after the run) in MB of a fresh process that loads `model` in `fmt` and generates 16 tokens,
+    AR (as llama.cpp's process does), or strict with `drafter` when given (the peak includes loading:
+    transformers dequantizes a GGUF to float32 first)."""
+    run = ("d = load_drafter({drafter!r}, v); generate(v, d, ['Hello'], method='strict', draft_length=3, "
+           "max_new_tokens=16); ").format(drafter=drafter) if drafter else \
+        "generate(v, None, ['Hello'], method='ar', max_new_tokens=16); "
+    code = ("import torch; from relaxspec.models import load_model; "
             "from relaxspec.drafters import load_drafter; from relaxspec.engine import generate; "
-            f"v = load_model({model!r}, device='cpu', dtype={fmt!r}); d = load_drafter({drafter!r}, v); "
-            "generate(v, d, ['Hello'], method='strict', draft_length=3, max_new_tokens=16); " + _PRINT_RSS)
+            f"v = load_model({model!r}, device='cpu', dtype={fmt!r}); " + run + _PRINT_RSS)
     if fmt == "gguf":
         directory, file = split_gguf(model)
-        code = ("import resource, llama_cpp; "
+        code = ("import llama_cpp; "
                 f"m = llama_cpp.Llama(model_path={str(directory / file)!r}, n_threads=1, n_ctx=256, verbose=False); "
                 "m.create_completion('Hello', max_tokens=16); " + _PRINT_RSS)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
@@ -208,8 +216,10 @@ def peak_rss_mb(model: str, fmt: str, drafter: str) -> tuple[float, float]:
     return float(peak), float(now)
 
 
-_PRINT_RSS = ("import os; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "
-              "int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 2 ** 20)")
+# VmHWM / VmRSS of the process's own memory since exec (ru_maxrss would also count the parent's resident memory
+# at the fork: Linux carries the forked copy's high-water mark across exec).
+_PRINT_RSS = ("status = dict(line.split(':', 1) for line in open('/proc/self/status')); "
+              "print(int(status['VmHWM'].split()[0]) / 1024, int(status['VmRSS'].split()[0]) / 1024)")
 
 
 def _f(x, digits=2) -> str:
@@ -255,11 +265,11 @@ def report(result: dict, rss: dict) -> str:
         notes.append(f"greedy, {fmt}: {len(found)} of {runs} strict runs differ from AR"
                      + (f" (top-2 logit gaps at the first difference: {gaps})" if found else ""))
     if rss:
-        notes.append("RSS (MB, a fresh process loading the model and drafter, generating 16 tokens; peak / after): "
+        notes.append("RSS (MB, a fresh process loading the model, generating 16 tokens AR; peak / after): "
                      + ", ".join(f"{k} {peak:.0f} / {now:.0f}" for k, (peak, now) in rss.items()))
     if not result["llamacpp"]:
-        notes.append("llama.cpp: not run (llama-cpp-python is not installed: pip install 'relaxspec[llamacpp]', "
-                     "or the model is not a GGUF file)")
+        notes.append("llama.cpp: not run (--no-llamacpp or --quick, the model is not a GGUF file, or "
+                     "llama-cpp-python is not installed: pip install 'relaxspec[llamacpp]')")
     return "\n".join(lines + [""] + [f"- {n}" for n in notes])
 
 
@@ -288,9 +298,9 @@ def main(argv=None) -> None:
     result = measure(args.model, args.drafter, args.formats, chat.HELDOUT[:args.prompts], threads=args.threads,
                      draft_lengths=args.draft_lengths, max_new_tokens=args.max_new_tokens,
                      with_llamacpp=with_llamacpp, rounds=args.rounds, progress=not args.no_progress)
-    rss = {} if args.no_rss else {fmt: peak_rss_mb(args.model, fmt, args.drafter) for fmt in args.formats}
+    rss = {} if args.no_rss else {fmt: peak_rss_mb(args.model, fmt) for fmt in args.formats}
     if rss and with_llamacpp:
-        rss["llama.cpp"] = peak_rss_mb(args.model, "gguf", args.drafter)
+        rss["llama.cpp"] = peak_rss_mb(args.model, "gguf")
     print(f"model {args.model}, drafter {args.drafter}, {args.prompts} held-out chat prompts, "
           f"max {args.max_new_tokens} new tokens, greedy, batch 1; this process's peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")

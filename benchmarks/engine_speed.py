@@ -114,6 +114,7 @@ def main():
     torch.set_num_threads(args.threads)
 
     verifier, drafter = load_model(args.verifier, **device_kwargs(args)), load_model(args.drafter, **device_kwargs(args))
+    verifier.restore_weights(), drafter.restore_weights()  # HF generate runs the transformers models themselves
     if args.batch:
         prompts = synthetic_task(args.task, "test", args.batch).prompts
         batch_rows(verifier, drafter, prompts, args.draft_lengths, args.temperatures, args.max_new_tokens, args.repeats)

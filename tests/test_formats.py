@@ -41,8 +41,10 @@ def test_int4_codes_and_kernel_match_the_dequantized_weight():
     y = Linear(w, "int4")(x)
     ref = x.bfloat16().float() @ deq.t()
     assert y.shape == (7, 50) and y.dtype == torch.float32
-    # the kernel's output is bfloat16: within 2^-8 of the product, plus accumulation in float32
-    assert torch.allclose(y, ref, rtol=2 ** -8, atol=1e-3), (y - ref).abs().max()
+    # aten's kernel rounds its output to bfloat16, the block kernel (models/int4_block.py) each dequantized weight:
+    # 2^-9 relative either way, so within 2^-8 of sum |x| |w| (plus float32 accumulation)
+    bound = 2 ** -8 * (x.bfloat16().float().abs() @ deq.abs().t()) + 1e-4
+    assert ((y - ref).abs() <= bound).all(), ((y - ref).abs() / bound).max()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -124,6 +126,32 @@ def test_int4_fast_path_equals_float32_on_the_dequantized_weights():
     assert (a - b).abs().max() < 5e-3, (a - b).abs().max()
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_released_weights_read_back_from_fastllama(fmt):
+    """One resident copy: once FastLlama holds a model's linear weights, the transformers copy is dropped and
+    CausalLM.state_dict reads them back from FastLlama's (float32: bit for bit, through oneDNN's reordered copy
+    and sgemm's W^T alike; bfloat16: the weights rounded to it; int4: the dequantized weights, to bfloat16)."""
+    model = tiny_llama(hidden=256)  # gate_up 1024 x 256 reaches oneDNN's cut, the other linears stay on sgemm
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    lm = CausalLM("m", model, None, FastLlama(model, fmt))
+    if fmt == "float32":
+        assert lm.fast.layers[0][4].packed.is_mkldnn and lm.fast.layers[0][5].t is not None
+    FastLlama.release_weights(model)
+    assert model.model.layers[1].self_attn.q_proj.weight.numel() == 0
+    got = lm.state_dict()
+    assert got.keys() == want.keys()
+    for name, w in want.items():
+        if fmt == "float32" or "proj" not in name:
+            assert torch.equal(got[name], w), name
+        elif fmt == "bfloat16":
+            assert torch.equal(got[name], w.bfloat16().float()), name
+        else:
+            deq = dequantize_int4(*quantize_int4(w))
+            assert torch.allclose(got[name], deq, rtol=2 ** -8, atol=0), name
+    # the transformers model's own copy is still gone: the read-back is a new dict
+    assert model.model.layers[1].self_attn.q_proj.weight.numel() == 0
+
+
 def KV(fast):
     return fast.new_cache()
 
@@ -146,7 +174,8 @@ def test_every_model_kind_runs_in_the_format_and_strict_greedy_equals_ar_greedy(
     assert mtp.lm_head.format == fmt
     if fmt != "float32":
         assert isinstance(mtp.head.layers[0].qkv, FormatLinear)
-        assert verifier.model.model.layers[0].mlp.down_proj.weight.numel() == 0  # one copy: FastLlama's
+    for lm in (verifier, lm_drafter.lm):  # one copy in every format: FastLlama's
+        assert lm.model.model.layers[0].mlp.down_proj.weight.numel() == 0
     prompts = _prompts(3) + _prompts(2, "sorting")
     ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
     for drafter in (lm_drafter, mtp):
@@ -280,7 +309,7 @@ def test_a_q4_gguf_runs_as_int4_on_the_files_own_codes(tmp_path):
     raw = [t for t in GGUFReader(str(path)).tensors if t.name == "blk.1.ffn_down.weight"][0]
     qs = np.asarray(raw.data).reshape(-1, 20)[:, 4:]  # Q4_1 block: fp16 d, fp16 m, 16 bytes of nibbles
     file_codes = torch.from_numpy(np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int32)).reshape(64, 128)
-    codes, _ = quantize_int4(fp32.model.model.layers[1].mlp.down_proj.weight)
+    codes, _ = quantize_int4(fp32.state_dict()["model.layers.1.mlp.down_proj.weight"])
     assert torch.equal(codes, file_codes)
     # so its blocks are the file's weights up to bfloat16 scales and activations (not a second quantization):
     # the last hidden state (before the LM head, which the file keeps in F32 and int4 quantizes) within 2%

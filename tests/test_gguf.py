@@ -33,7 +33,7 @@ def first_layers(lm: CausalLM, layers: int) -> CausalLM:
     config = copy.deepcopy(lm.model.config)
     config.num_hidden_layers = layers
     small = type(lm.model)(config).to(lm.dtype).eval()
-    small.load_state_dict(lm.model.state_dict(), strict=False)
+    small.load_state_dict(lm.state_dict(), strict=False)
     small.to(lm.device)
     return CausalLM(f"{lm.name}[:{layers}]", small, lm.tokenizer, FastLlama(small) if lm.fast else None)
 
@@ -69,11 +69,15 @@ def test_greedy_ar_equals_transformers_generate_and_strict_greedy_on_a_chat_prom
     assert "Paris" in ours.text
 
     (ids,) = encode_prompts(smollm2.tokenizer, [PROMPT])
+    hf_model = CausalLM(smollm2.name, copy.deepcopy(smollm2.model), smollm2.tokenizer, smollm2.fast)
+    assert hf_model.model.model.layers[0].mlp.up_proj.weight.numel() == 0  # one copy (FastLlama's) until restored
+    hf_model.restore_weights()
     with torch.inference_mode():
-        hf = smollm2.model.generate(input_ids=torch.tensor([ids], device=smollm2.device), do_sample=False,
+        hf = hf_model.model.generate(input_ids=torch.tensor([ids], device=smollm2.device), do_sample=False,
                                     attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=smollm2.device),
                                     max_new_tokens=NEW_TOKENS,
                                     pad_token_id=smollm2.tokenizer.pad_token_id, eos_token_id=smollm2.eos_token_id)
+    del hf_model
     theirs = hf[0, len(ids):].tolist()
     if smollm2.eos_token_id in theirs:  # transformers keeps the EOS it stopped at; relaxspec does not emit it
         theirs = theirs[: theirs.index(smollm2.eos_token_id)]

@@ -69,12 +69,13 @@ class KVCache:
         self.kv = [None if kv is None else kv[rows] for kv in self.kv]
 
 
-def _interleave_rope_pairs(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-    """Rows of a q/k projection reordered per head from [0..D/2-1 | D/2..D-1] to (0, D/2, 1, D/2+1, ...)."""
+def _interleave_rope_pairs(weight: torch.Tensor, heads: int, head_dim: int, inverse: bool = False) -> torch.Tensor:
+    """Rows of a q/k projection reordered per head from [0..D/2-1 | D/2..D-1] to (0, D/2, 1, D/2+1, ...)
+    (`inverse`: back)."""
     half = head_dim // 2
     first = torch.arange(half, device=weight.device)
     order = torch.stack([first, first + half], dim=1).reshape(-1)
-    per_head = weight.view(heads, head_dim, -1)[:, order]
+    per_head = weight.view(heads, head_dim, -1)[:, order.argsort() if inverse else order]
     return per_head.reshape(heads * head_dim, -1)
 
 
@@ -84,7 +85,8 @@ class FastLlama:
 
     def __init__(self, model, weight_format: str = "float32"):
         """`weight_format` (float32, bfloat16, int4) applies on a CPU; elsewhere the weights keep their dtype.
-        The transformers model's linear weights are copied (its own stay usable: `release_weights` drops them)."""
+        The transformers model's linear weights are copied (its own stay usable: `release_weights` drops them,
+        `linear_weights` reads them back)."""
         cfg = model.config
         self.num_layers = cfg.num_hidden_layers
         self.heads = cfg.num_attention_heads
@@ -120,16 +122,34 @@ class FastLlama:
                                 Linear(gate_up, fmt, **kw), Linear(m.down_proj.weight, fmt, **kw)))
         self.lm_head = Linear(model.lm_head.weight, self.weight_format, **self.linear_options)
 
-    @staticmethod
-    def release_weights(model) -> None:
+    _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                "mlp.up_proj", "mlp.down_proj")
+
+    @classmethod
+    def release_weights(cls, model) -> None:
         """Drop the transformers model's decoder-layer linear weights once a FastLlama holds them in its
-        format (one resident copy); the model then runs only through FastLlama. Its embedding and LM head
-        stay (the embedding table is read by FastLlama; MTP heads borrow both)."""
+        format (one resident copy, in every format); the model then runs only through FastLlama, and
+        `linear_weights` gives the dropped weights back on demand. Its embedding and LM head stay (the embedding
+        table is read by FastLlama; MTP heads borrow both)."""
         for layer in model.model.layers:
-            for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                           layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+            for name in cls._LINEARS:
+                linear = layer.get_submodule(name)
                 linear.weight = torch.nn.Parameter(linear.weight.new_empty((0, linear.in_features)),
                                                    requires_grad=False)
+
+    def linear_weights(self) -> dict[str, torch.Tensor]:
+        """The decoder layers' linear weights under the transformers model's state_dict names, in float32, read
+        back from the copies it multiplies by (`quant.Linear.dense`: exact in float32 and bfloat16)."""
+        out = {}
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for i, (_, qkv, o, _, gate_up, down) in enumerate(self.layers):
+            w = qkv.dense()
+            gate, up = gate_up.dense().split(gate_up.shape[0] // 2)
+            weights = (_interleave_rope_pairs(w[:q], self.heads, self.head_dim, inverse=True),
+                       _interleave_rope_pairs(w[q:q + kv], self.kv_heads, self.head_dim, inverse=True),
+                       w[q + kv:], o.dense(), gate, up, down.dense())
+            out.update({f"model.layers.{i}.{name}.weight": t.contiguous() for name, t in zip(self._LINEARS, weights)})
+        return out
 
     def weight_bytes(self) -> int:
         """Bytes of the matrices it keeps (in their format), plus the norms and the embedding table."""

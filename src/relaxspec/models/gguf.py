@@ -59,7 +59,7 @@ def save_dequantized(lm, out_dir) -> Path:
     quantizer = getattr(lm.model, "hf_quantizer", None)
     lm.model.hf_quantizer = None
     try:
-        lm.model.save_pretrained(out_dir)
+        lm.model.save_pretrained(out_dir, state_dict=lm.state_dict())  # (FastLlama's weights included)
     finally:
         lm.model.hf_quantizer = quantizer
     lm.tokenizer.save_pretrained(out_dir)

@@ -86,6 +86,27 @@ class CausalLM:
             return self.fast.num_parameters
         return sum(p.numel() for p in self.model.parameters())
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The transformers model's state_dict with every weight present: those it handed to FastLlama (one
+        resident copy, `FastLlama.release_weights`) are read back from FastLlama's copies, in float32 (exact
+        in float32 and bfloat16; int4: the dequantized weights). A new dict: the model is left as it is."""
+        state = self.model.state_dict()
+        released = [name for name, t in state.items() if t.numel() == 0]
+        if released and self.fast is not None:
+            dense = self.fast.linear_weights()
+            state.update({name: dense[name] for name in released if name in dense})
+        return state
+
+    def restore_weights(self) -> "CausalLM":
+        """Put the weights FastLlama holds back into the transformers model (a second resident copy, in float32),
+        for code that runs the transformers model itself (e.g. its `generate`); relaxspec does not need it."""
+        released = {name for name, t in self.model.state_dict().items() if t.numel() == 0}
+        for name, weight in self.state_dict().items():
+            if name in released:
+                module, _, attr = name.rpartition(".")
+                setattr(self.model.get_submodule(module), attr, torch.nn.Parameter(weight, requires_grad=False))
+        return self
+
     def new_cache(self):
         if self.fast is not None:
             return self.fast.new_cache()
@@ -228,9 +249,8 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     if not use_fast:
         return CausalLM(name, convert_linears(model, weight_format), tokenizer, weight_format=weight_format)
     fast = FastLlama(model, weight_format)
-    if weight_format != "float32":  # one resident copy: FastLlama's, in the format
-        FastLlama.release_weights(model)
-        _return_freed_memory()
+    FastLlama.release_weights(model)  # one resident copy: FastLlama's, in the format (CausalLM.state_dict reads it)
+    _return_freed_memory()
     return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=fast, weight_format=weight_format)
 
 

@@ -9,7 +9,10 @@ LM head) are stored once, in that format, and multiplied by a stock kernel:
 * int4: 4-bit codes per weight with a bfloat16 scale and zero per group of `GROUP_SIZE` inputs
   (w = (q - 8) * scale + zero), `aten._weight_int4pack_mm_for_cpu` on the activations rounded to bfloat16.
   The kernel needs `in_features % GROUP_SIZE == 0` (`int4_problem`); the output rows are padded with zero
-  rows to a multiple of 16 (its packing), and the padding is sliced off.
+  rows to a multiple of 16 (its packing), and the padding is sliced off. By default, where it can be built
+  (AVX-512 BF16, a C++ compiler), `models/int4_block.py` instead: each group dequantized once per block of up
+  to 10 rows, in its own layout of the same codes, scales and zeros (one copy); RELAXSPEC_INT4_KERNEL=aten
+  keeps aten's.
 
 What stays float32 in every format: the activations between layers and the residual stream, norms and their
 weights, RoPE, attention (softmax, KV cache), the embedding table, and the logits (always float32 before any
@@ -30,8 +33,12 @@ bfloat16 (a relative 2^-9). Other 4-bit types (Q4_0, Q4_K) are quantized from th
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
+
+from relaxspec.models import int4_block
 
 FORMATS = ("float32", "bfloat16", "int4")
 GROUP_SIZE = 32
@@ -75,12 +82,14 @@ class Linear:
     x is multiplied in it (the caller's compute dtype)."""
 
     def __init__(self, weight: torch.Tensor, fmt: str = "float32", group_size: int = GROUP_SIZE,
-                 transposed: bool = False):
+                 transposed: bool = False, int4_impl: str = "auto"):
         """`transposed`: keep W^T as a plain tensor (`t`) in a float format, for a caller that multiplies it
-        itself (the compiled step: inductor picks the kernel)."""
+        itself (the compiled step: inductor picks the kernel). `int4_impl`: the int4 kernel, "block"
+        (models/int4_block.py; where it cannot be built, aten with one warning line) or "aten"; "auto": the
+        environment's RELAXSPEC_INT4_KERNEL if set, else block (groups of 32)."""
         weight = weight.detach()
         self.format, self.shape, self.group_size = fmt, tuple(weight.shape), group_size
-        self.packed = self.t = self.w = self.scale_zero = None
+        self.packed = self.t = self.w = self.scale_zero = self.block = None
         cpu = weight.device.type == "cpu"
         if fmt == "int4":
             if not cpu:
@@ -88,6 +97,11 @@ class Linear:
             problem = int4_problem(weight.shape, group_size)
             if problem:
                 raise ValueError(f"cannot store a weight {list(weight.shape)} as int4: {problem}")
+            if int4_impl == "auto":
+                int4_impl = os.environ.get("RELAXSPEC_INT4_KERNEL", "block")
+            if int4_impl == "block" and group_size == int4_block.GROUP and int4_block.kernel() is not None:
+                self.block = int4_block.pack(*quantize_int4(weight, group_size))
+                return
             pad = -weight.shape[0] % INT4_OUT_MULTIPLE
             codes, self.scale_zero = quantize_int4(F.pad(weight.float(), (0, 0, 0, pad)), group_size)
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
@@ -105,7 +119,9 @@ class Linear:
         """x @ W^T, plus `residual` when given."""
         if self.t is not None:
             return torch.mm(x, self.t) if residual is None else torch.addmm(residual, x, self.t)
-        if self.format == "int4":
+        if self.block is not None:
+            y = int4_block.block_mm(x, *self.block)
+        elif self.format == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, self.group_size,
                                                            self.scale_zero)[:, :self.shape[0]].float()
         elif self.format == "bfloat16":
@@ -114,10 +130,23 @@ class Linear:
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return y if residual is None else y.add_(residual)
 
+    def dense(self) -> torch.Tensor:
+        """The float32 weight [out, in] this layer multiplies by: exact in float32 and bfloat16; in int4 the
+        dequantized weight as the kernel sees it (each value rounded to bfloat16, read off an identity block)."""
+        if self.t is not None:
+            return self.t.t().float().contiguous()
+        if self.w is not None:
+            return self.w.float()
+        if self.format == "float32":
+            return self.packed.to_dense()  # oneDNN's blocked layout back to [out, in]: a permutation, exact
+        eye = torch.eye(self.shape[1], dtype=torch.bfloat16, device="cpu")  # (int4 runs on a CPU only)
+        return torch.cat([self(eye[i:i + 256]).t() for i in range(0, self.shape[1], 256)], dim=1).contiguous()
+
     @property
     def nbytes(self) -> int:
         """Bytes this weight keeps resident."""
-        return sum(t.numel() * t.element_size() for t in (self.t, self.w, self.scale_zero, self.packed)
+        return sum(t.numel() * t.element_size() for t in (self.t, self.w, self.scale_zero, self.packed,
+                                                           *(self.block or ()))
                    if t is not None and not t.is_mkldnn) + (
             self.shape[0] * self.shape[1] * 4 if self.packed is not None and self.packed.is_mkldnn else 0)
 

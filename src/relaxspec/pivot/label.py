@@ -68,7 +68,7 @@ def model_fingerprint(lm) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for name, t in sorted(lm.model.state_dict().items()):
+    for name, t in sorted(lm.state_dict().items()):  # (weights FastLlama holds read back from it, exactly)
         h.update(name.encode())
         h.update(t.detach().float().contiguous().cpu().numpy().tobytes())
     return h.hexdigest()[:16]

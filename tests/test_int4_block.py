@@ -1,0 +1,118 @@
+"""The int4 block kernel (models/int4_block.py): numbers against a float32 dequantize-then-matmul reference, rows
+independent of the block they are in (bit for bit), and a clean fallback to aten's kernel when it cannot be built."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from relaxspec.models import int4_block
+from relaxspec.models.quant import Linear, dequantize_int4, quantize_int4
+
+needs_kernel = pytest.mark.skipif(int4_block.kernel() is None, reason="no AVX-512 BF16 CPU or no C++ toolchain")
+
+SHAPES = ((50, 96), (7, 64), (960, 576), (576, 1536), (3, 32))  # odd output counts (tails of the 4- and 2-tiles)
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_matches_a_float32_reference_on_the_bfloat16_weights_and_inputs(shape):
+    # Stated tolerance: the kernel multiplies bfloat16(w) by bfloat16(x) exactly and sums in float32, so against
+    # the same product summed in float32 by torch it differs by summation order only: a relative 2^-24 per
+    # addition, bounded here by 1e-5 of sum |x| |w| (in <= 1536 terms).
+    torch.manual_seed(shape[0])
+    w = torch.randn(shape) * 0.05
+    codes, scale_zero = quantize_int4(w)
+    deq = dequantize_int4(codes, scale_zero).bfloat16().float()
+    packed = int4_block.pack(codes, scale_zero)
+    for rows in (1, 3, 7, 10, 13):  # 13: two calls (10 + 3)
+        x = torch.randn(rows, shape[1])
+        y = int4_block.block_mm(x, *packed)
+        xb = x.bfloat16().float()
+        ref = xb @ deq.t()
+        bound = 1e-5 * (xb.abs() @ deq.abs().t()) + 1e-7
+        assert y.dtype == torch.float32 and y.shape == (rows, shape[0])
+        assert ((y - ref).abs() <= bound).all(), ((y - ref).abs() / bound).max()
+    # and it is the int4 weights it stands for: within bfloat16's rounding of the float32 dequantized weights
+    x = torch.randn(5, shape[1])
+    exact = x.bfloat16().float() @ dequantize_int4(codes, scale_zero).t()
+    assert (int4_block.block_mm(x, *packed) - exact).abs().max() <= 2 ** -8 * (x.abs() @ deq.abs().t()).max()
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_row_gets_the_same_bits_alone_in_a_block_and_on_any_thread_count(threads):
+    """Row independence: so int4 strict greedy equals AR greedy through the linear layers by construction."""
+    torch.manual_seed(4)
+    previous = torch.get_num_threads()
+    try:
+        for shape in SHAPES:
+            w = torch.randn(shape) * 0.05
+            lin = Linear(w, "int4", int4_impl="block")
+            assert lin.block is not None
+            x = torch.randn(13, shape[1])
+            torch.set_num_threads(threads)
+            alone = torch.cat([lin(x[i:i + 1]) for i in range(13)])
+            for rows in (2, 4, 6, 9, 10, 13):
+                assert torch.equal(lin(x[:rows]), alone[:rows]), (shape, rows)
+            torch.set_num_threads(3 - threads)
+            assert torch.equal(lin(x), alone), shape
+    finally:
+        torch.set_num_threads(previous)
+
+
+@needs_kernel
+def test_block_and_aten_kernels_agree_and_store_the_same_bytes():
+    torch.manual_seed(5)
+    w, x = torch.randn(640, 512) * 0.05, torch.randn(6, 512)
+    block, aten = Linear(w, "int4", int4_impl="block"), Linear(w, "int4", int4_impl="aten")
+    assert block.block is not None and aten.packed is not None and block.nbytes == aten.nbytes
+    # both round x and w to bfloat16; aten rounds its output to bfloat16 too (and sums in its own order): within
+    # 2^-7 of the largest output
+    y = block(x)
+    assert (y - aten(x)).abs().max() <= 2 ** -7 * y.abs().max(), (y - aten(x)).abs().max() / y.abs().max()
+    assert torch.equal(block.dense(), dequantize_int4(*quantize_int4(w)).bfloat16().float())
+
+
+def test_without_a_compiler_int4_falls_back_to_aten_with_one_warning_line(tmp_path):
+    """RELAXSPEC_INT4_KERNEL=block asks for the block kernel; a build that fails is one warning, then aten."""
+    code = ("import warnings, torch\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    from relaxspec.models.quant import Linear\n"
+            "    lin = Linear(torch.randn(64, 96), 'int4')\n"
+            "    y = lin(torch.randn(3, 96))\n"
+            "print(lin.block is None, lin.packed is not None, tuple(y.shape))\n"
+            "print(len(caught)); print(caught[0].message if caught else '')\n")
+    env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path), "RELAXSPEC_INT4_KERNEL": "block",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    used, count, message = out.stdout.strip().splitlines()
+    assert (used, count) == ("True True (3, 64)", "1")  # aten's kernel, one warning
+    assert message.startswith("relaxspec int4 block kernel unavailable (") and "aten" in message
+
+
+@needs_kernel
+def test_the_block_kernel_runs_a_model_and_a_verify_block_gets_the_logits_of_single_steps(monkeypatch):
+    """Through a whole model (FastLlama's linears and the LM head): every row's numbers independent of the block,
+    so a verify block gives each position the logits of single steps up to attention's own rounding."""
+    from relaxspec.models.fast_llama import FastLlama
+    from relaxspec.models.hf import CausalLM
+    from test_formats import tiny_llama
+
+    monkeypatch.setenv("RELAXSPEC_INT4_KERNEL", "block")
+    model = tiny_llama(seed=6)
+    lm = CausalLM("m", model, None, FastLlama(model, "int4"))
+    assert lm.fast.lm_head.block is not None
+    ids = torch.randint(0, 256, (1, 9))
+    block, _ = lm.forward(ids, lm.new_cache(), torch.ones_like(ids), torch.arange(9)[None])
+    cache, steps = lm.new_cache(), []
+    for t in range(9):
+        logits, _ = lm.forward(ids[:, t:t + 1], cache, torch.ones_like(ids[:, :t + 1]), torch.tensor([[t]]))
+        steps.append(logits)
+    steps = torch.cat(steps, dim=1)
+    assert (block - steps).abs().max() < 1e-4 * block.abs().max()
+    assert torch.equal(block.argmax(-1), steps.argmax(-1))
