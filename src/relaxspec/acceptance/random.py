@@ -115,18 +115,18 @@ def _bits(key_low: torch.Tensor, key_high: torch.Tensor, positions: torch.Tensor
 
 
 def _bits_host(key_low: np.ndarray, key_high: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """`_bits` on numpy int64 arrays in uint32 arithmetic (numpy's array products wrap mod 2^32: the same
-    bits as `_mul32`, in a third of the ops)."""
-    x = key_low.astype(np.uint32) ^ (positions & _MASK32).astype(np.uint32)
-    for _ in range(2):
+    """`_bits` on numpy arrays in uint32 arithmetic (numpy's array products wrap mod 2^32: the same bits as
+    `_mul32`, in a third of the ops): uint32 keys, int64 positions; uint32 bits."""
+    x = key_low ^ (positions & _MASK32).astype(np.uint32)
+    for rounds in (0, 1):
         x ^= x >> 16
         x *= np.uint32(0x7FEB352D)
         x ^= x >> 15
         x *= np.uint32(0x846CA68B)
         x ^= x >> 16
-        if _ == 0:
-            x ^= key_high.astype(np.uint32)
-    return x.astype(np.int64)
+        if rounds == 0:
+            x ^= key_high
+    return x
 
 
 def _uniform24(bits: torch.Tensor, dtype) -> torch.Tensor:
@@ -178,6 +178,7 @@ def _round_lanes(width: int) -> list[tuple[int, int, int]]:
 
 
 _LAYOUTS: dict = {}  # (width, device) -> (key column, position offset) of every lane of a round
+_HOST_LAYOUTS: dict = {}  # width -> the same, in the order the host's table of uniforms is made in
 
 
 class CounterDraws(Draws):
@@ -211,6 +212,24 @@ class CounterDraws(Draws):
     def _round_table(self, width: int, host: tuple | None = None) -> dict:
         """{(purpose, word): [B, columns] bits} for one round, from one hash over every lane (on the host
         when `host` has the keys and positions there: one copy of the bits to the device)."""
+        if host is not None and self.low.device.type != "mps":
+            # The uniforms themselves on the host (the same exact conversions: 24 and 53 bits fit a float64),
+            # one float64 copy to the device, no conversion ops there.
+            W = width
+            if W not in _HOST_LAYOUTS:  # ACCEPT word 0, then the high words (DRAFT, TOKEN), then the low ones
+                order = [(ACCEPT, 0, W), (DRAFT, 1, W), (TOKEN, 1, W + 1), (DRAFT, 2, W), (TOKEN, 2, W + 1)]
+                _HOST_LAYOUTS[W] = (np.array([(p - 1) * WORDS + w for p, w, k in order for _ in range(k)]),
+                                    np.array([i for _, _, k in order for i in range(k)]))
+            columns, offsets = _HOST_LAYOUTS[W]
+            low, high, start = host
+            bits = _bits_host(low[:, columns], high[:, columns], start[:, None] + offsets)
+            table = np.empty((bits.shape[0], 3 * W + 1))
+            table[:, :W] = (bits[:, :W] >> 8) * (1.0 / (1 << 24))
+            table[:, W:] = _uniform53(bits[:, W:3 * W + 1], bits[:, 3 * W + 1:])
+            table = torch.from_numpy(table).to(self.low.device)
+            self._u24 = {torch.float64: table[:, :W]}
+            self._u53[DRAFT], self._u53[TOKEN] = table[:, W:2 * W], table[:, 2 * W:]
+            return {}
         lanes = _round_lanes(width)
         key = (width, None if host is not None else self.low.device)
         if key not in _LAYOUTS:
@@ -219,24 +238,10 @@ class CounterDraws(Draws):
             _LAYOUTS[key] = (np.array(columns), np.array(offsets)) if host is not None else (
                 torch.tensor(columns, device=self.low.device), torch.tensor(offsets, device=self.low.device))
         columns, offsets = _LAYOUTS[key]
-        if host is not None and self.low.device.type != "mps":
-            # The uniforms themselves on the host (the same exact conversions: 24 and 53 bits fit a float64),
-            # one float64 copy to the device, no conversion ops there.
+        if host is not None:  # mps: the bits to the device, float32 uniforms made there
             low, high, start = host
-            bits = _bits_host(low[:, columns], high[:, columns], start[:, None] + offsets)
-            # lanes in order: DRAFT words 1, 2 (width each), ACCEPT word 0 (width), TOKEN words 1, 2 (width + 1 each)
-            W = width
-            table = np.empty((bits.shape[0], 3 * W + 1))
-            table[:, :W] = (bits[:, 2 * W:3 * W] >> 8) * (1.0 / (1 << 24))
-            table[:, W:2 * W] = _uniform53(bits[:, :W], bits[:, W:2 * W])
-            table[:, 2 * W:] = _uniform53(bits[:, 3 * W:4 * W + 1], bits[:, 4 * W + 1:])
-            table = torch.from_numpy(table).to(self.low.device)
-            self._u24 = {torch.float64: table[:, :W]}
-            self._u53[DRAFT], self._u53[TOKEN] = table[:, W:2 * W], table[:, 2 * W:]
-            return {}
-        if host is not None:
-            low, high, start = host
-            bits = torch.from_numpy(_bits(low[:, columns], high[:, columns], start[:, None] + offsets))
+            bits = torch.from_numpy(_bits_host(low[:, columns], high[:, columns], start[:, None] + offsets)
+                                    .astype(np.int64))
             bits = bits.to(self.low.device)
         else:
             bits = _bits(self.low[:, columns], self.high[:, columns], self.start.unsqueeze(-1) + offsets)
@@ -286,9 +291,9 @@ class SequenceSeeds:
                 raise ValueError(f"a sequence seed must be an integer in [0, 2^63), got {s}")
         keys = [[stream_key(s, p, w) for p in PURPOSES for w in range(WORDS)] for s in seeds]
         shape = (len(seeds), len(PURPOSES) * WORDS)
-        self.host = (np.array([[k & _MASK32 for k in row] for row in keys], dtype=np.int64).reshape(shape),
-                     np.array([[k >> 32 for k in row] for row in keys], dtype=np.int64).reshape(shape))
-        self.low, self.high = (torch.from_numpy(keys).to(device) for keys in self.host)  # and on the device
+        self.host = (np.array([[k & _MASK32 for k in row] for row in keys], dtype=np.uint32).reshape(shape),
+                     np.array([[k >> 32 for k in row] for row in keys], dtype=np.uint32).reshape(shape))
+        self.low, self.high = (torch.from_numpy(keys.astype(np.int64)).to(device) for keys in self.host)  # on the device
 
     def at(self, start: torch.Tensor | None, width: int | None = None,
            host_start: np.ndarray | None = None) -> CounterDraws:
