@@ -178,7 +178,8 @@ def test_round_draws_equal_the_scalar_definition_of_the_streams():
         assert draws.uniform53(TOKEN, per_row).tolist() == [u53(s, TOKEN, t + int(n))
                                                             for s, t, n in zip(seeds, starts, per_row)]
         # draws outside the round's table are computed on demand (the start positions copied then)
-        assert draws.uniform53(DRAFT, width + 2).tolist() == [u53(s, DRAFT, t + width + 2) for s, t in zip(seeds, starts)]
+        assert draws.uniform53(DRAFT, width + 2).tolist() == [u53(s, DRAFT, t + width + 2)
+                                                              for s, t in zip(seeds, starts)]
         assert draws.uniform(ACCEPT, width + 1).tolist() == [[u24(s, ACCEPT, t + i) for i in range(width + 1)]
                                                              for s, t in zip(seeds, starts)]
 

@@ -293,7 +293,7 @@ class SequenceSeeds:
         shape = (len(seeds), len(PURPOSES) * WORDS)
         self.host = (np.array([[k & _MASK32 for k in row] for row in keys], dtype=np.uint32).reshape(shape),
                      np.array([[k >> 32 for k in row] for row in keys], dtype=np.uint32).reshape(shape))
-        self.low, self.high = (torch.from_numpy(keys.astype(np.int64)).to(device) for keys in self.host)  # on the device
+        self.low, self.high = (torch.from_numpy(keys.astype(np.int64)).to(device) for keys in self.host)
 
     def at(self, start: torch.Tensor | None, width: int | None = None,
            host_start: np.ndarray | None = None) -> CounterDraws:
