@@ -1,10 +1,10 @@
 """Profile of the batch-1 speculative round: where the time goes between the models' forwards.
 
-    python benchmarks/engine_profile.py [--prompts 12] [--draft-lengths 3 5] [--top 0]
+    python benchmarks/engine_profile.py [--prompts 12] [--draft-lengths 3 5] [--top 0] [--ar]
 
-Runs the built-in pair (strict, one prompt at a time, one thread) under cProfile at T=0.7 top-p 0.95 and
-greedy, and prints per setting: ms per round (verify steps), ms per emitted token, the share of the time
-inside the models' forward calls, and (with --top K) the K most expensive functions by own time.
+Runs the built-in pair (strict, one prompt at a time, one thread; with --ar also AR, as N = 0) under cProfile
+at T=0.7 top-p 0.95 and greedy, and prints per setting: ms per round (verify steps), ms per emitted token,
+the share of the time inside the models' forward calls, and (with --top K) the K most expensive functions by own time.
 cProfile inflates tiny Python calls, so the absolute figures are above an unprofiled run's; the share
 outside the forwards is what the lean loop cuts. The profiler's clock is this thread's CPU time, so other
 processes' load inflates the figures less (cache and memory contention still do).
@@ -41,6 +41,7 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--draft-lengths", type=int, nargs="*", default=[3, 5])
     ap.add_argument("--top", type=int, default=0, help="print the K functions with the most own time")
+    ap.add_argument("--ar", action="store_true", help="also profile AR (shown as N = 0; a round is one token)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     verifier, drafter = load_model(args.verifier), load_model(args.drafter)
@@ -48,13 +49,13 @@ def main():
     generate(verifier, drafter, prompts[:1], method="strict", draft_length=3, max_new_tokens=8)  # warm up
     print(f"{'temp':>5} {'N':>3} {'rounds':>7} {'tokens':>7} {'ms/round':>9} {'ms/token':>9} {'forwards':>9}")
     for temperature in (0.7, 0.0):
-        for n in args.draft_lengths:
+        for n in [*args.draft_lengths, *([0] if args.ar else [])]:  # N = 0: AR (a round is one token)
             profile = cProfile.Profile(time.thread_time)
             rounds = tokens = 0
             profile.enable()
             for i, prompt in enumerate(prompts):
-                out = generate(verifier, drafter, [prompt], method="strict", draft_length=n,
-                               max_new_tokens=args.max_new_tokens, temperature=temperature,
+                out = generate(verifier, drafter if n else None, [prompt], method="strict" if n else "ar",
+                               draft_length=max(n, 1), max_new_tokens=args.max_new_tokens, temperature=temperature,
                                top_p=0.95 if temperature else None, seed=i)
                 rounds += out.stats.verifier_forwards
                 tokens += out.stats.generated_tokens

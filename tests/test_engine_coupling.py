@@ -160,6 +160,7 @@ def test_round_draws_equal_the_scalar_definition_of_the_streams():
     kept = SequenceSeeds([7, *seeds], torch.device("cpu"))
     kept.select(torch.arange(1, len(seeds) + 1))
     host_kept = kept.at(torch.tensor(starts), width, host_start=np.array(starts))
+    host_only = SequenceSeeds(seeds, torch.device("cpu")).at(None, width, host_start=np.array(starts))  # as the engine
 
     def u24(s, purpose, pos):
         return (stream_bits(s, purpose, 0, pos) >> 8) / (1 << 24)
@@ -167,7 +168,7 @@ def test_round_draws_equal_the_scalar_definition_of_the_streams():
     def u53(s, purpose, pos):
         return ((stream_bits(s, purpose, 1, pos) >> 5) * (1 << 26) + (stream_bits(s, purpose, 2, pos) >> 6)) / (1 << 53)
 
-    for draws in (table, lazy, host, host_kept):
+    for draws in (table, lazy, host, host_kept, host_only):
         accept = draws.uniform(ACCEPT, width)
         assert accept.tolist() == [[u24(s, ACCEPT, t + i) for i in range(width)] for s, t in zip(seeds, starts)]
         for purpose, offsets in ((DRAFT, range(width)), (TOKEN, range(width + 1))):
@@ -176,6 +177,11 @@ def test_round_draws_equal_the_scalar_definition_of_the_streams():
         per_row = torch.tensor([0, 4, 2, 1, 3, 4])  # verify's residual / bonus draw at start + n per row
         assert draws.uniform53(TOKEN, per_row).tolist() == [u53(s, TOKEN, t + int(n))
                                                             for s, t, n in zip(seeds, starts, per_row)]
+        # draws outside the round's table are computed on demand (the start positions copied then)
+        assert draws.uniform53(DRAFT, width + 2).tolist() == [u53(s, DRAFT, t + width + 2)
+                                                              for s, t in zip(seeds, starts)]
+        assert draws.uniform(ACCEPT, width + 1).tolist() == [[u24(s, ACCEPT, t + i) for i in range(width + 1)]
+                                                             for s, t in zip(seeds, starts)]
 
 
 def test_streams_keep_64_bits_between_sequences():

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import torch
 
@@ -124,6 +123,20 @@ class Targets:
     bonus: torch.Tensor
 
 
+class _lazy:
+    """functools.cached_property without its lock (Python < 3.12 takes one per read, which costs more than the
+    small tensor ops of a batch-1 verify): computed on first read, then a plain instance attribute."""
+
+    def __init__(self, compute):
+        self.compute, self.name = compute, compute.__name__
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.compute(instance)
+        return value
+
+
 class Positions:
     """The quantities a rule sees at a set of draft positions, any leading shape.
 
@@ -144,35 +157,35 @@ class Positions:
         self.top_k = top_k
         self.top_p = top_p
 
-    @cached_property
+    @_lazy
     def p(self) -> torch.Tensor:
         return self._select(self._sources["p"])
 
-    @cached_property
+    @_lazy
     def q(self) -> torch.Tensor:
         return self._select(self._sources["q"])
 
-    @cached_property
+    @_lazy
     def z_p(self) -> torch.Tensor:
         return self._select(self._sources["z_p"])
 
-    @cached_property
+    @_lazy
     def z_q(self) -> torch.Tensor:
         return self._select(self._sources["z_q"])
 
-    @cached_property
+    @_lazy
     def x(self) -> torch.Tensor:
         return self._select(self._sources["x"])
 
-    @cached_property
+    @_lazy
     def p_x(self) -> torch.Tensor:
         return self.p.gather(-1, self.x.unsqueeze(-1)).squeeze(-1)
 
-    @cached_property
+    @_lazy
     def q_x(self) -> torch.Tensor:
         return self.q.gather(-1, self.x.unsqueeze(-1)).squeeze(-1)
 
-    @cached_property
+    @_lazy
     def p_tilde(self) -> torch.Tensor:
         return self.z_p.softmax(dim=-1)
 

@@ -73,9 +73,10 @@ def _mask_top_p(z: torch.Tensor, top_p: float) -> torch.Tensor:
     if z.device.type != "cpu" or V <= _TOP_P_SORT_MAX_V:
         sorted_z, order = flat.sort(dim=-1, descending=True, stable=True)
         probs = sorted_z.softmax(dim=-1)
+        # The first token is never dropped: the mass before it is 0 (cumsum[0] - probs[0], exactly) < top_p.
         drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
-        drop_sorted[:, 0] = False
-        return z.masked_fill(torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted).view(z.shape), NEG_INF)
+        # Each logit back to its place, -inf where dropped: one scatter (order is a permutation).
+        return flat.scatter(-1, order, sorted_z.masked_fill_(drop_sorted, NEG_INF)).view(z.shape)
     log_total = flat.logsumexp(dim=-1, keepdim=True)
     k = _TOP_P_FIRST_K
     while True:

@@ -20,7 +20,8 @@ share a stream only if their 64-bit keys are equal (not, as a 32-bit state would
 2^32 pairs). The tensor code uses int64 ops that never overflow, so it gives the same bits on
 every device, and a round's draws (every row, position and purpose) come from one vectorised hash
 (`SequenceSeeds.at(start, width)`; with the positions also on the host, as the engine has them, that hash
-runs on the host in numpy, the same int64 ops, and the round's bits go to the device in one copy). Uniforms for acceptance tests take 24 bits (float32, word 0);
+runs on the host in numpy (uint32 arithmetic: the same bits), the round's uniforms are made there too, and they go
+to the device in one float64 copy). Uniforms for acceptance tests take 24 bits (float32, word 0);
 the uniform that picks a token by inverse CDF takes 53 bits from words 1 and 2 (float64 where the
 device has it).
 """
@@ -113,11 +114,30 @@ def _bits(key_low: torch.Tensor, key_high: torch.Tensor, positions: torch.Tensor
     return _hash32(_hash32(key_low ^ (positions & _MASK32)) ^ key_high)
 
 
+def _bits_host(key_low: np.ndarray, key_high: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """`_bits` on numpy arrays in uint32 arithmetic (numpy's array products wrap mod 2^32: the same bits as
+    `_mul32`, in a third of the ops): uint32 keys, int64 positions; uint32 bits."""
+    x = key_low ^ (positions & _MASK32).astype(np.uint32)
+    for rounds in (0, 1):
+        x ^= x >> 16
+        x *= np.uint32(0x7FEB352D)
+        x ^= x >> 15
+        x *= np.uint32(0x846CA68B)
+        x ^= x >> 16
+        if rounds == 0:
+            x ^= key_high
+    return x
+
+
 def _uniform24(bits: torch.Tensor, dtype) -> torch.Tensor:
     return (bits >> 8).to(dtype) * (1.0 / (1 << 24))  # 24 bits: exact in float32
 
 
-def _uniform53(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+def _uniform53(high, low):
+    """53-bit uniforms from two words of bits: torch tensors (float32 on mps, which has no float64) or numpy
+    int64 arrays (float64). Every step is exact in float64 (27 + 26 bits, scaled by powers of 2)."""
+    if isinstance(high, np.ndarray):
+        return ((high >> 5).astype(np.float64) * float(1 << 26) + (low >> 6).astype(np.float64)) * (1.0 / (1 << 53))
     dtype = torch.float32 if high.device.type == "mps" else torch.float64  # mps has no float64
     return ((high >> 5).to(dtype) * float(1 << 26) + (low >> 6).to(dtype)) * (1.0 / (1 << 53))  # 27 + 26 bits
 
@@ -158,6 +178,7 @@ def _round_lanes(width: int) -> list[tuple[int, int, int]]:
 
 
 _LAYOUTS: dict = {}  # (width, device) -> (key column, position offset) of every lane of a round
+_HOST_LAYOUTS: dict = {}  # width -> the same, in the order the host's table of uniforms is made in
 
 
 class CounterDraws(Draws):
@@ -167,12 +188,21 @@ class CounterDraws(Draws):
     0..width-1, TOKEN at 0..width) are computed up front in one vectorised hash, and read from
     that table; draws outside it are computed on demand (same values)."""
 
-    def __init__(self, keys_low: torch.Tensor, keys_high: torch.Tensor, start: torch.Tensor,
+    def __init__(self, keys_low: torch.Tensor, keys_high: torch.Tensor, start: torch.Tensor | None,
                  width: int | None = None, host: tuple | None = None):
-        self.low, self.high, self.start = keys_low, keys_high, start  # keys [B, purposes * WORDS]
+        self.low, self.high, self._start = keys_low, keys_high, start  # keys [B, purposes * WORDS]
+        self._host_start = None if host is None else host[2]  # start None: made from these when a draw needs it
         # host: (keys_low, keys_high, start) as numpy int64 arrays: the round's table is hashed there
-        self._table = None if width is None else self._round_table(width, host)
         self._u53: dict = {}  # purpose -> [B, columns] 53-bit uniforms of the table, converted once per round
+        self._u24: dict = {}  # dtype -> [B, width] the round's acceptance uniforms (when hashed on the host)
+        self._table = None if width is None else self._round_table(width, host)
+
+    @property
+    def start(self) -> torch.Tensor:
+        """[B] the next output position of each row, on the keys' device."""
+        if self._start is None:
+            self._start = torch.from_numpy(self._host_start).to(self.low.device)
+        return self._start
 
     def _raw(self, purpose: int, word: int, positions: torch.Tensor) -> torch.Tensor:
         """32 bits per (row, position): [B, K] int64 for positions [B, K]."""
@@ -182,18 +212,37 @@ class CounterDraws(Draws):
     def _round_table(self, width: int, host: tuple | None = None) -> dict:
         """{(purpose, word): [B, columns] bits} for one round, from one hash over every lane (on the host
         when `host` has the keys and positions there: one copy of the bits to the device)."""
+        if host is not None and self.low.device.type != "mps":
+            # The uniforms themselves on the host (the same exact conversions: 24 and 53 bits fit a float64),
+            # one float64 copy to the device, no conversion ops there.
+            W = width
+            if W not in _HOST_LAYOUTS:  # ACCEPT word 0, then the high words (DRAFT, TOKEN), then the low ones
+                order = [(ACCEPT, 0, W), (DRAFT, 1, W), (TOKEN, 1, W + 1), (DRAFT, 2, W), (TOKEN, 2, W + 1)]
+                _HOST_LAYOUTS[W] = (np.array([(p - 1) * WORDS + w for p, w, k in order for _ in range(k)]),
+                                    np.array([i for _, _, k in order for i in range(k)]))
+            columns, offsets = _HOST_LAYOUTS[W]
+            low, high, start = host
+            bits = _bits_host(low[:, columns], high[:, columns], start[:, None] + offsets)
+            table = np.empty((bits.shape[0], 3 * W + 1))
+            table[:, :W] = (bits[:, :W] >> 8) * (1.0 / (1 << 24))
+            table[:, W:] = _uniform53(bits[:, W:3 * W + 1], bits[:, 3 * W + 1:])
+            table = torch.from_numpy(table).to(self.low.device)
+            self._u24 = {torch.float64: table[:, :W]}
+            self._u53[DRAFT], self._u53[TOKEN] = table[:, W:2 * W], table[:, 2 * W:]
+            return {}
         lanes = _round_lanes(width)
-        key = (width, None if host is not None else self.start.device)
+        key = (width, None if host is not None else self.low.device)
         if key not in _LAYOUTS:
             columns = [(p - 1) * WORDS + w for p, w, k in lanes for _ in range(k)]
             offsets = [i for _, _, k in lanes for i in range(k)]
             _LAYOUTS[key] = (np.array(columns), np.array(offsets)) if host is not None else (
-                torch.tensor(columns, device=self.start.device), torch.tensor(offsets, device=self.start.device))
+                torch.tensor(columns, device=self.low.device), torch.tensor(offsets, device=self.low.device))
         columns, offsets = _LAYOUTS[key]
-        if host is not None:
+        if host is not None:  # mps: the bits to the device, float32 uniforms made there
             low, high, start = host
-            bits = torch.from_numpy(_bits(low[:, columns], high[:, columns], start[:, None] + offsets))
-            bits = bits.to(self.start.device)
+            bits = torch.from_numpy(_bits_host(low[:, columns], high[:, columns], start[:, None] + offsets)
+                                    .astype(np.int64))
+            bits = bits.to(self.low.device)
         else:
             bits = _bits(self.low[:, columns], self.high[:, columns], self.start.unsqueeze(-1) + offsets)
         return dict(zip([(p, w) for p, w, _ in lanes], bits.split([k for _, _, k in lanes], dim=1)))
@@ -209,11 +258,16 @@ class CounterDraws(Draws):
         return self._raw(purpose, word, positions)
 
     def uniform(self, purpose: int, width: int, dtype=torch.float32) -> torch.Tensor:
+        if (purpose == ACCEPT and self._u24 and dtype in (torch.float32, torch.float64)
+                and width <= self._u24[torch.float64].shape[1]):
+            if dtype not in self._u24:  # 24-bit values: exact in float32
+                self._u24[dtype] = self._u24[torch.float64].to(dtype)
+            return self._u24[dtype][:, :width]
         return _uniform24(self._words(purpose, 0, 0, width), dtype)
 
     def uniform53(self, purpose: int, offset: torch.Tensor | int = 0) -> torch.Tensor:
         """[B] float64 uniforms (53 bits) at positions start + offset (float32 on mps)."""
-        if self._table is not None and (purpose, 1) in self._table:
+        if purpose in self._u53 or self._table is not None and (purpose, 1) in self._table:
             if purpose not in self._u53:  # the round's whole lane at once (elementwise: the same values)
                 self._u53[purpose] = _uniform53(self._table[(purpose, 1)], self._table[(purpose, 2)])
             table = self._u53[purpose]
@@ -237,14 +291,18 @@ class SequenceSeeds:
                 raise ValueError(f"a sequence seed must be an integer in [0, 2^63), got {s}")
         keys = [[stream_key(s, p, w) for p in PURPOSES for w in range(WORDS)] for s in seeds]
         shape = (len(seeds), len(PURPOSES) * WORDS)
-        self.host = (np.array([[k & _MASK32 for k in row] for row in keys], dtype=np.int64).reshape(shape),
-                     np.array([[k >> 32 for k in row] for row in keys], dtype=np.int64).reshape(shape))
-        self.low, self.high = (torch.from_numpy(keys).to(device) for keys in self.host)  # and on the device
+        self.host = (np.array([[k & _MASK32 for k in row] for row in keys], dtype=np.uint32).reshape(shape),
+                     np.array([[k >> 32 for k in row] for row in keys], dtype=np.uint32).reshape(shape))
+        self.low, self.high = (torch.from_numpy(keys.astype(np.int64)).to(device) for keys in self.host)
 
-    def at(self, start: torch.Tensor, width: int | None = None, host_start: np.ndarray | None = None) -> CounterDraws:
+    def at(self, start: torch.Tensor | None, width: int | None = None,
+           host_start: np.ndarray | None = None) -> CounterDraws:
         """Draws for rows whose next output position is start [B]; with `width`, a round of that many
         drafts' draws computed at once (on the host when `host_start`, the same positions as a numpy
-        int64 array, is given)."""
+        int64 array, is given; start may then be None: it is copied to the device only if a draw outside
+        the round's table needs it)."""
+        if start is None and host_start is None:
+            raise ValueError("SequenceSeeds.at: give start (a tensor [B]) or host_start")
         host = None if host_start is None else (*self.host, np.asarray(host_start, dtype=np.int64))
         return CounterDraws(self.low, self.high, start, width, host)
 

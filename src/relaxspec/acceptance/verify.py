@@ -236,7 +236,9 @@ class VerifyStep:
         drafts = ctx.drafts()
 
         accept_prob = rule.accept_prob(drafts, **params)
-        strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x)
+        # A rule that keeps the base (strict) test gives strict's probabilities: not computed twice.
+        own_test = type(rule).accept_prob is not Rule.accept_prob
+        strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x) if own_test else accept_prob
         if relax is not None:  # phase-aware: strict where the rule may not relax
             accept_prob = torch.where(relax[:, :N], accept_prob, strict_accept_prob)
         if random is None:
@@ -244,7 +246,7 @@ class VerifyStep:
         u = random.uniform(ACCEPT, N, dtype=accept_prob.dtype)
         accepted = u < accept_prob
         if num_drafts is not None:  # a row's padding columns are never proposed
-            accepted &= torch.arange(N, device=accepted.device) < num_drafts.unsqueeze(1)
+            accepted &= _arange(N, accepted.device) < num_drafts.unsqueeze(1)
 
         # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
         # every draft passed).
@@ -254,7 +256,7 @@ class VerifyStep:
         # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
         # accepted sequences, which take the bonus instead). Weights need not be normalised to be
         # sampled; a residual without mass falls back to p at that position.
-        at_row = ctx.rows(torch.arange(B, device=n.device), n.clamp(max=N - 1))
+        at_row = ctx.rows(_arange(B, n.device), n.clamp(max=N - 1))
         residual = rule.residual(at_row, **params)
         bonus_ctx = ctx if num_drafts is None else _at_bonus(ctx, num_drafts)
         bonus = rule.bonus(bonus_ctx, **params)
@@ -276,7 +278,7 @@ class VerifyStep:
             accept_prob=accept_prob,
             strict_accept_prob=strict_accept_prob,
             accepted=accepted,
-            relaxed_only=accepted & kept & ~(u < strict_accept_prob),
+            relaxed_only=accepted & kept & ~(u < strict_accept_prob) if own_test else torch.zeros_like(accepted),
         )
 
 
@@ -284,7 +286,7 @@ def _at_bonus(ctx: VerifyContext, num_drafts: torch.Tensor) -> VerifyContext:
     """The block seen from each row's own bonus position num_drafts[b]: a context whose last row
     (what `Rule.bonus` reads) is row num_drafts[b] of p, the target logits and the drafter's logits
     (clamped to the rows the drafter gave: a rule without an extra drafter pass does not read it)."""
-    rows = torch.arange(ctx.batch_size, device=num_drafts.device)
+    rows = _arange(ctx.batch_size, num_drafts.device)
     drafter_row = num_drafts.clamp(max=ctx.draft_logits.shape[1] - 1)
     return VerifyContext(p=ctx.p[rows, num_drafts].unsqueeze(1), q=ctx.q,
                          target_logits=ctx.target_logits[rows, num_drafts].unsqueeze(1),
@@ -316,7 +318,7 @@ def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs
         proposable = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1) > 0
     match = (draft_tokens == best[:, :N]) & proposable
     if num_drafts is not None:
-        match &= torch.arange(N, device=match.device) < num_drafts.unsqueeze(1)
+        match &= _arange(N, match.device) < num_drafts.unsqueeze(1)
     kept = match.cumprod(dim=1).bool()
     n = kept.sum(dim=1)
     tokens = _emitted_tokens(draft_tokens, kept, n, best.gather(1, n.unsqueeze(1)).squeeze(1))
@@ -327,11 +329,18 @@ def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs
 
 def _emitted_tokens(draft_tokens, kept, n, last) -> torch.Tensor:
     """[B, N+1]: the kept drafts, then `last` at position n, then -1."""
-    B, N = draft_tokens.shape
-    tokens = torch.full((B, N + 1), -1, dtype=torch.long, device=n.device)
-    tokens[:, :N] = torch.where(kept, draft_tokens, -1)
-    tokens.scatter_(1, n.unsqueeze(1), last.unsqueeze(1))
-    return tokens
+    tokens = torch.nn.functional.pad(torch.where(kept, draft_tokens, -1), (0, 1), value=-1)
+    return tokens.scatter_(1, n.unsqueeze(1), last.unsqueeze(1))
+
+
+_ARANGES: dict = {}  # (length, device) -> torch.arange(length): made once, read every block
+
+
+def _arange(length: int, device) -> torch.Tensor:
+    key = (length, device)
+    if key not in _ARANGES:
+        _ARANGES[key] = torch.arange(length, device=device)
+    return _ARANGES[key]
 
 
 def relaxed_targets(

@@ -115,10 +115,6 @@ class _Book:
     def live_count(self) -> int:
         return len(self.live)
 
-    def start(self) -> torch.Tensor:
-        """The next output position of each live row."""
-        return torch.from_numpy(self.length[self.live]).to(self.device)
-
     def draft_lengths(self) -> tuple[int, torch.Tensor | None]:
         """(the round's block width, each row's own number of drafts, or None when all draft that many): a row
         drafts at most its room minus one, and N (or its own schedule's length)."""
@@ -170,7 +166,7 @@ class _Book:
         length = self.length[rows] = length + appended
         if self.schedule is not None:
             self.schedule[rows] = np.clip(self.schedule[rows] + np.where(n == self.proposed, 2, -1), 1, self.N)
-        self.log.append((rows, np.broadcast_to(self.proposed, rows.shape), emitted, appended, host))
+        self.log.append((rows, self.proposed, emitted, appended, host))  # proposed: an int, or one per row
         self.longest_kept = int(n.max()) + 1
         done = length >= self.max_new_tokens
         if stop is not None:
@@ -192,7 +188,8 @@ class _Book:
         B, N = len(self.length), self.N
         outputs: list[list[int]] = [[] for _ in range(B)]
         traces: list[list[Round]] = [[] for _ in range(B)]
-        rows, proposed, emitted, appended, host = (np.concatenate([entry[i] for entry in self.log]) for i in range(5))
+        rows, proposed, emitted, appended, host = (np.concatenate([
+            np.broadcast_to(entry[i], entry[0].shape) if i == 1 else entry[i] for entry in self.log]) for i in range(5))
         n = host[:, 0]
         columns = (host[:, 1:N + 2], host[:, N + 2:2 * N + 2], host[:, 2 * N + 2:].astype(bool))
         lists = [a.tolist() for a in (rows, n, proposed, emitted, appended, *columns)]
@@ -384,15 +381,15 @@ def generate(
         # rounds do not depend on the other rows of the batch; the block is as wide as the roomiest
         # row's, the others' extra columns are padding (verify's num_drafts).
         width, num_drafts = book.draft_lengths()
-        draws = None if greedy else sequence_seeds.at(book.start(), width if rule is not None else 0,
-                                                      host_start=book.length[book.live])
+        draws = None if greedy else sequence_seeds.at(None, width if rule is not None else 0,
+                                                      host_start=book.length[book.live])  # each row's next position
         if rule is None:
             t0 = time.perf_counter()
             logits, _ = target.feed(last[:, None])
             token, _ = _sample(logits[:, -1], **sampling, draws=draws, purpose=TOKEN)
             stats.verifier_forwards += 1
             stats.time_verify_s += time.perf_counter() - t0
-            tokens, accepted, results = token[:, None], torch.zeros_like(token), None
+            tokens, accepted, results = token[:, None], token.new_zeros(token.shape), None
         else:
             t0 = time.perf_counter()
             stop = None if draft_confidence is None else _ConfidenceStop(draft_confidence, book.limits())
@@ -421,7 +418,7 @@ def generate(
 
         # One copy to the host per round: what each row appended and whether it is done.
         done = book.record(tokens, accepted, *(() if results is None else (draft_tokens, results.relaxed_only)))
-        last = tokens.gather(1, accepted[:, None]).squeeze(1)
+        last = token if rule is None else tokens.gather(1, accepted[:, None]).squeeze(1)
         if rule is not None:
             # Roll back both to `last` + the accepted drafts (the drafter gets the verifier's hidden
             # states of that block when it drafts from them).

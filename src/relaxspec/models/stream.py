@@ -47,11 +47,12 @@ class Stream:
         self.next_position = None  # [B] the position of each row's next real slot
         self._checked = 0  # the length at which dead slots were last counted
         self.compactions = 0
+        self._aranges = {}  # T -> torch.arange(T) on the device: made once, read every round
 
     @property
     def mask(self) -> torch.Tensor:
         """[B, length] 1 where the cache slot belongs to the row's sequence."""
-        return self._mask[:, :self.length]
+        return self._mask.narrow(1, 0, self.length)
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, hidden_layer=None):
         """Returns the hidden state asked for ([B, T, H]; None if not asked or T == 0)."""
@@ -68,7 +69,7 @@ class Stream:
         T = ids.shape[1]
         start = self.next_position[:, None]
         if valid is None:
-            positions = start + torch.arange(T, device=self.device)
+            positions = start + self._arange(T)
             self.next_position = self.next_position + T
         else:
             positions = start + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
@@ -81,18 +82,27 @@ class Stream:
             grown = self._mask.new_zeros((self._mask.shape[0], 2 * (self.length + T)))
             grown[:, :self.length] = self.mask
             self._mask = grown
-        self._mask[:, self.length:self.length + T] = 1 if valid is None else valid
+        columns = self._mask.narrow(1, self.length, T)
+        if valid is None:
+            columns.fill_(1)
+        else:
+            columns.copy_(valid)
         self.length += T
         logits, hidden = self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
         return logits.float(), hidden  # rules see float32 whatever the model's dtype
+
+    def _arange(self, length: int) -> torch.Tensor:
+        if length not in self._aranges:
+            self._aranges[length] = torch.arange(length, device=self.device)
+        return self._aranges[length]
 
     def invalidate_tail(self, keep: torch.Tensor, width: int, longest: int | None = None) -> None:
         """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
         tail columns that no row uses any more (`longest`: keep.max() when the caller knows it on the host),
         and compact when dead slots exceed the bound."""
-        tail = self._mask[:, self.length - width:self.length]
+        tail = self._mask.narrow(1, self.length - width, width)
         before = tail.sum(dim=1)
-        tail *= torch.arange(width, device=self.device) < keep[:, None]
+        tail *= self._arange(width) < keep[:, None]
         self.next_position = self.next_position - (before - tail.sum(dim=1))
         length = self.length - width + (int(keep.max()) if longest is None else longest)
         if length < self.length:
