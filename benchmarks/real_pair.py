@@ -120,6 +120,9 @@ def measure(verifier: CausalLM, drafter: str, prompts: list[str], *, threads=(1,
 
     drafters = {drafter: load_drafter(drafter, verifier), NGRAM: load_drafter(NGRAM, verifier)}
     hf_can_assist = isinstance(drafters[drafter], LMDrafter)
+    verifier.restore_weights()  # HF generate runs the transformers models themselves (relaxspec keeps one copy)
+    if hf_can_assist:
+        drafters[drafter].lm.restore_weights()
     configs = configurations(drafter, hf_can_assist, threads, draft_lengths, temperatures)
     constants = {}
     for th in threads:
