@@ -25,6 +25,8 @@ when the build fails: one warning line and quant.py uses the aten kernel. It is 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -132,6 +134,8 @@ def kernel():
             built = any(Path(cpp_extension._get_build_directory(_NAME, verbose=False)).glob("*.so"))
         except Exception:  # (a private helper: if it moves, the note is printed every time)
             built = False
+        if shutil.which("ninja") is None:  # pip's ninja sits next to this interpreter (a venv not activated)
+            os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
         if not built:
             print("relaxspec: building the int4 block kernel (once, about a minute; cached by torch)", file=sys.stderr)
         return load_inline(name=_NAME, cpp_sources=[_SOURCE], functions=["int4_block_mm"],
