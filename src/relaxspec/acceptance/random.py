@@ -109,8 +109,8 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _bits(key_low: torch.Tensor, key_high: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """`stream_bits` on tensors (or numpy int64 arrays: the same ops): keys and positions of the same
-    (broadcast) shape."""
+    """`stream_bits` on int64 tensors: keys and positions of the same (broadcast) shape (`_bits_host` is the
+    numpy version the engine's rounds use)."""
     return _hash32(_hash32(key_low ^ (positions & _MASK32)) ^ key_high)
 
 

@@ -246,7 +246,7 @@ class VerifyStep:
         u = random.uniform(ACCEPT, N, dtype=accept_prob.dtype)
         accepted = u < accept_prob
         if num_drafts is not None:  # a row's padding columns are never proposed
-            accepted &= _arange(N, accepted.device) < num_drafts.unsqueeze(1)
+            accepted &= cached_arange(N, accepted.device) < num_drafts.unsqueeze(1)
 
         # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
         # every draft passed).
@@ -256,7 +256,7 @@ class VerifyStep:
         # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
         # accepted sequences, which take the bonus instead). Weights need not be normalised to be
         # sampled; a residual without mass falls back to p at that position.
-        at_row = ctx.rows(_arange(B, n.device), n.clamp(max=N - 1))
+        at_row = ctx.rows(cached_arange(B, n.device), n.clamp(max=N - 1))
         residual = rule.residual(at_row, **params)
         bonus_ctx = ctx if num_drafts is None else _at_bonus(ctx, num_drafts)
         bonus = rule.bonus(bonus_ctx, **params)
@@ -286,7 +286,7 @@ def _at_bonus(ctx: VerifyContext, num_drafts: torch.Tensor) -> VerifyContext:
     """The block seen from each row's own bonus position num_drafts[b]: a context whose last row
     (what `Rule.bonus` reads) is row num_drafts[b] of p, the target logits and the drafter's logits
     (clamped to the rows the drafter gave: a rule without an extra drafter pass does not read it)."""
-    rows = _arange(ctx.batch_size, num_drafts.device)
+    rows = cached_arange(ctx.batch_size, num_drafts.device)
     drafter_row = num_drafts.clamp(max=ctx.draft_logits.shape[1] - 1)
     return VerifyContext(p=ctx.p[rows, num_drafts].unsqueeze(1), q=ctx.q,
                          target_logits=ctx.target_logits[rows, num_drafts].unsqueeze(1),
@@ -318,7 +318,7 @@ def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs
         proposable = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1) > 0
     match = (draft_tokens == best[:, :N]) & proposable
     if num_drafts is not None:
-        match &= _arange(N, match.device) < num_drafts.unsqueeze(1)
+        match &= cached_arange(N, match.device) < num_drafts.unsqueeze(1)
     kept = match.cumprod(dim=1).bool()
     n = kept.sum(dim=1)
     tokens = _emitted_tokens(draft_tokens, kept, n, best.gather(1, n.unsqueeze(1)).squeeze(1))
@@ -336,7 +336,9 @@ def _emitted_tokens(draft_tokens, kept, n, last) -> torch.Tensor:
 _ARANGES: dict = {}  # (length, device) -> torch.arange(length): made once, read every block
 
 
-def _arange(length: int, device) -> torch.Tensor:
+def cached_arange(length: int, device) -> torch.Tensor:
+    """torch.arange(length) on `device`, made once and shared (read-only: callers never write into it); the
+    verify step and the caches' bookkeeping (models.stream) read one every round."""
     key = (length, device)
     if key not in _ARANGES:
         _ARANGES[key] = torch.arange(length, device=device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from relaxspec.acceptance.verify import cached_arange
 from relaxspec.models.hf import CausalLM, can_gather_cache, crop_cache, gather_cache
 
 
@@ -47,7 +48,6 @@ class Stream:
         self.next_position = None  # [B] the position of each row's next real slot
         self._checked = 0  # the length at which dead slots were last counted
         self.compactions = 0
-        self._aranges = {}  # T -> torch.arange(T) on the device: made once, read every round
 
     @property
     def mask(self) -> torch.Tensor:
@@ -69,7 +69,7 @@ class Stream:
         T = ids.shape[1]
         start = self.next_position[:, None]
         if valid is None:
-            positions = start + self._arange(T)
+            positions = start + cached_arange(T, self.device)
             self.next_position = self.next_position + T
         else:
             positions = start + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
@@ -91,18 +91,13 @@ class Stream:
         logits, hidden = self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
         return logits.float(), hidden  # rules see float32 whatever the model's dtype
 
-    def _arange(self, length: int) -> torch.Tensor:
-        if length not in self._aranges:
-            self._aranges[length] = torch.arange(length, device=self.device)
-        return self._aranges[length]
-
     def invalidate_tail(self, keep: torch.Tensor, width: int, longest: int | None = None) -> None:
         """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
         tail columns that no row uses any more (`longest`: keep.max() when the caller knows it on the host),
         and compact when dead slots exceed the bound."""
         tail = self._mask.narrow(1, self.length - width, width)
         before = tail.sum(dim=1)
-        tail *= self._arange(width) < keep[:, None]
+        tail *= cached_arange(width, self.device) < keep[:, None]
         self.next_position = self.next_position - (before - tail.sum(dim=1))
         length = self.length - width + (int(keep.max()) if longest is None else longest)
         if length < self.length:
