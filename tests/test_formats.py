@@ -130,12 +130,12 @@ def test_int4_fast_path_equals_float32_on_the_dequantized_weights():
 def test_released_weights_read_back_from_fastllama(fmt):
     """One resident copy: once FastLlama holds a model's linear weights, the transformers copy is dropped and
     CausalLM.state_dict reads them back from FastLlama's (float32: bit for bit, through oneDNN's reordered copy
-    and sgemm's W^T alike; bfloat16: the weights rounded to it; int4: the dequantized weights, to bfloat16)."""
-    model = tiny_llama(hidden=256)  # gate_up 1024 x 256 reaches oneDNN's cut, the other linears stay on sgemm
+    and the small-weight kernel's tiles alike; bfloat16: the weights rounded to it; int4: the dequantized weights, to bfloat16)."""
+    model = tiny_llama(hidden=256)  # gate_up 1024 x 256 reaches oneDNN's cut, the other linears stay small
     want = {k: v.clone() for k, v in model.state_dict().items()}
     lm = CausalLM("m", model, None, FastLlama(model, fmt))
     if fmt == "float32":
-        assert lm.fast.layers[0][4].packed.is_mkldnn and lm.fast.layers[0][5].t is not None
+        assert lm.fast.layers[0][4].packed.is_mkldnn and lm.fast.layers[0][5].tiles is not None
     FastLlama.release_weights(model)
     assert model.model.layers[1].self_attn.q_proj.weight.numel() == 0
     got = lm.state_dict()

@@ -4,7 +4,8 @@
 LM head) are stored once, in that format, and multiplied by a stock kernel:
 
 * float32: oneDNN on the weight reordered once into its blocked layout, for one row (a decode step) and for a
-  block of rows alike (small weights, or no oneDNN: sgemm on W^T). One copy.
+  block of rows alike; small weights: `models/f32_block.py` (each weight read once per block of up to 8 rows,
+  row-independent bits), or where that kernel cannot be built, or no oneDNN: sgemm on W^T. One copy.
 * bfloat16: the weight in bfloat16 [out, in], `F.linear` on the activations rounded to bfloat16 (oneDNN).
 * int4: 4-bit codes per weight with a bfloat16 scale and zero per group of `GROUP_SIZE` inputs
   (w = (q - 8) * scale + zero), `aten._weight_int4pack_mm_for_cpu` on the activations rounded to bfloat16.
@@ -38,7 +39,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from relaxspec.models import int4_block
+from relaxspec.models import f32_block, int4_block
 
 FORMATS = ("float32", "bfloat16", "int4")
 GROUP_SIZE = 32
@@ -89,7 +90,7 @@ class Linear:
         environment's RELAXSPEC_INT4_KERNEL if set, else block (groups of 32)."""
         weight = weight.detach()
         self.format, self.shape, self.group_size = fmt, tuple(weight.shape), group_size
-        self.packed = self.t = self.w = self.scale_zero = self.block = None
+        self.packed = self.t = self.w = self.scale_zero = self.block = self.tiles = None
         cpu = weight.device.type == "cpu"
         if fmt == "int4":
             if not cpu:
@@ -112,6 +113,8 @@ class Linear:
         elif (fmt == "float32" and cpu and weight.numel() >= ONEDNN_MIN_ELEMENTS
               and torch.backends.mkldnn.is_available()):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 6)
+        elif fmt == "float32" and cpu and weight.numel() < ONEDNN_MIN_ELEMENTS and f32_block.kernel() is not None:
+            self.tiles = f32_block.pack(weight)
         else:  # W^T [in, out] contiguous: `x @ W^T` on a row-major right operand (sgemm / cuBLAS)
             self.t = weight.to(_DTYPES[fmt]).t().contiguous()
 
@@ -119,6 +122,8 @@ class Linear:
         """x @ W^T, plus `residual` when given."""
         if self.t is not None:
             return torch.mm(x, self.t) if residual is None else torch.addmm(residual, x, self.t)
+        if self.tiles is not None:
+            return f32_block.block_mm(x, self.tiles, self.shape[0], residual)
         if self.block is not None:
             y = int4_block.block_mm(x, *self.block)
         elif self.format == "int4":
@@ -137,6 +142,8 @@ class Linear:
             return self.t.t().float().contiguous()
         if self.w is not None:
             return self.w.float()
+        if self.tiles is not None:
+            return f32_block.unpack(self.tiles, self.shape[0])
         if self.format == "float32":
             return self.packed.to_dense()  # oneDNN's blocked layout back to [out, in]: a permutation, exact
         eye = torch.eye(self.shape[1], dtype=torch.bfloat16, device="cpu")  # (int4 runs on a CPU only)
@@ -145,7 +152,7 @@ class Linear:
     @property
     def nbytes(self) -> int:
         """Bytes this weight keeps resident."""
-        return sum(t.numel() * t.element_size() for t in (self.t, self.w, self.scale_zero, self.packed,
+        return sum(t.numel() * t.element_size() for t in (self.t, self.w, self.scale_zero, self.packed, self.tiles,
                                                            *(self.block or ()))
                    if t is not None and not t.is_mkldnn) + (
             self.shape[0] * self.shape[1] * 4 if self.packed is not None and self.packed.is_mkldnn else 0)
