@@ -28,10 +28,10 @@ def test_kernel_matches_a_float64_reference(shape):
         x, r = torch.randn(rows, shape[1]), torch.randn(rows, shape[0])
         ref = x.double() @ w.double().t()
         bound = 1e-6 * (x.abs().double() @ w.abs().double().t()) + 1e-6
-        y = f32_block.block_mm(x, tiles, shape[0])
+        y = f32_block.block_mm(f32_block.kernel(), x, tiles, shape[0])
         assert y.dtype == torch.float32 and y.shape == (rows, shape[0])
         assert ((y.double() - ref).abs() <= bound).all()
-        y_r = f32_block.block_mm(x, tiles, shape[0], residual=r)
+        y_r = f32_block.block_mm(f32_block.kernel(), x, tiles, shape[0], residual=r)
         assert ((y_r.double() - ref - r.double()).abs() <= bound + 1e-6 * r.abs().double()).all()
 
 

@@ -55,31 +55,26 @@ static inline __attribute__((always_inline)) void tile(const float* x, long M, l
     }
 }
 
-#define CHUNK(MM)                                                                                      \
-  static void chunk_##MM(const float* x, long in, const float* wp, long out, float* y, const float* r) { \
-    const long tiles = (out + 15) / 16;                                                                \
-    long o16 = 0;                                                                                      \
-    for (; o16 + 4 <= tiles; o16 += 4) tile(x, MM, in, wp, o16, 4, y, r, out);                         \
-    for (; o16 < tiles; ++o16) tile(x, MM, in, wp, o16, 1, y, r, out);                                 \
+/* One tile of OT x 16 outputs for rows m0.. of x (k <= 8 of them), M a constant in each case. */
+static void rows(long k, const float* x, long in, const float* wp, long o16, int OT, float* y, const float* r,
+                 long out) {
+  switch (k) {
+#define CASE(MM) case MM: if (OT == 4) tile(x, MM, in, wp, o16, 4, y, r, out); \
+                          else tile(x, MM, in, wp, o16, 1, y, r, out); break;
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8)
+#undef CASE
   }
-CHUNK(1) CHUNK(2) CHUNK(3) CHUNK(4) CHUNK(5) CHUNK(6) CHUNK(7) CHUNK(8)
+}
 
+/* Output tiles outermost, chunks of 8 rows inside: a tile of the weight (in x 64 floats) is read from memory once
+   per call and from cache by the other chunks (a prefill). */
 void f32_block_mm(const float* x, long M, long in, const float* wp, long out, float* y, const float* r) {
-  for (long m0 = 0; m0 < M; m0 += 8) {
-    const long k = M - m0 < 8 ? M - m0 : 8;
-    const float* xs = x + m0 * in;
-    float* ys = y + m0 * out;
-    const float* rs = r ? r + m0 * out : 0;
-    switch (k) {
-      case 1: chunk_1(xs, in, wp, out, ys, rs); break;
-      case 2: chunk_2(xs, in, wp, out, ys, rs); break;
-      case 3: chunk_3(xs, in, wp, out, ys, rs); break;
-      case 4: chunk_4(xs, in, wp, out, ys, rs); break;
-      case 5: chunk_5(xs, in, wp, out, ys, rs); break;
-      case 6: chunk_6(xs, in, wp, out, ys, rs); break;
-      case 7: chunk_7(xs, in, wp, out, ys, rs); break;
-      default: chunk_8(xs, in, wp, out, ys, rs); break;
-    }
+  const long tiles = (out + 15) / 16;
+  for (long o16 = 0; o16 < tiles;) {
+    const int OT = tiles - o16 >= 4 ? 4 : 1;
+    for (long m0 = 0; m0 < M; m0 += 8)
+      rows(M - m0 < 8 ? M - m0 : 8, x + m0 * in, in, wp, o16, OT, y + m0 * out, r ? r + m0 * out : 0, out);
+    o16 += OT;
   }
 }
 """
@@ -88,8 +83,10 @@ _P, _L = ctypes.c_void_p, ctypes.c_long
 
 
 def kernel():
-    """The loaded library (cached), or None where it cannot be built (one warning) or RELAXSPEC_NATIVE=0."""
-    return native.load("f32_block", _SOURCE, (("f32_block_mm", None, (_P, _L, _L, _P, _L, _P, _P)),))
+    """The kernel's C function (the library is cached), or None where it cannot be built (one warning) or
+    RELAXSPEC_NATIVE=0."""
+    lib = native.load("f32_block", _SOURCE, (("f32_block_mm", None, (_P, _L, _L, _P, _L, _P, _P)),))
+    return None if lib is None else lib.f32_block_mm
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -104,11 +101,12 @@ def unpack(tiles: torch.Tensor, out: int) -> torch.Tensor:
     return tiles.transpose(1, 2).reshape(-1, tiles.shape[1])[:out].contiguous()
 
 
-def block_mm(x: torch.Tensor, tiles: torch.Tensor, out: int, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, in] (float32, CPU) @ W^T (+ residual [M, out]): float32 [M, out]."""
-    x = x.contiguous()
-    y = torch.empty((x.shape[0], out), dtype=torch.float32, device=x.device)
-    r = None if residual is None else residual.contiguous()
-    kernel().f32_block_mm(x.data_ptr(), x.shape[0], x.shape[1], tiles.data_ptr(), out, y.data_ptr(),
-                          None if r is None else r.data_ptr())
+def block_mm(mm, x: torch.Tensor, tiles: torch.Tensor, out: int, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, in] (float32, CPU) @ W^T (+ residual [M, out], float32 contiguous) through `mm` (`kernel()`):
+    float32 [M, out]. (A decode step's small linears cost a few microseconds: this stays lean.)"""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    y = x.new_empty((x.shape[0], out))
+    mm(x.data_ptr(), x.shape[0], x.shape[1], tiles.data_ptr(), out, y.data_ptr(),
+       None if residual is None else residual.contiguous().data_ptr())
     return y

@@ -1,0 +1,57 @@
+"""The default job's batch-1 figures in two minutes: `x b1` (measured) next to the block-aware model S_blk for a
+few cells of the built-in pair, with the bench's own code (bench.cell.time_batch1_cells, speed_constants) and
+settings (arithmetic, T=0.7, top-p 0.95, 160 new tokens, one thread, thread CPU time).
+
+    python benchmarks/default_job_b1.py [--prompts 16] [--draft-lengths 3 5]
+
+tau comes from the same cells run on the next `--prompts` prompts in one batch (the default job takes it from its
+samples). measured / model is the figure issue 27 targets (>= 0.9; strict N=3 >= 1.0x).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from relaxspec.bench.cell import CellSpec, generate_samples, speed_constants, time_batch1_cells
+from relaxspec.bench.config import BenchConfig
+from relaxspec.bench.speedup import block_aware_speedup
+from relaxspec.engine import derive_seed
+from relaxspec.models import DEFAULT_DRAFTER, DEFAULT_VERIFIER, load_model
+from relaxspec.tasks import get_task
+
+CELLS = [("strict", {}), ("typical", {"epsilon": 0.09, "delta": 0.3})]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--draft-lengths", type=int, nargs="*", default=[3, 5])
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    config = BenchConfig(speed_prompts=args.prompts)
+    task = get_task("arithmetic", limit=2 * args.prompts)
+    models = {DEFAULT_VERIFIER: load_model(DEFAULT_VERIFIER), DEFAULT_DRAFTER: load_model(DEFAULT_DRAFTER)}
+    specs = [CellSpec(DEFAULT_VERIFIER, DEFAULT_DRAFTER, "arithmetic", method, params, n, 0)
+             for n in args.draft_lengths for method, params in CELLS]
+    constants = speed_constants(models, specs)
+    pair = lambda s: (models[DEFAULT_VERIFIER], models[DEFAULT_DRAFTER])  # noqa: E731
+    timed = time_batch1_cells(specs, task, pair, config)
+    print(f"{'cell':<28} {'tau':>5} {'c_rel':>6} {'c_blk':>6} {'S_blk':>6} {'x b1':>6} {'meas/model':>10}")
+    for spec, b1 in zip(specs, timed):
+        prompts = [task.examples[i].prompt for i in range(args.prompts, 2 * args.prompts)]
+        out = generate_samples(spec, prompts, [derive_seed(0, i, 0) for i in range(len(prompts))],
+                               *pair(spec), config, None)
+        s = out.stats
+        tau = (s.sequence_rounds + s.drafts_accepted) / s.sequence_rounds
+        c = constants[(spec.verifier, spec.drafter, spec.draft_length)]
+        model = block_aware_speedup(tau, spec.draft_length, c["c_rel_measured"], c["c_block_measured"])
+        x = b1["measured_speedup_batch1"]
+        label = f"{spec.method}{spec.params or ''} N={spec.draft_length}"
+        print(f"{label[:28]:<28} {tau:5.2f} {c['c_rel_measured']:6.3f} {c['c_block_measured']:6.2f} {model:6.2f} "
+              f"{x:6.2f} {x / model:10.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
