@@ -8,7 +8,7 @@ drafter is almost all per-op overhead, so every op per layer counts:
 
 * the KV cache is a preallocated buffer per layer: appending writes only the
   new slots, rollback moves a length pointer (gpt-fast style), no copy of the past;
-* RoPE is one complex multiply on q, k (and v, rotated by 1) together: the q/k
+* RoPE is one complex multiply, in place, on q and k together: the q/k
   projection rows of each head are permuted once so that HF's half-split pairs
   (j, j + D/2) sit side by side. q·k is unchanged by a permutation applied to both;
 * the attention mask is built once per call (not per layer), into a buffer kept across calls, and skipped
@@ -17,7 +17,9 @@ drafter is almost all per-op overhead, so every op per layer counts:
   oneDNN on a copy reordered once into its blocked layout, for one row and for a block alike; bfloat16;
   int4 weight-only, group-wise), so that a block of several rows (a verifier's N+1 tokens, a prefill) reads
   each weight once, as a one-token step does. Through MKL's sgemm a block repacked the whole weight on every
-  call (3.9-5.9x a step at 6 rows on SmolLM2-135M).
+  call (3.9-5.9x a step at 6 rows on SmolLM2-135M);
+* on a CPU, RMSNorm is one native call (models/f32_kernels.py; torch's composite costs ~8 operations), and
+  the embedding and RoPE table are read by index_select: a small model's step is made of few operations.
 
 Every tensor it makes (KV buffers, the RoPE table, masks) lives on the weights' device. On a CPU it computes
 in float32 whatever the weights' format (norms, RoPE, attention, the residual stream and the logits are
@@ -30,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from relaxspec.models import f32_kernels
 from relaxspec.models.device import inference
 from relaxspec.models.quant import Linear
 
@@ -107,6 +110,9 @@ class FastLlama:
         self._bias = torch.empty(0, dtype=self.dtype, device=self.device)  # storage of the attention bias
         self._future: dict[int, torch.Tensor] = {}  # T -> [T, T] True above the diagonal (a later query's slot)
         self.final_norm = inner.norm.weight.detach().to(self.dtype)
+        # RMSNorm in one native call on a CPU (models/f32_kernels.py), else torch's
+        self._norm_kernel = f32_kernels.norm_kernel() if self.dtype == torch.float32 and self.device.type == "cpu" \
+            else None
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
@@ -177,7 +183,7 @@ class FastLlama:
             angles = torch.arange(size, dtype=torch.float32, device=self.device)[:, None] * self.inv_freq
             self._rotations = torch.polar(torch.full_like(angles, self.rope_scale), angles)
         try:
-            return self._rotations[position_ids][:, :, None]
+            return self._rotations.index_select(0, position_ids.reshape(-1)).view(*position_ids.shape, 1, -1)
         except IndexError:
             return self._rotation(position_ids, int(position_ids.max()) + 1)
 
@@ -197,6 +203,11 @@ class FastLlama:
         bias[..., past:].masked_fill_(self._future[T], self.masked)
         return bias
 
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self._norm_kernel is not None:
+            return f32_kernels.rms_norm(self._norm_kernel, x, weight, self.eps)
+        return torch.rms_norm(x, (x.shape[-1],), weight, self.eps)
+
     @inference
     def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_blocks=()):
         """Logits [B, T, V] and the hidden states after `hidden_blocks` (0-based; the last one after the
@@ -204,27 +215,25 @@ class FastLlama:
         B, T = input_ids.shape
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
         past = cache.get_seq_length()
-        x = F.embedding(input_ids.reshape(-1), self.embed).to(self.dtype)  # [B*T, C]: every matmul is one mm
-        C = (x.shape[-1],)
-        rotation = self._rotation(position_ids, past + T).expand(B, T, H + KVH, D // 2)
-        # v rides along in the one complex multiply, rotated by 1 (exact): q, k, v come out as heads.
-        rotation = torch.cat([rotation, torch.ones_like(rotation[:, :, :KVH])], dim=2)
+        x = self.embed.index_select(0, input_ids.reshape(-1)).to(self.dtype)  # [B*T, C]: every matmul is one mm
+        rotation = self._rotation(position_ids, past + T)  # [B, T, 1, D/2], every head alike
         bias = self._attention_bias(attention_mask, past, T)
         hidden = {}
         for i, (w_in, qkv_proj, o_proj, w_post, gate_up_proj, down_proj) in enumerate(self.layers):
-            qkv = qkv_proj(torch.rms_norm(x, C, w_in, self.eps))
+            qkv = qkv_proj(self._rms_norm(x, w_in))
             pairs = torch.view_as_complex(qkv.float().view(B, T, H + 2 * KVH, D // 2, 2))
-            heads = torch.view_as_real(pairs * rotation).to(x.dtype).view(B, T, H + 2 * KVH, D).transpose(1, 2)
+            pairs[:, :, :H + KVH].mul_(rotation)  # q and k rotated in place; v as it is
+            heads = torch.view_as_real(pairs).to(x.dtype).view(B, T, H + 2 * KVH, D).transpose(1, 2)
             kv = cache.write(i, past, heads[:, H:])
             o = F.scaled_dot_product_attention(heads[:, :H], kv[:, :KVH], kv[:, KVH:], attn_mask=bias,
                                                enable_gqa=KVH != H)
             x = o_proj(o.transpose(1, 2).reshape(B * T, H * D), residual=x)
-            gate, up = gate_up_proj(torch.rms_norm(x, C, w_post, self.eps)).chunk(2, dim=-1)
+            gate, up = gate_up_proj(self._rms_norm(x, w_post)).chunk(2, dim=-1)
             x = down_proj(F.silu(gate) * up, residual=x)
             if i in hidden_blocks:
                 hidden[i] = x
         cache.length = past + T
-        x = torch.rms_norm(x, C, self.final_norm, self.eps)
+        x = self._rms_norm(x, self.final_norm)
         hidden[self.num_layers - 1] = x  # as transformers reports it: the last hidden state is after the final norm
         logits = self.lm_head(x).view(B, T, -1)
         if not hidden_blocks:

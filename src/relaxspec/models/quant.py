@@ -4,7 +4,7 @@
 LM head) are stored once, in that format, and multiplied by a stock kernel:
 
 * float32: oneDNN on the weight reordered once into its blocked layout, for one row (a decode step) and for a
-  block of rows alike; small weights: `models/f32_block.py` (each weight read once per block of up to 8 rows,
+  block of rows alike; small weights: `models/f32_kernels.py` (each weight read once per block of up to 8 rows,
   row-independent bits), or where that kernel cannot be built, or no oneDNN: sgemm on W^T. One copy.
 * bfloat16: the weight in bfloat16 [out, in], `F.linear` on the activations rounded to bfloat16 (oneDNN).
 * int4: 4-bit codes per weight with a bfloat16 scale and zero per group of `GROUP_SIZE` inputs
@@ -39,7 +39,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from relaxspec.models import f32_block, int4_block
+from relaxspec.models import f32_kernels, int4_block
 
 FORMATS = ("float32", "bfloat16", "int4")
 GROUP_SIZE = 32
@@ -113,8 +113,8 @@ class Linear:
         elif (fmt == "float32" and cpu and weight.numel() >= ONEDNN_MIN_ELEMENTS
               and torch.backends.mkldnn.is_available()):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 6)
-        elif fmt == "float32" and cpu and weight.numel() < ONEDNN_MIN_ELEMENTS and f32_block.kernel() is not None:
-            self.tiles, self.tiles_mm = f32_block.pack(weight), f32_block.kernel()
+        elif fmt == "float32" and cpu and weight.numel() < ONEDNN_MIN_ELEMENTS and f32_kernels.kernel() is not None:
+            self.tiles, self.tiles_mm = f32_kernels.pack(weight), f32_kernels.kernel()
         else:  # W^T [in, out] contiguous: `x @ W^T` on a row-major right operand (sgemm / cuBLAS)
             self.t = weight.to(_DTYPES[fmt]).t().contiguous()
 
@@ -123,7 +123,7 @@ class Linear:
         if self.t is not None:
             return torch.mm(x, self.t) if residual is None else torch.addmm(residual, x, self.t)
         if self.tiles is not None:
-            return f32_block.block_mm(self.tiles_mm, x, self.tiles, self.shape[0], residual)
+            return f32_kernels.block_mm(self.tiles_mm, x, self.tiles, self.shape[0], residual)
         if self.block is not None:
             y = int4_block.block_mm(x, *self.block)
         elif self.format == "int4":
@@ -143,7 +143,7 @@ class Linear:
         if self.w is not None:
             return self.w.float()
         if self.tiles is not None:
-            return f32_block.unpack(self.tiles, self.shape[0])
+            return f32_kernels.unpack(self.tiles, self.shape[0])
         if self.format == "float32":
             return self.packed.to_dense()  # oneDNN's blocked layout back to [out, in]: a permutation, exact
         eye = torch.eye(self.shape[1], dtype=torch.bfloat16, device="cpu")  # (int4 runs on a CPU only)

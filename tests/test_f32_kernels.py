@@ -1,4 +1,4 @@
-"""The float32 small-weight kernel (models/f32_block.py): numbers against a float64 reference, rows independent of
+"""The float32 small-weight kernel (models/f32_kernels.py): numbers against a float64 reference, rows independent of
 the block they are in (bit for bit), exact packing, and sgemm's path when native kernels are off."""
 
 import os
@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from relaxspec.models import f32_block
+from relaxspec.models import f32_kernels
 from relaxspec.models.quant import Linear
 
-needs_kernel = pytest.mark.skipif(f32_block.kernel() is None, reason="no C compiler")
+needs_kernel = pytest.mark.skipif(f32_kernels.kernel() is None, reason="no C compiler")
 
 SHAPES = ((714, 128), (384, 64), (128, 512), (7, 32), (20, 3), (65, 33))  # output tails of the 64- and 16-wide tiles
 
@@ -23,15 +23,15 @@ def test_kernel_matches_a_float64_reference(shape):
     # by 1e-6 of sum |x| |w| (in <= 512 terms) plus the residual's own rounding.
     torch.manual_seed(shape[0])
     w = torch.randn(shape)
-    tiles = f32_block.pack(w)
+    tiles = f32_kernels.pack(w)
     for rows in (1, 3, 8, 13):  # 13: two chunks (8 + 5)
         x, r = torch.randn(rows, shape[1]), torch.randn(rows, shape[0])
         ref = x.double() @ w.double().t()
         bound = 1e-6 * (x.abs().double() @ w.abs().double().t()) + 1e-6
-        y = f32_block.block_mm(f32_block.kernel(), x, tiles, shape[0])
+        y = f32_kernels.block_mm(f32_kernels.kernel(), x, tiles, shape[0])
         assert y.dtype == torch.float32 and y.shape == (rows, shape[0])
         assert ((y.double() - ref).abs() <= bound).all()
-        y_r = f32_block.block_mm(f32_block.kernel(), x, tiles, shape[0], residual=r)
+        y_r = f32_kernels.block_mm(f32_kernels.kernel(), x, tiles, shape[0], residual=r)
         assert ((y_r.double() - ref - r.double()).abs() <= bound + 1e-6 * r.abs().double()).all()
 
 
@@ -50,7 +50,7 @@ def test_a_row_gives_the_same_bits_alone_and_in_any_block():
 
 def test_packing_is_exact_and_dense_reads_the_weight_back():
     w = torch.randn(37, 24)
-    assert torch.equal(f32_block.unpack(f32_block.pack(w), 37), w)
+    assert torch.equal(f32_kernels.unpack(f32_kernels.pack(w), 37), w)
     assert torch.equal(Linear(w).dense(), w)
 
 
@@ -61,3 +61,20 @@ def test_without_native_kernels_small_weights_use_sgemm_with_the_same_numbers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "RELAXSPEC_NATIVE": "0"})
     assert out.returncode == 0 and out.stdout.strip() == "sgemm", out.stderr[-2000:]
+
+
+@pytest.mark.skipif(f32_kernels.norm_kernel() is None, reason="no C compiler")
+@pytest.mark.parametrize("width", (7, 64, 576))
+def test_rms_norm_matches_torch_and_leaves_rows_independent(width):
+    # Stated tolerance: the mean of squares summed in another order (16 lanes, then a tail), a relative 2^-24
+    # per addition over <= 576 terms, plus one rounding each for the scale and the two products: 1e-5 relative.
+    torch.manual_seed(width)
+    x, w = torch.randn(3, 5, width) * 3, torch.randn(width)
+    fn = f32_kernels.norm_kernel()
+    y = f32_kernels.rms_norm(fn, x, w, 1e-6)
+    ref = torch.rms_norm(x.double(), (width,), w.double(), 1e-6)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    assert ((y.double() - ref).abs() <= 1e-5 * ref.abs() + 1e-6).all()
+    assert torch.equal(f32_kernels.rms_norm(fn, x[1:2, 3:4], w, 1e-6), y[1:2, 3:4])
+    strided = x.transpose(0, 1)  # not contiguous: made so first
+    assert torch.equal(f32_kernels.rms_norm(fn, strided, w, 1e-6), y.transpose(0, 1))

@@ -1,19 +1,22 @@
-"""A float32 kernel for small weights times a block of a few rows (a verify block of N+1 tokens, a decode step).
+"""Float32 kernels for FastLlama's small models on a CPU: a weight times a block of a few rows, and RMSNorm.
 
-MKL's sgemm repacks the weight on every call once there are several rows: on the built-in family's matrices
-(64-1024 outputs, 64-512 inputs) a 4-row product cost 2-3.7x a one-row product, which priced the verifier's
-(N+1)-token block at ~1.5 steps (c_block) though each weight is read once either way. This kernel reads each
-weight once per block of up to 8 rows, from a layout packed once at load (tiles of 16 outputs: [out / 16, in,
-16], zero-padded), keeping 16-wide accumulators per row in registers; a 4-row product then costs 1.2-1.6x a
-one-row product (`benchmarks/model_speed.py`).
+`block_mm`: MKL's sgemm repacks the weight on every call once there are several rows: on the built-in family's
+matrices (64-1024 outputs, 64-512 inputs) a 4-row product cost 2-3.7x a one-row product, which priced the
+verifier's (N+1)-token block at ~1.6 steps (c_block) though each weight is read once either way. This kernel
+reads each weight once per call, from a layout packed once at load (tiles of 16 outputs: [out / 16, in, 16],
+zero-padded), keeping 16-wide accumulators per row in registers (up to 8 rows at a time; output tiles
+outermost, so a prefill's further chunks of 8 rows find the tile in cache); a 4-row product costs 1.2-1.6x a
+one-row product. Row independence: each output of a row is one chain of fused multiply-adds over the inputs,
+in order, then the residual added; no other row enters it, so a row multiplied alone or in any block gives the
+same bits (tested), and through the linear layers strict greedy equals AR greedy by construction (attention
+still differs within its rounding, see quant.py).
 
-Row independence: each output of a row is one chain of fused multiply-adds over the inputs, in order, then the
-residual added; no other row enters it, so a row multiplied alone or in any block gives the same bits (tested),
-and through the linear layers strict greedy equals AR greedy by construction (attention still differs within
-its rounding, see quant.py). Longer inputs (a prefill) run in chunks of 8 rows.
+`rms_norm`: torch's CPU RMSNorm is a composite of ~8 operations (~9 us on a 64-576 wide row); this is one call
+(~2 us): y = w * (x / sqrt(mean(x^2) + eps)), the mean summed in float32 in 16 lanes (HF's LlamaRMSNorm
+order of operations; the sum's order differs from torch's within float32 rounding).
 
 Plain C through relaxspec.native (GCC vector extensions: AVX-512, AVX2 or whatever the CPU has); where it
-cannot be built, quant.py keeps sgemm.
+cannot be built (or RELAXSPEC_NATIVE=0), quant.py keeps sgemm and FastLlama torch.rms_norm.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from relaxspec import native
 TILE = 16
 
 _SOURCE = r"""
+#include <math.h>
 #include <string.h>
 typedef float v16 __attribute__((vector_size(64)));
 
@@ -77,16 +81,47 @@ void f32_block_mm(const float* x, long M, long in, const float* wp, long out, fl
     o16 += OT;
   }
 }
+
+/* y[m, :] = w * (x[m, :] / sqrt(mean(x[m, :]^2) + eps)) for M rows of C values. */
+void f32_rms_norm(const float* x, long M, long C, const float* w, float eps, float* y) {
+  for (long m = 0; m < M; ++m) {
+    const float* xm = x + m * C;
+    float* ym = y + m * C;
+    v16 acc = {0};
+    long i = 0;
+    for (; i + 16 <= C; i += 16) {
+      v16 v;
+      memcpy(&v, xm + i, 64);
+      acc += v * v;
+    }
+    float ss = 0;
+    for (int j = 0; j < 16; ++j) ss += acc[j];
+    for (; i < C; ++i) ss += xm[i] * xm[i];
+    const float inv = 1.0f / sqrtf(ss / (float)C + eps);
+    for (long c = 0; c < C; ++c) ym[c] = w[c] * (xm[c] * inv);
+  }
+}
 """
 
 _P, _L = ctypes.c_void_p, ctypes.c_long
 
 
+def _library():
+    return native.load("f32_kernels", _SOURCE, (("f32_block_mm", None, (_P, _L, _L, _P, _L, _P, _P)),
+                                                ("f32_rms_norm", None, (_P, _L, _L, _P, ctypes.c_float, _P))))
+
+
 def kernel():
-    """The kernel's C function (the library is cached), or None where it cannot be built (one warning) or
-    RELAXSPEC_NATIVE=0."""
-    lib = native.load("f32_block", _SOURCE, (("f32_block_mm", None, (_P, _L, _L, _P, _L, _P, _P)),))
+    """The block product's C function (the library is cached), or None where it cannot be built (one warning)
+    or RELAXSPEC_NATIVE=0."""
+    lib = _library()
     return None if lib is None else lib.f32_block_mm
+
+
+def norm_kernel():
+    """The RMSNorm's C function, or None (as `kernel`)."""
+    lib = _library()
+    return None if lib is None else lib.f32_rms_norm
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -109,4 +144,15 @@ def block_mm(mm, x: torch.Tensor, tiles: torch.Tensor, out: int, residual: torch
     y = x.new_empty((x.shape[0], out))
     mm(x.data_ptr(), x.shape[0], x.shape[1], tiles.data_ptr(), out, y.data_ptr(),
        None if residual is None else residual.contiguous().data_ptr())
+    return y
+
+
+def rms_norm(fn, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension of x [..., C] (float32, CPU) with `weight` [C] (float32, contiguous) through
+    `fn` (`norm_kernel()`): float32, x's shape."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    y = torch.empty_like(x)
+    C = x.shape[-1]
+    fn(x.data_ptr(), x.numel() // C, C, weight.data_ptr(), eps, y.data_ptr())
     return y
