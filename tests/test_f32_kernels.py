@@ -78,3 +78,24 @@ def test_rms_norm_matches_torch_and_leaves_rows_independent(width):
     assert torch.equal(f32_kernels.rms_norm(fn, x[1:2, 3:4], w, 1e-6), y[1:2, 3:4])
     strided = x.transpose(0, 1)  # not contiguous: made so first
     assert torch.equal(f32_kernels.rms_norm(fn, strided, w, 1e-6), y.transpose(0, 1))
+
+
+@pytest.mark.skipif(f32_kernels.attention_kernel() is None, reason="no C compiler")
+@pytest.mark.parametrize("B,T,H,KVH,D,L", [(1, 1, 4, 4, 32, 150), (1, 4, 4, 4, 32, 150), (2, 6, 9, 3, 64, 200),
+                                           (3, 2, 4, 2, 40, 37), (1, 1, 2, 2, 64, 1), (2, 3, 8, 2, 128, 70)])
+def test_attention_matches_sdpa(B, T, H, KVH, D, L):
+    # Stated tolerance: the kernel's exp is Cephes' polynomial (within a few float32 ulp) and its sums run in
+    # another order than sdpa's; outputs are convex combinations of values ~N(0, 1): 2e-6 absolute.
+    torch.manual_seed(B * 100 + D)
+    qkv = torch.randn(B, T, (H + 2 * KVH) * D)
+    kv = torch.randn(B, 2 * KVH, L + 9, D)[:, :, :L]  # a view of a longer cache buffer
+    bias = None
+    if T > 1:  # padding and future slots masked (finite, as FastLlama's), slot 0 always visible
+        bias = torch.where(torch.rand(B, 1, T, L) < 0.3, -1e30, 0.0).float()
+        bias[..., 0] = 0
+    q = qkv.view(B, T, H + 2 * KVH, D).transpose(1, 2)[:, :H]
+    ref = torch.nn.functional.scaled_dot_product_attention(q, kv[:, :KVH], kv[:, KVH:], attn_mask=bias,
+                                                           enable_gqa=KVH != H)
+    got = f32_kernels.attention(f32_kernels.attention_kernel(), qkv, kv, bias, H, KVH, D, torch.empty(L + 16))
+    assert got.shape == (B * T, H * D)
+    assert (got - ref.transpose(1, 2).reshape(B * T, H * D)).abs().max() < 2e-6

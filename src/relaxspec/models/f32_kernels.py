@@ -101,6 +101,132 @@ void f32_rms_norm(const float* x, long M, long C, const float* w, float eps, flo
     for (long c = 0; c < C; ++c) ym[c] = w[c] * (xm[c] * inv);
   }
 }
+
+typedef int i16 __attribute__((vector_size(64)));
+
+static inline float hsum(v16 a) {
+  a += __builtin_shuffle(a, (i16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+  a += __builtin_shuffle(a, (i16){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+  a += __builtin_shuffle(a, (i16){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  a += __builtin_shuffle(a, (i16){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  return a[0];
+}
+
+/* exp(x) for x <= 0 (Cephes' expf polynomial, within ~2 ulp), 0 below -87 (a masked score). */
+static inline v16 vexp(v16 x) {
+  const i16 keep = x > -87.0f;
+  x = (v16)(((i16)x & keep) | ((i16)((v16){0} - 87.0f) & ~keep));
+  const v16 fx = x * 1.44269504088896341f - 0.5f;
+  const i16 n = __builtin_convertvector(fx, i16);  /* toward zero: round(x log2 e) for x <= 0 */
+  const v16 nf = __builtin_convertvector(n, v16);
+  const v16 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const v16 scale = (v16)((n + 127) << 23);
+  return (v16)((i16)(p * scale) & keep);
+}
+
+/* One query head over L slots: o = softmax(q k^T * scale + bias) v, with DV = D / 16 vectors per row held in
+   registers (DV > 0: D a multiple of 16, at most 128) or, DV = 0, any D. s: scratch of L + 16 floats. */
+static inline __attribute__((always_inline)) void head(int DV, const float* q, const float* k, const float* v,
+                                                       long D, long L, const float* bs, float scale, float* o,
+                                                       float* s) {
+  const long D16 = D / 16 * 16;
+  v16 qv[8];
+  for (int c = 0; c < DV; ++c) memcpy(&qv[c], q + 16 * c, 64);
+  float m = -INFINITY;
+  for (long j = 0; j < L; ++j) {
+    const float* kj = k + j * D;
+    v16 acc = {0};
+    float dot;
+    if (DV) {
+      for (int c = 0; c < DV; ++c) {
+        v16 kc;
+        memcpy(&kc, kj + 16 * c, 64);
+        acc += qv[c] * kc;
+      }
+      dot = hsum(acc);
+    } else {
+      long d = 0;
+      for (; d < D16; d += 16) {
+        v16 a, c;
+        memcpy(&a, q + d, 64);
+        memcpy(&c, kj + d, 64);
+        acc += a * c;
+      }
+      dot = hsum(acc);
+      for (; d < D; ++d) dot += q[d] * kj[d];
+    }
+    const float x = dot * scale + (bs ? bs[j] : 0.0f);
+    s[j] = x;
+    m = x > m ? x : m;
+  }
+  v16 z = {0};
+  for (long j = 0; j < L; j += 16) { /* s has 16 floats of slack */
+    v16 x;
+    memcpy(&x, s + j, 64);
+    x = vexp(x - m);
+    if (j + 16 > L)
+      for (long e = L - j; e < 16; ++e) x[e] = 0;
+    memcpy(s + j, &x, 64);
+    z += x;
+  }
+  const float inv = 1.0f / hsum(z);
+  if (DV) {
+    v16 ov[8];
+    for (int c = 0; c < DV; ++c) ov[c] = (v16){0};
+    for (long j = 0; j < L; ++j) {
+      const float p = s[j];
+      const float* vj = v + j * D;
+      for (int c = 0; c < DV; ++c) {
+        v16 vc;
+        memcpy(&vc, vj + 16 * c, 64);
+        ov[c] += p * vc;
+      }
+    }
+    for (int c = 0; c < DV; ++c) {
+      ov[c] *= inv;
+      memcpy(o + 16 * c, &ov[c], 64);
+    }
+    return;
+  }
+  for (long d = 0; d < D; ++d) o[d] = 0;
+  for (long j = 0; j < L; ++j) {
+    const float p = s[j];
+    const float* vj = v + j * D;
+    for (long d = 0; d < D; ++d) o[d] += p * vj[d];
+  }
+  for (long d = 0; d < D; ++d) o[d] *= inv;
+}
+
+/* Attention of T new queries per row over L cache slots, one head at a time: softmax(q k^T * scale + bias) v.
+   q: heads 0..H-1 of qkv [B * T, (H + 2 KVH) * D]; k, v: the cache [B, 2 KVH, cap, D] (keys, then values);
+   bias [B, 1, T, L] (additive) or NULL; GQA: head h reads group h / (H / KVH). out: [B * T, H * D], the
+   layout the output projection reads. s: scratch of L + 16 floats. */
+void f32_attention(const float* qkv, long B, long T, long H, long KVH, long D, const float* kv, long cap, long L,
+                   const float* bias, float scale, float* out, float* s) {
+  const long NH = H + 2 * KVH, per_group = H / KVH;
+  for (long b = 0; b < B; ++b)
+    for (long t = 0; t < T; ++t)
+      for (long h = 0; h < H; ++h) {
+        const long g = h / per_group;
+        const float* q = qkv + ((b * T + t) * NH + h) * D;
+        const float* k = kv + (b * 2 * KVH + g) * cap * D;
+        const float* v = kv + (b * 2 * KVH + KVH + g) * cap * D;
+        const float* bs = bias ? bias + (b * T + t) * L : 0;
+        float* o = out + ((b * T + t) * H + h) * D;
+        switch (D) {
+          case 32: head(2, q, k, v, D, L, bs, scale, o, s); break;
+          case 64: head(4, q, k, v, D, L, bs, scale, o, s); break;
+          case 128: head(8, q, k, v, D, L, bs, scale, o, s); break;
+          default: head(0, q, k, v, D, L, bs, scale, o, s); break;
+        }
+      }
+}
 """
 
 _P, _L = ctypes.c_void_p, ctypes.c_long
@@ -108,7 +234,9 @@ _P, _L = ctypes.c_void_p, ctypes.c_long
 
 def _library():
     return native.load("f32_kernels", _SOURCE, (("f32_block_mm", None, (_P, _L, _L, _P, _L, _P, _P)),
-                                                ("f32_rms_norm", None, (_P, _L, _L, _P, ctypes.c_float, _P))))
+                                                ("f32_rms_norm", None, (_P, _L, _L, _P, ctypes.c_float, _P)),
+                                                ("f32_attention", None, (_P, _L, _L, _L, _L, _L, _P, _L, _L, _P,
+                                                                         ctypes.c_float, _P, _P))))
 
 
 def kernel():
@@ -116,6 +244,12 @@ def kernel():
     or RELAXSPEC_NATIVE=0."""
     lib = _library()
     return None if lib is None else lib.f32_block_mm
+
+
+def attention_kernel():
+    """The attention's C function, or None (as `kernel`)."""
+    lib = _library()
+    return None if lib is None else lib.f32_attention
 
 
 def norm_kernel():
@@ -156,3 +290,18 @@ def rms_norm(fn, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     C = x.shape[-1]
     fn(x.data_ptr(), x.numel() // C, C, weight.data_ptr(), eps, y.data_ptr())
     return y
+
+
+def attention(fn, qkv: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor | None, heads: int, kv_heads: int,
+              head_dim: int, scratch: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D) + bias) v for the query heads in qkv [B, T, (H + 2 KVH) * D] (contiguous; its
+    first H heads per token are q) over the cache's slots kv [B, 2 KVH, L, D] (keys then values; a view of the
+    cache buffer whose rows are D contiguous floats), bias [B, 1, T, L] (contiguous, additive) or None, through
+    `fn` (`attention_kernel()`); `scratch`: float32, at least L + 16 values (overwritten). Returns
+    [B * T, H * D] float32, the layout the output projection reads."""
+    B, T = qkv.shape[0], qkv.shape[1]
+    L, D = kv.shape[2], head_dim
+    out = qkv.new_empty((B * T, heads * D))
+    fn(qkv.data_ptr(), B, T, heads, kv_heads, D, kv.data_ptr(), kv.stride(1) // D, L,
+       None if bias is None else bias.data_ptr(), D ** -0.5, out.data_ptr(), scratch.data_ptr())
+    return out

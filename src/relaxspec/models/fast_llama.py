@@ -18,8 +18,9 @@ drafter is almost all per-op overhead, so every op per layer counts:
   int4 weight-only, group-wise), so that a block of several rows (a verifier's N+1 tokens, a prefill) reads
   each weight once, as a one-token step does. Through MKL's sgemm a block repacked the whole weight on every
   call (3.9-5.9x a step at 6 rows on SmolLM2-135M);
-* on a CPU, RMSNorm is one native call (models/f32_kernels.py; torch's composite costs ~8 operations), and
-  the embedding and RoPE table are read by index_select: a small model's step is made of few operations.
+* on a CPU, RMSNorm and attention are one native call each (models/f32_kernels.py; torch's RMSNorm is a
+  composite of ~8 operations, and sdpa plus the transpose of its output cost 2x the kernel at a decode step),
+  and the embedding and RoPE table are read by index_select: a small model's step is made of few operations.
 
 Every tensor it makes (KV buffers, the RoPE table, masks) lives on the weights' device. On a CPU it computes
 in float32 whatever the weights' format (norms, RoPE, attention, the residual stream and the logits are
@@ -110,9 +111,11 @@ class FastLlama:
         self._bias = torch.empty(0, dtype=self.dtype, device=self.device)  # storage of the attention bias
         self._future: dict[int, torch.Tensor] = {}  # T -> [T, T] True above the diagonal (a later query's slot)
         self.final_norm = inner.norm.weight.detach().to(self.dtype)
-        # RMSNorm in one native call on a CPU (models/f32_kernels.py), else torch's
-        self._norm_kernel = f32_kernels.norm_kernel() if self.dtype == torch.float32 and self.device.type == "cpu" \
-            else None
+        # RMSNorm and attention in one native call each on a CPU (models/f32_kernels.py), else torch's
+        native = self.dtype == torch.float32 and self.device.type == "cpu"
+        self._norm_kernel = f32_kernels.norm_kernel() if native else None
+        self._attention_kernel = f32_kernels.attention_kernel() if native else None
+        self._scratch = torch.empty(0, dtype=torch.float32, device=self.device)  # the attention kernel's scores
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
@@ -208,6 +211,19 @@ class FastLlama:
             return f32_kernels.rms_norm(self._norm_kernel, x, weight, self.eps)
         return torch.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
+    def _attention(self, qkv: torch.Tensor, kv: torch.Tensor, heads: torch.Tensor, bias) -> torch.Tensor:
+        """softmax(q k^T / sqrt(D) + bias) v: [B * T, H * D], from the rotated qkv [B * T, (H + 2 KVH) * D] (in
+        its heads' view `heads` [B, H + 2 KVH, T, D]) and the cache's keys and values kv [B, 2 KVH, L, D]."""
+        B, _, T, D = heads.shape
+        H, KVH = self.heads, self.kv_heads
+        if self._attention_kernel is not None and qkv.is_contiguous():
+            if self._scratch.numel() < kv.shape[2] + 16:
+                self._scratch = self._scratch.new_empty(2 * kv.shape[2] + 16)
+            return f32_kernels.attention(self._attention_kernel, qkv.view(B, T, -1), kv, bias, H, KVH, D,
+                                         self._scratch)
+        o = F.scaled_dot_product_attention(heads[:, :H], kv[:, :KVH], kv[:, KVH:], attn_mask=bias, enable_gqa=KVH != H)
+        return o.transpose(1, 2).reshape(B * T, H * D)
+
     @inference
     def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_blocks=()):
         """Logits [B, T, V] and the hidden states after `hidden_blocks` (0-based; the last one after the
@@ -225,9 +241,7 @@ class FastLlama:
             pairs[:, :, :H + KVH].mul_(rotation)  # q and k rotated in place; v as it is
             heads = torch.view_as_real(pairs).to(x.dtype).view(B, T, H + 2 * KVH, D).transpose(1, 2)
             kv = cache.write(i, past, heads[:, H:])
-            o = F.scaled_dot_product_attention(heads[:, :H], kv[:, :KVH], kv[:, KVH:], attn_mask=bias,
-                                               enable_gqa=KVH != H)
-            x = o_proj(o.transpose(1, 2).reshape(B * T, H * D), residual=x)
+            x = o_proj(self._attention(qkv, kv, heads, bias), residual=x)
             gate, up = gate_up_proj(self._rms_norm(x, w_post)).chunk(2, dim=-1)
             x = down_proj(F.silu(gate) * up, residual=x)
             if i in hidden_blocks:
