@@ -99,3 +99,24 @@ def test_attention_matches_sdpa(B, T, H, KVH, D, L):
     got = f32_kernels.attention(f32_kernels.attention_kernel(), qkv, kv, bias, H, KVH, D, torch.empty(L + 16))
     assert got.shape == (B * T, H * D)
     assert (got - ref.transpose(1, 2).reshape(B * T, H * D)).abs().max() < 2e-6
+
+
+@pytest.mark.skipif(f32_kernels.rope_kernel() is None, reason="no C compiler")
+def test_rope_write_matches_the_complex_multiply_and_fills_the_cache_slots():
+    # Stated tolerance: one complex product per pair, float32 (fused or not): 1e-6 absolute on values ~N(0, 1).
+    torch.manual_seed(5)
+    B, T, H, KVH, D, past, cap = 2, 3, 6, 2, 16, 4, 12
+    qkv = torch.randn(B * T, (H + 2 * KVH) * D)
+    rotation = torch.polar(torch.ones(B, T, 1, D // 2), torch.rand(B, T, 1, D // 2) * 6)
+    buffer = torch.randn(B, 2 * KVH, cap, D)
+    before = buffer.clone()
+    pairs = torch.view_as_complex(qkv.clone().view(B, T, H + 2 * KVH, D // 2, 2))
+    pairs[:, :, :H + KVH] *= rotation
+    want = torch.view_as_real(pairs).reshape(B * T, -1)
+    kv = f32_kernels.rope_write(f32_kernels.rope_kernel(), qkv, rotation, buffer, past, H, KVH, D)
+    assert (qkv - want).abs().max() < 1e-6
+    assert kv.shape == (B, 2 * KVH, past + T, D) and kv.data_ptr() == buffer.data_ptr()
+    heads = want.view(B, T, H + 2 * KVH, D).transpose(1, 2)
+    assert (buffer[:, :, past:past + T] - heads[:, H:]).abs().max() < 1e-6
+    assert torch.equal(buffer[:, :, :past], before[:, :, :past]) and torch.equal(buffer[:, :, past + T:],
+                                                                                 before[:, :, past + T:])

@@ -69,3 +69,39 @@ def test_blocks_of_large_weights_go_through_onednn_and_match_transformers():
         outs.append((block, one, single))
     for a, b in zip(*outs):
         assert torch.allclose(a, b, atol=2e-4), (a - b).abs().max()
+
+
+def test_native_kernels_and_torch_ops_give_the_same_logits():
+    # FastLlama on a CPU runs RMSNorm, RoPE with the cache write, and attention as native calls (f32_kernels); the
+    # torch ops serve everywhere else. Same inputs (a ragged batch, holes, a block, single steps, GQA): the same
+    # logits, cache and hidden states within float32 rounding of the reordered sums.
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from relaxspec.models import f32_kernels
+    from relaxspec.models.fast_llama import FastLlama
+    from relaxspec.models.hf import CausalLM
+
+    if f32_kernels.rope_kernel() is None:
+        import pytest
+        pytest.skip("no C compiler")
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(cfg).eval()
+    native, plain = FastLlama(model), FastLlama(model)
+    plain._norm_kernel = plain._attention_kernel = plain._rope_kernel = None
+    assert native._rope_kernel is not None
+    ids = torch.randint(0, 300, (2, 14))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    outs = []
+    for fast in (native, plain):
+        s = Stream(CausalLM("m", model, None, fast))
+        s.prefill(ids[:, :8], mask[:, :8])
+        s.feed(ids[:, 8:12])
+        s.invalidate_tail(torch.tensor([2, 4]), 4)  # holes
+        a, h = s.feed(ids[:, 12:13], hidden_layer=(0, 1))
+        b, _ = s.feed(ids[:, 13:14])
+        outs.append((a, h, b, s.cache.kv[1][:, :, :s.length].clone()))
+    for x, y in zip(*outs):
+        assert (x - y).abs().max() < 1e-4, (x - y).abs().max()

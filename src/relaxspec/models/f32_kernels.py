@@ -227,6 +227,30 @@ void f32_attention(const float* qkv, long B, long T, long H, long KVH, long D, c
         }
       }
 }
+
+/* RoPE on the q and k heads of qkv [B * T, (H + 2 KVH) * D] in place (pairs (2j, 2j + 1) times the complex
+   rot [B * T, D / 2]), then the k and v heads stored at slot past + t of the cache [B, 2 KVH, cap, D]. */
+void f32_rope_write(float* qkv, long B, long T, long H, long KVH, long D, const float* rot, float* kv, long cap,
+                    long past) {
+  const long NH = H + 2 * KVH;
+  for (long b = 0; b < B; ++b)
+    for (long t = 0; t < T; ++t) {
+      float* row = qkv + (b * T + t) * NH * D;
+      const float* r = rot + (b * T + t) * D;
+      for (long h = 0; h < H + KVH; ++h) {
+        float* x = row + h * D;
+        for (long j = 0; j < D; j += 2) {
+          const float a = x[j], c = x[j + 1];
+          x[j] = a * r[j] - c * r[j + 1];
+          x[j + 1] = a * r[j + 1] + c * r[j];
+        }
+      }
+      for (long g = 0; g < KVH; ++g) {
+        memcpy(kv + ((b * 2 * KVH + g) * cap + past + t) * D, row + (H + g) * D, D * sizeof(float));
+        memcpy(kv + ((b * 2 * KVH + KVH + g) * cap + past + t) * D, row + (H + KVH + g) * D, D * sizeof(float));
+      }
+    }
+}
 """
 
 _P, _L = ctypes.c_void_p, ctypes.c_long
@@ -236,7 +260,8 @@ def _library():
     return native.load("f32_kernels", _SOURCE, (("f32_block_mm", None, (_P, _L, _L, _P, _L, _P, _P)),
                                                 ("f32_rms_norm", None, (_P, _L, _L, _P, ctypes.c_float, _P)),
                                                 ("f32_attention", None, (_P, _L, _L, _L, _L, _L, _P, _L, _L, _P,
-                                                                         ctypes.c_float, _P, _P))))
+                                                                         ctypes.c_float, _P, _P)),
+                                                ("f32_rope_write", None, (_P, _L, _L, _L, _L, _L, _P, _P, _L, _L))))
 
 
 def kernel():
@@ -244,6 +269,12 @@ def kernel():
     or RELAXSPEC_NATIVE=0."""
     lib = _library()
     return None if lib is None else lib.f32_block_mm
+
+
+def rope_kernel():
+    """RoPE and the cache write's C function, or None (as `kernel`)."""
+    lib = _library()
+    return None if lib is None else lib.f32_rope_write
 
 
 def attention_kernel():
@@ -305,3 +336,14 @@ def attention(fn, qkv: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor | None
     fn(qkv.data_ptr(), B, T, heads, kv_heads, D, kv.data_ptr(), kv.stride(1) // D, L,
        None if bias is None else bias.data_ptr(), D ** -0.5, out.data_ptr(), scratch.data_ptr())
     return out
+
+
+def rope_write(fn, qkv: torch.Tensor, rotation: torch.Tensor, buffer: torch.Tensor, past: int, heads: int,
+               kv_heads: int, head_dim: int) -> torch.Tensor:
+    """Rotate the q and k heads of qkv [B * T, (H + 2 KVH) * D] (contiguous float32) in place by `rotation` (complex64
+    [B, T, 1, D / 2], contiguous: the pairs (2j, 2j + 1) of every head alike) and store its k and v heads at slots
+    past..past + T of the cache `buffer` [B, 2 KVH, capacity, D] (contiguous) through `fn` (`rope_kernel()`).
+    Returns the keys and values of slots 0..past + T, [B, 2 KVH, past + T, D] (a view of the buffer)."""
+    B, T = rotation.shape[0], rotation.shape[1]
+    fn(qkv.data_ptr(), B, T, heads, kv_heads, head_dim, rotation.data_ptr(), buffer.data_ptr(), buffer.shape[2], past)
+    return buffer[:, :, :past + T]

@@ -54,15 +54,21 @@ class KVCache:
     def write(self, layer: int, start: int, kv: torch.Tensor) -> torch.Tensor:
         """Store kv [B, 2 * KV heads, T, D] at slots start..start+T; the keys and values of slots 0..start+T."""
         end = start + kv.shape[2]
+        buf = self.buffer(layer, start, end, kv)
+        buf[:, :, start:end] = kv
+        return buf[:, :, :end]
+
+    def buffer(self, layer: int, start: int, end: int, like: torch.Tensor) -> torch.Tensor:
+        """The layer's buffer with room for slots 0..end, grown (by doubling, slots 0..start kept) when it has
+        not; `like` [B, 2 * KV heads, *, D] gives the shape, dtype and device of a new one."""
         buf = self.kv[layer]
         if buf is None or buf.shape[2] < end:
-            B, H, _, D = kv.shape
-            grown = kv.new_empty((B, H, max(2 * (0 if buf is None else buf.shape[2]), end + 64), D))
+            B, H, _, D = like.shape
+            grown = like.new_empty((B, H, max(2 * (0 if buf is None else buf.shape[2]), end + 64), D))
             if buf is not None and start:
                 grown[:, :, :start] = buf[:, :, :start]
             buf = self.kv[layer] = grown
-        buf[:, :, start:end] = kv
-        return buf[:, :, :end]
+        return buf
 
     def crop(self, tokens_to_remove: int) -> None:
         """Same convention as transformers' DynamicCache.crop: a negative count from the end."""
@@ -115,6 +121,7 @@ class FastLlama:
         native = self.dtype == torch.float32 and self.device.type == "cpu"
         self._norm_kernel = f32_kernels.norm_kernel() if native else None
         self._attention_kernel = f32_kernels.attention_kernel() if native else None
+        self._rope_kernel = f32_kernels.rope_kernel() if native else None
         self._scratch = torch.empty(0, dtype=torch.float32, device=self.device)  # the attention kernel's scores
         self.layers = []
         for layer in inner.layers:
@@ -211,17 +218,31 @@ class FastLlama:
             return f32_kernels.rms_norm(self._norm_kernel, x, weight, self.eps)
         return torch.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
-    def _attention(self, qkv: torch.Tensor, kv: torch.Tensor, heads: torch.Tensor, bias) -> torch.Tensor:
-        """softmax(q k^T / sqrt(D) + bias) v: [B * T, H * D], from the rotated qkv [B * T, (H + 2 KVH) * D] (in
-        its heads' view `heads` [B, H + 2 KVH, T, D]) and the cache's keys and values kv [B, 2 KVH, L, D]."""
-        B, _, T, D = heads.shape
-        H, KVH = self.heads, self.kv_heads
-        if self._attention_kernel is not None and qkv.is_contiguous():
+    def _rope_and_cache(self, qkv: torch.Tensor, rotation: torch.Tensor, cache: KVCache, layer: int, past: int,
+                        B: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE on q and k, the new keys and values stored in the cache: (the queries' source for `_attention`,
+        the keys and values of every slot [B, 2 KVH, L, D]). On a CPU one native call (the queries stay in qkv,
+        rotated in place), elsewhere torch's ops (the queries in a heads' view [B, H + 2 KVH, T, D])."""
+        H, KVH, D = self.heads, self.kv_heads, self.head_dim
+        if self._rope_kernel is not None:
+            like = qkv.view(B, T, H + 2 * KVH, D)[:, :, H:].transpose(1, 2)  # (shape only)
+            buf = cache.buffer(layer, past, past + T, like)
+            return qkv, f32_kernels.rope_write(self._rope_kernel, qkv, rotation, buf, past, H, KVH, D)
+        pairs = torch.view_as_complex(qkv.float().view(B, T, H + 2 * KVH, D // 2, 2))
+        pairs[:, :, :H + KVH].mul_(rotation)  # q and k rotated in place; v as it is
+        heads = torch.view_as_real(pairs).to(qkv.dtype).view(B, T, H + 2 * KVH, D).transpose(1, 2)
+        return heads, cache.write(layer, past, heads[:, H:])
+
+    def _attention(self, queries: torch.Tensor, kv: torch.Tensor, bias, B: int, T: int) -> torch.Tensor:
+        """softmax(q k^T / sqrt(D) + bias) v: [B * T, H * D], from `_rope_and_cache`'s queries and keys and values."""
+        H, KVH, D = self.heads, self.kv_heads, self.head_dim
+        if self._attention_kernel is not None and queries.dim() == 2:  # the native path's qkv
             if self._scratch.numel() < kv.shape[2] + 16:
                 self._scratch = self._scratch.new_empty(2 * kv.shape[2] + 16)
-            return f32_kernels.attention(self._attention_kernel, qkv.view(B, T, -1), kv, bias, H, KVH, D,
+            return f32_kernels.attention(self._attention_kernel, queries.view(B, T, -1), kv, bias, H, KVH, D,
                                          self._scratch)
-        o = F.scaled_dot_product_attention(heads[:, :H], kv[:, :KVH], kv[:, KVH:], attn_mask=bias, enable_gqa=KVH != H)
+        o = F.scaled_dot_product_attention(queries[:, :H], kv[:, :KVH], kv[:, KVH:], attn_mask=bias,
+                                           enable_gqa=KVH != H)
         return o.transpose(1, 2).reshape(B * T, H * D)
 
     @inference
@@ -229,19 +250,14 @@ class FastLlama:
         """Logits [B, T, V] and the hidden states after `hidden_blocks` (0-based; the last one after the
         final norm) concatenated [B, T, k * H], or None when none is asked for."""
         B, T = input_ids.shape
-        H, KVH, D = self.heads, self.kv_heads, self.head_dim
         past = cache.get_seq_length()
         x = self.embed.index_select(0, input_ids.reshape(-1)).to(self.dtype)  # [B*T, C]: every matmul is one mm
         rotation = self._rotation(position_ids, past + T)  # [B, T, 1, D/2], every head alike
         bias = self._attention_bias(attention_mask, past, T)
         hidden = {}
         for i, (w_in, qkv_proj, o_proj, w_post, gate_up_proj, down_proj) in enumerate(self.layers):
-            qkv = qkv_proj(self._rms_norm(x, w_in))
-            pairs = torch.view_as_complex(qkv.float().view(B, T, H + 2 * KVH, D // 2, 2))
-            pairs[:, :, :H + KVH].mul_(rotation)  # q and k rotated in place; v as it is
-            heads = torch.view_as_real(pairs).to(x.dtype).view(B, T, H + 2 * KVH, D).transpose(1, 2)
-            kv = cache.write(i, past, heads[:, H:])
-            x = o_proj(self._attention(qkv, kv, heads, bias), residual=x)
+            queries, kv = self._rope_and_cache(qkv_proj(self._rms_norm(x, w_in)), rotation, cache, i, past, B, T)
+            x = o_proj(self._attention(queries, kv, bias, B, T), residual=x)
             gate, up = gate_up_proj(self._rms_norm(x, w_post)).chunk(2, dim=-1)
             x = down_proj(F.silu(gate) * up, residual=x)
             if i in hidden_blocks:
