@@ -13,6 +13,8 @@ import numbers
 
 import torch
 
+from relaxspec.acceptance import fused
+
 NEG_INF = float("-inf")
 # Temperatures below this are greedy (dividing logits by them would overflow to NaN).
 GREEDY_TEMPERATURE = 1e-5
@@ -51,6 +53,8 @@ def process_logits_unchecked(logits: torch.Tensor, temperature: float = 1.0, top
     z = as_float(logits)
     if is_greedy(temperature):
         return one_hot_argmax(z)
+    if fused.serves(z):  # float32 on a CPU: the C kernel (acceptance/fused.py), same semantics; torch otherwise
+        return fused.process(z, temperature, top_k, top_p)
     if temperature != 1.0:
         z = z / temperature
     if top_k is not None and top_k < z.shape[-1]:
@@ -194,6 +198,8 @@ def sample_rows(weights: torch.Tensor, generator: torch.Generator | None = None)
 def sample_with_uniform(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF: index i with cdf[i-1] <= u * total < cdf[i] in each row of weights [R, V]
     (unnormalised is fine; a zero-weight index is never returned). u [R] in [0, 1)."""
+    if fused.serves(weights) and weights.dim() == 2 and u.device.type == "cpu":
+        return fused.sample(weights, u)  # the C kernel: the same sums in the same order, so the same indices
     dtype = _cdf_dtype(weights)
     cdf = weights.cumsum(dim=-1, dtype=dtype)
     total = cdf[:, -1:]
