@@ -159,6 +159,29 @@ def test_top_p_ties_at_the_cut_keep_the_lowest_indices(V, temperature):
     assert_same(kernel, torch_path(process_logits_unchecked, z, temperature, None, 0.45))
 
 
+@pytest.mark.parametrize("keep", [10, 63, 64, 65, 100])
+def test_top_p_ties_beyond_the_first_candidates(keep):
+    # 1000 tokens of mass 0.001 each: the kernel's first 64 candidates hold only some of the ties, and the
+    # set must still be the lowest indices, wherever it closes
+    g = torch.Generator().manual_seed(keep)
+    z = torch.full((3, 49152), -60.0)
+    tied = torch.stack([torch.randperm(49152, generator=g)[:1000] for _ in range(3)])
+    z.scatter_(1, tied, 0.0)
+    top_p = (keep - 0.5) / 1000
+    kernel = process_logits_unchecked(z, 1.0, None, top_p)
+    for row, t in zip(kernel, tied):
+        assert torch.equal(row.nonzero().squeeze(-1), t.sort().values[:keep])
+    assert_same(kernel, torch_path(process_logits_unchecked, z, 1.0, None, top_p))
+
+
+def test_top_p_mass_reaching_the_target_exactly_closes_the_set():
+    # four tokens of mass 1/4 (exact in binary): the first two hold 0.5, so top_p = 0.5 keeps two, 0.75 three
+    z = torch.tensor([[0.0, float("-inf"), 0.0, 0.0, float("-inf"), 0.0]])
+    for top_p, kept in ((0.5, [0, 2]), (0.75, [0, 2, 3]), (0.25, [0]), (0.2500001, [0, 2])):
+        for path in (process_logits_unchecked, lambda *a: torch_path(process_logits_unchecked, *a)):
+            assert path(z, 1.0, None, top_p).nonzero()[:, 1].tolist() == kept
+
+
 def test_a_set_that_closes_late_grows_past_the_first_candidates():
     # flat rows: the top-p set holds hundreds of tokens, beyond the kernel's first 64 candidates
     z = random_logits(4, 49152, seed=9, scale=0.05, neg_inf=False)
