@@ -31,30 +31,12 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { float z; int64_t i; } item;
+typedef struct { float z, e; int64_t i; } item;  /* a candidate token: its logit, exp(logit - max), index */
 
-/* a comes after b in a stable descending sort: a smaller value, or an equal one at a larger index */
+/* a comes after b in a stable descending sort: a smaller logit, or an equal one at a larger index */
 static inline int after(item a, item b) { return a.z < b.z || (a.z == b.z && a.i > b.i); }
 
-/* heaps whose root is the element that comes last */
-static void item_down(item *h, int64_t n, int64_t at) {
-    for (;;) {
-        int64_t l = 2 * at + 1, w = at;
-        if (l < n && after(h[l], h[w])) w = l;
-        if (l + 1 < n && after(h[l + 1], h[w])) w = l + 1;
-        if (w == at) return;
-        item t = h[at]; h[at] = h[w]; h[w] = t; at = w;
-    }
-}
-
-static void item_up(item *h, int64_t at) {
-    while (at > 0) {
-        int64_t parent = (at - 1) / 2;
-        if (!after(h[at], h[parent])) return;
-        item t = h[at]; h[at] = h[parent]; h[parent] = t; at = parent;
-    }
-}
-
+/* a min-heap of floats */
 static void float_down(float *h, int64_t n, int64_t at) {
     for (;;) {
         int64_t l = 2 * at + 1, w = at;
@@ -74,22 +56,119 @@ static float kth_largest(const float *z, int64_t V, int64_t k, float *h) {
     return h[0];
 }
 
-/* The first min(m, count) candidates (z[i] >= floor, z[i] > -inf) in stable descending order, into h;
-   returns how many; *count: the number of candidates. */
-static int64_t best(const float *z, int64_t V, float floor, item *h, int64_t m, int64_t *count) {
-    int64_t n = 0, c = 0;
-    for (int64_t i = 0; i < V; i++) {
-        float v = z[i];
-        if (!(v >= floor) || v == -INFINITY) continue;
-        c++;
-        if (n < m) { h[n].z = v; h[n].i = i; item_up(h, n); n++; }
-        else if (v > h[0].z) { h[0].z = v; h[0].i = i; item_down(h, n, 0); }  /* equal value: larger index, after */
+/* exp(x) in float32 for x <= 0 (-inf included), within ~1 ulp: Cephes' expf, written so that loops over it
+   vectorise (2^n as two normal factors, so results down to the smallest subnormal, 0 below) */
+static inline float exp_nonpositive(float x) {
+    const float round = 12582912.0f;  /* 1.5 * 2^23: adding it rounds to an integer */
+    float xc = x < -104.0f ? -104.0f : x;
+    float n = (xc * 1.44269504088896341f + round) - round;
+    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+    int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    return x < -103.972077f ? 0.0f : y * s1 * s2;
+}
+
+/* sum of e[V] in float64 (eight running sums) */
+static double sum(const float *e, int64_t V) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s = 0.0;
+    int64_t i = 0;
+    for (; i + 8 <= V; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += e[i + k];
+    for (; i < V; i++) s += e[i];
+    for (int k = 0; k < 8; k++) s += acc[k];
+    return s;
+}
+
+/* the largest of z[V] (-inf for none; eight running maxima, so that it vectorises) */
+static float max(const float *z, int64_t V) {
+    float acc[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    float m = -INFINITY;
+    int64_t i = 0;
+    for (; i + 8 <= V; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] = z[i + k] > acc[k] ? z[i + k] : acc[k];
+    for (; i < V; i++) m = z[i] > m ? z[i] : m;
+    for (int k = 0; k < 8; k++) m = acc[k] > m ? acc[k] : m;
+    return m;
+}
+
+/* e[i] = exp(z[i] - zmax) where z[i] >= floor, else 0; returns their sum */
+static double exps(const float *z, float *e, int64_t V, float zmax, float floor) {
+    for (int64_t i = 0; i < V; i++) e[i] = z[i] >= floor ? exp_nonpositive(z[i] - zmax) : 0.0f;
+    return sum(e, V);
+}
+
+/* How many of the n candidates a[] the top-p set keeps (a token is kept iff the mass before it, in stable
+   descending order, is < target), moving them to a[0..kept): a quickselect on the mass, O(n) expected. */
+static int64_t select_mass(item *a, int64_t n, double target) {
+    int64_t lo = 0, hi = n;  /* a[0..lo) kept; the answer in [lo, hi]; target: top_p mass minus a[0..lo)'s */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2, last = hi - 1, p;
+        /* median of three as the pivot, moved to a[last] */
+        if (after(a[lo], a[mid])) { item t = a[lo]; a[lo] = a[mid]; a[mid] = t; }
+        if (after(a[mid], a[last])) { item t = a[mid]; a[mid] = a[last]; a[last] = t; }
+        if (after(a[lo], a[mid])) { item t = a[lo]; a[lo] = a[mid]; a[mid] = t; }
+        { item t = a[mid]; a[mid] = a[last]; a[last] = t; }
+        item pivot = a[last];
+        double mass = 0.0;
+        p = lo;
+        for (int64_t k = lo; k < last; k++)
+            if (after(pivot, a[k])) { mass += a[k].e; item t = a[k]; a[k] = a[p]; a[p] = t; p++; }
+        a[last] = a[p]; a[p] = pivot;
+        if (mass >= target) { hi = p; continue; }  /* a[lo..p) already hold the mass: the cut is among them */
+        if (mass + pivot.e >= target) return p + 1;  /* the pivot is the last token kept */
+        target -= mass + pivot.e;
+        lo = p + 1;
     }
-    *count = c;
-    for (int64_t last = n - 1; last > 0; last--) {  /* heapsort: the last element to the end, repeatedly */
-        item t = h[0]; h[0] = h[last]; h[last] = t; item_down(h, last, 0);
+    return lo;
+}
+
+#define BUCKETS 1017  /* e in [0, 1] by its float bits >> 20: the exponent and 3 mantissa bits, ratio 2^(1/8) */
+
+static inline int32_t bucket(float e) {
+    int32_t bits;
+    memcpy(&bits, &e, sizeof bits);
+    return bits >> 20;
+}
+
+/* top-p of one row: z its logits (read before out is written: they may share memory), e = exp(z - max) (0 off
+   the candidates), target = top_p times their sum. A histogram of the mass by bucket finds the bucket where
+   the mass reaches the target (the tokens above it are kept, as larger e means larger z); a select on the
+   mass among that bucket's tokens, in stable descending order, finds the rest. O(V), never a sort. */
+static int top_p_row(const float *z, const float *e, float *out, int64_t V, double target, item **items,
+                     int64_t *capacity) {
+    double hist[BUCKETS] = {0}, above = 0.0;
+    for (int64_t i = 0; i < V; i++) hist[bucket(e[i])] += e[i];
+    int32_t b = BUCKETS - 1;
+    for (; b > 0 && above + hist[b] < target; b--) above += hist[b];
+    int64_t n = 0;
+    for (int64_t i = 0; i < V; i++) n += bucket(e[i]) == b && e[i] > 0.0f;
+    if (n > *capacity) {
+        free(*items);
+        *capacity = n;
+        if (!(*items = malloc(n * sizeof(item)))) return -1;
     }
-    return n;
+    item *a = *items;
+    n = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (bucket(e[i]) == b && e[i] > 0.0f) { a[n].z = z[i]; a[n].e = e[i]; a[n].i = i; n++; }
+    const int64_t kept = select_mass(a, n, target - above);
+    double sk = above;
+    for (int64_t j = 0; j < kept; j++) sk += a[j].e;
+    for (int64_t i = 0; i < V; i++) out[i] = bucket(e[i]) > b ? e[i] : 0.0f;
+    for (int64_t j = 0; j < kept; j++) out[a[j].i] = a[j].e;
+    const double inv = 1.0 / sk;
+    for (int64_t i = 0; i < V; i++) out[i] = (float)(out[i] * inv);
+    return 0;
 }
 
 /* out[R, V] = processed probabilities of logits[R, V] (top_k <= 0 or >= V: off; top_p >= 1: off).
@@ -98,84 +177,61 @@ int rs_process(const float *logits, float *out, int64_t R, int64_t V, double tem
                double top_p) {
     const float t = (float)temperature;
     const int use_k = top_k > 0 && top_k < V, use_p = top_p < 1.0;
-    float *kheap = use_k ? malloc(top_k * sizeof(float)) : NULL;
-    item *h = NULL;
+    float *kheap = use_k ? malloc(top_k * sizeof(float)) : NULL, *e = use_p ? malloc(V * sizeof(float)) : NULL;
+    item *items = NULL;  /* a top-p boundary's candidates */
     int64_t capacity = 0;
-    if (use_k && !kheap) return -1;
+    int status = -1;
+    if ((use_k && !kheap) || (use_p && !e)) goto done;
     for (int64_t r = 0; r < R; r++) {
         const float *x = logits + r * V;
         float *z = out + r * V;
-        float zmax = -INFINITY;
         if (temperature != 1.0) for (int64_t i = 0; i < V; i++) z[i] = x[i] / t;
         else memcpy(z, x, V * sizeof(float));
-        for (int64_t i = 0; i < V; i++) zmax = z[i] > zmax ? z[i] : zmax;
+        const float zmax = max(z, V);
         const float floor = use_k ? kth_largest(z, V, top_k, kheap) : -INFINITY;
         if (!use_p) {
-            double s = 0.0;
-            for (int64_t i = 0; i < V; i++) {
-                float e = z[i] >= floor ? expf(z[i] - zmax) : 0.0f;
-                z[i] = e;
-                s += e;
-            }
-            for (int64_t i = 0; i < V; i++) z[i] = (float)(z[i] / s);
+            const double inv = 1.0 / exps(z, z, V, zmax, floor);
+            for (int64_t i = 0; i < V; i++) z[i] = (float)(z[i] * inv);
             continue;
         }
-        double s = 0.0;
-        for (int64_t i = 0; i < V; i++) if (z[i] >= floor) s += expf(z[i] - zmax);
-        /* token j of the order is kept iff the mass of the tokens before it is < top_p */
-        int64_t m = 64, n, count, kept;
-        for (;;) {
-            if (m > V) m = V;
-            if (m > capacity) {
-                free(h);
-                capacity = m;
-                h = malloc(capacity * sizeof(item));
-                if (!h) { free(kheap); return -1; }
-            }
-            n = best(z, V, floor, h, m, &count);
-            double mass = 0.0;
-            kept = -1;
-            for (int64_t j = 0; j < n; j++) {
-                if (mass >= top_p) { kept = j; break; }
-                mass += expf(h[j].z - zmax) / s;
-            }
-            if (kept < 0 && (mass >= top_p || n == count)) kept = n;
-            if (kept >= 0) break;
-            m *= 8;  /* the set did not close among the m best: look further */
-        }
-        double sk = 0.0;
-        for (int64_t j = 0; j < kept; j++) sk += expf(h[j].z - zmax);
-        memset(z, 0, V * sizeof(float));
-        for (int64_t j = 0; j < kept; j++) z[h[j].i] = (float)(expf(h[j].z - zmax) / sk);
+        if (top_p_row(z, e, z, V, top_p * exps(z, e, V, zmax, floor), &items, &capacity) != 0) goto done;
     }
-    free(h);
+    status = 0;
+done:
+    free(items);
+    free(e);
     free(kheap);
-    return 0;
+    return status;
 }
 
-/* index[r] = i with cdf[i-1] <= u[r] * total < cdf[i], cdf the float64 running sum of w[r, :] */
-void rs_sample(const float *w, const double *u, int64_t *index, int64_t R, int64_t V) {
+/* index[r] = i with cdf[i-1] <= u[r] * total < cdf[i], cdf the float64 running sum of w[r, :] in order (the
+   same sums as torch's cumsum); the target clamped below the total, so a zero weight is never picked.
+   Returns 0, or -1 when memory runs out. */
+int rs_sample(const float *w, const double *u, int64_t *index, int64_t R, int64_t V) {
+    double *cdf = malloc(V * sizeof(double));
+    if (!cdf) return -1;
     for (int64_t r = 0; r < R; r++) {
         const float *x = w + r * V;
-        double total = 0.0;
-        for (int64_t i = 0; i < V; i++) total += x[i];
-        double target = u[r] * total, below = nextafter(total, 0.0);
-        if (below < target) target = below;
         double c = 0.0;
-        int64_t i = 0;
-        for (; i < V; i++) {
-            c += x[i];
-            if (c > target) break;
+        for (int64_t i = 0; i < V; i++) cdf[i] = c += x[i];
+        double target = u[r] * c, below = nextafter(c, 0.0);
+        if (below < target) target = below;
+        int64_t lo = 0, hi = V;  /* the first i with cdf[i] > target (V if none) */
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (cdf[mid] > target) hi = mid; else lo = mid + 1;
         }
-        index[r] = i;
+        index[r] = lo;
     }
+    free(cdf);
+    return 0;
 }
 """
 
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = (
     ("rs_process", ctypes.c_int, (_P, _P, _I, _I, _D, _I, _D)),
-    ("rs_sample", None, (_P, _P, _P, _I, _I)),
+    ("rs_sample", ctypes.c_int, (_P, _P, _P, _I, _I)),
 )
 
 _UNLOADED = object()
@@ -212,5 +268,6 @@ def sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     w = weights.contiguous()
     u = u.to(torch.float64).contiguous()
     index = torch.empty(w.shape[0], dtype=torch.int64, device=w.device)
-    _lib.rs_sample(native.ptr(w), native.ptr(u), native.ptr(index), w.shape[0], w.shape[-1])
+    if _lib.rs_sample(native.ptr(w), native.ptr(u), native.ptr(index), w.shape[0], w.shape[-1]) != 0:
+        raise MemoryError("relaxspec sampler: out of memory sampling")
     return index
