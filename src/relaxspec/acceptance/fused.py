@@ -7,11 +7,14 @@ builds the C source below on first use). `processing.process_logits_unchecked` a
 `processing.sample_with_uniform` call these for float32 CPU tensors when the library loaded, and keep their
 torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`); tests compare the two.
 
-* `process`: logits / temperature (float32 division, as torch), top-k (keeps ties with the k-th value: the
-  k-th largest found with a size-k heap), top-p (the smallest most-likely set whose mass reaches top_p, in
-  the order of a stable descending sort: the m best candidates from a size-m heap, m = 64 growing 8x until the
-  set closes within them, so V is never fully sorted), renormalised. exp in float32 of z - max as torch's
-  softmax, sums in float64, so the probabilities may differ from torch's in the last bits.
+* `process`: logits / temperature (float32 division, as torch), top-k (ties with the k-th value kept: the k-th
+  largest from a size-k heap), top-p (the smallest most-likely set whose mass reaches top_p, ties at the cut
+  kept lowest index first, the order of a stable descending sort), renormalised. Top-p never sorts: one pass
+  adds each token's mass to a histogram over the float bits of max - logit (eight buckets an octave, from 2^-6
+  to 32: a larger logit is never in a later bucket); walking the buckets from the max finds the one where the mass
+  reaches top_p, every token before it is kept, and a quickselect on the mass (O(n) expected) picks, in that
+  bucket only, the tokens the sorted walk would keep. exp in float32 of z - max as torch's softmax (Cephes' polynomial, written to vectorise),
+  sums in float64: probabilities may differ from torch's in the last bits.
 * `sample`: the cdf in float64 in vocabulary order (the same sequential sums as torch's cumsum, so the same
   bits), index i with cdf[i-1] <= u * total < cdf[i], the target clamped strictly below the total (a
   zero-weight index is never returned): the same indices as the torch path.
@@ -132,26 +135,32 @@ static int64_t select_mass(item *a, int64_t n, double target) {
     return lo;
 }
 
-#define BUCKETS 1017  /* e in [0, 1] by its float bits >> 20: the exponent and 3 mantissa bits, ratio 2^(1/8) */
+#define BUCKETS 90  /* tokens by d = max - z: [0, 2^-6), 8 per octave up to 32 (float bits >> 20), [32, inf] */
 
-static inline int32_t bucket(float e) {
+/* A token's bucket: never smaller for a smaller logit (max - z rounds monotonically), equal for equal ones. */
+static inline int32_t bucket(float z, float zmax) {
+    const float d = zmax - z;
     int32_t bits;
-    memcpy(&bits, &e, sizeof bits);
-    return bits >> 20;
+    memcpy(&bits, &d, sizeof bits);
+    const int32_t k = (bits >> 20) - 0x3C7;  /* 2^-6 is 0x3C800000: bucket 1 */
+    return k < 0 ? 0 : k > BUCKETS - 1 ? BUCKETS - 1 : k;
 }
 
-/* top-p of one row: z its logits (read before out is written: they may share memory), e = exp(z - max) (0 off
-   the candidates), target = top_p times their sum. A histogram of the mass by bucket finds the bucket where
-   the mass reaches the target (the tokens above it are kept, as larger e means larger z); a select on the
-   mass among that bucket's tokens, in stable descending order, finds the rest. O(V), never a sort. */
-static int top_p_row(const float *z, const float *e, float *out, int64_t V, double target, item **items,
-                     int64_t *capacity) {
-    double hist[BUCKETS] = {0}, above = 0.0;
-    for (int64_t i = 0; i < V; i++) hist[bucket(e[i])] += e[i];
-    int32_t b = BUCKETS - 1;
-    for (; b > 0 && above + hist[b] < target; b--) above += hist[b];
+/* top-p of one row: z its logits (read before out is written: they may share memory), e = exp(z - zmax) (0 off
+   the candidates), target = top_p times their sum, key[V] scratch. A histogram of the mass by bucket finds the
+   bucket where the mass reaches the target (the tokens of the buckets before it are kept: their logits are
+   larger); a select on the mass among that bucket's tokens, in stable descending order, finds the rest. */
+static int top_p_row(const float *z, const float *e, float *out, int64_t V, float zmax, double target,
+                     uint8_t *key, item **items, int64_t *capacity) {
+    double hist[2][BUCKETS] = {{0}}, before = 0.0;  /* two, alternating: fewer chains of adds to one bucket */
+    for (int64_t i = 0; i < V; i++) key[i] = (uint8_t)bucket(z[i], zmax);
+    int64_t i = 0;
+    for (; i + 2 <= V; i += 2) { hist[0][key[i]] += e[i]; hist[1][key[i + 1]] += e[i + 1]; }
+    if (i < V) hist[0][key[i]] += e[i];
+    int32_t b = 0;
+    for (; b < BUCKETS - 1 && before + hist[0][b] + hist[1][b] < target; b++) before += hist[0][b] + hist[1][b];
     int64_t n = 0;
-    for (int64_t i = 0; i < V; i++) n += bucket(e[i]) == b && e[i] > 0.0f;
+    for (i = 0; i < V; i++) n += key[i] == b && e[i] > 0.0f;
     if (n > *capacity) {
         free(*items);
         *capacity = n;
@@ -159,15 +168,14 @@ static int top_p_row(const float *z, const float *e, float *out, int64_t V, doub
     }
     item *a = *items;
     n = 0;
-    for (int64_t i = 0; i < V; i++)
-        if (bucket(e[i]) == b && e[i] > 0.0f) { a[n].z = z[i]; a[n].e = e[i]; a[n].i = i; n++; }
-    const int64_t kept = select_mass(a, n, target - above);
-    double sk = above;
+    for (i = 0; i < V; i++)
+        if (key[i] == b && e[i] > 0.0f) { a[n].z = z[i]; a[n].e = e[i]; a[n].i = i; n++; }
+    const int64_t kept = select_mass(a, n, target - before);
+    double sk = before;
     for (int64_t j = 0; j < kept; j++) sk += a[j].e;
-    for (int64_t i = 0; i < V; i++) out[i] = bucket(e[i]) > b ? e[i] : 0.0f;
-    for (int64_t j = 0; j < kept; j++) out[a[j].i] = a[j].e;
     const double inv = 1.0 / sk;
-    for (int64_t i = 0; i < V; i++) out[i] = (float)(out[i] * inv);
+    for (i = 0; i < V; i++) out[i] = key[i] < b ? (float)(e[i] * inv) : 0.0f;
+    for (int64_t j = 0; j < kept; j++) out[a[j].i] = (float)(a[j].e * inv);
     return 0;
 }
 
@@ -178,10 +186,11 @@ int rs_process(const float *logits, float *out, int64_t R, int64_t V, double tem
     const float t = (float)temperature;
     const int use_k = top_k > 0 && top_k < V, use_p = top_p < 1.0;
     float *kheap = use_k ? malloc(top_k * sizeof(float)) : NULL, *e = use_p ? malloc(V * sizeof(float)) : NULL;
+    uint8_t *key = use_p ? malloc(V) : NULL;
     item *items = NULL;  /* a top-p boundary's candidates */
     int64_t capacity = 0;
     int status = -1;
-    if ((use_k && !kheap) || (use_p && !e)) goto done;
+    if ((use_k && !kheap) || (use_p && (!e || !key))) goto done;
     for (int64_t r = 0; r < R; r++) {
         const float *x = logits + r * V;
         float *z = out + r * V;
@@ -194,11 +203,13 @@ int rs_process(const float *logits, float *out, int64_t R, int64_t V, double tem
             for (int64_t i = 0; i < V; i++) z[i] = (float)(z[i] * inv);
             continue;
         }
-        if (top_p_row(z, e, z, V, top_p * exps(z, e, V, zmax, floor), &items, &capacity) != 0) goto done;
+        if (top_p_row(z, e, z, V, zmax, top_p * exps(z, e, V, zmax, floor), key, &items, &capacity) != 0)
+            goto done;
     }
     status = 0;
 done:
     free(items);
+    free(key);
     free(e);
     free(kheap);
     return status;

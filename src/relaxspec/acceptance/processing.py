@@ -4,6 +4,12 @@ divergence helpers and the argument checks shared by `verify`.
 "Processed" means: logits / temperature, then top-k, then top-p, renormalised
 (the order vLLM and Hugging Face use). A temperature below GREEDY_TEMPERATURE
 (1e-5, vLLM's sampling epsilon) means greedy: a one-hot row on the argmax.
+
+Float32 tensors on a CPU are processed and sampled by the C kernels of `acceptance/fused.py` (the same
+semantics, one call per block of rows; probabilities may differ from torch's in the last bits, sampled
+indices are the same for the same weights); the torch code here serves every other device and dtype, and
+everything when the kernels are unavailable (no C compiler, RELAXSPEC_NATIVE=0): it is the reference the
+kernels are tested against.
 """
 
 from __future__ import annotations
