@@ -35,11 +35,9 @@ def _kernel_loaded():
 
 def torch_path(fn, *args):
     """fn(*args) on the torch path (the kernels' library set to None for the call)."""
-    saved, fused._lib = fused._lib, None
-    try:
+    with fused.disabled():
+        assert not fused.serves(torch.ones(1))
         return fn(*args)
-    finally:
-        fused._lib = saved
 
 
 def near_cut(z: torch.Tensor, top_p: float | None, eps: float = 2e-6) -> torch.Tensor:
@@ -228,6 +226,17 @@ def test_sample_matches_torch(V):
             assert got.dtype == torch.int64 and got.shape == (rows,)
             assert torch.equal(got[keep], ref[keep])
             assert (w.gather(1, got.unsqueeze(-1)) > 0).all()
+
+
+def test_sample_takes_strided_and_float32_uniforms():
+    g = torch.Generator().manual_seed(2)
+    w = process_logits_unchecked(random_logits(16, 714, seed=2), 0.9, None, 0.99)
+    table = torch.rand((16, 5), generator=g, dtype=torch.float64)
+    column = table[:, 3]  # as CounterDraws reads a round's table
+    assert not column.is_contiguous()
+    assert torch.equal(sample_with_uniform(w, column), sample_with_uniform(w, column.contiguous()))
+    u32 = column.float()
+    assert torch.equal(sample_with_uniform(w, u32), torch_path(sample_with_uniform, w, u32))
 
 
 def test_sample_never_returns_a_zero_weight():

@@ -22,6 +22,7 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import torch
@@ -152,13 +153,18 @@ static inline int32_t bucket(float z, float zmax) {
    larger); a select on the mass among that bucket's tokens, in stable descending order, finds the rest. */
 static int top_p_row(const float *z, const float *e, float *out, int64_t V, float zmax, double target,
                      uint8_t *key, item **items, int64_t *capacity) {
-    double hist[2][BUCKETS] = {{0}}, before = 0.0;  /* two, alternating: fewer chains of adds to one bucket */
+    double hist[4][BUCKETS] = {{0}}, before = 0.0;  /* four, taking turns: shorter chains of adds to a bucket */
     for (int64_t i = 0; i < V; i++) key[i] = (uint8_t)bucket(z[i], zmax);
     int64_t i = 0;
-    for (; i + 2 <= V; i += 2) { hist[0][key[i]] += e[i]; hist[1][key[i + 1]] += e[i + 1]; }
-    if (i < V) hist[0][key[i]] += e[i];
+    for (; i + 4 <= V; i += 4)
+        for (int k = 0; k < 4; k++) hist[k][key[i + k]] += e[i + k];
+    for (; i < V; i++) hist[0][key[i]] += e[i];
     int32_t b = 0;
-    for (; b < BUCKETS - 1 && before + hist[0][b] + hist[1][b] < target; b++) before += hist[0][b] + hist[1][b];
+    for (; b < BUCKETS - 1; b++) {
+        const double mass = hist[0][b] + hist[1][b] + hist[2][b] + hist[3][b];
+        if (before + mass >= target) break;
+        before += mass;
+    }
     int64_t n = 0;
     for (i = 0; i < V; i++) n += key[i] == b && e[i] > 0.0f;
     if (n > *capacity) {
@@ -257,16 +263,27 @@ def library():
     return _lib
 
 
+@contextlib.contextmanager
+def disabled():
+    """Inside the block, the torch path serves (the library set aside): for tests and benchmarks."""
+    global _lib
+    saved, _lib = library(), None
+    try:
+        yield
+    finally:
+        _lib = saved
+
+
 def serves(t: torch.Tensor) -> bool:
     """True where the kernels take `t`: a non-empty float32 CPU tensor that needs no gradient, library loaded."""
-    return (t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad and t.numel() > 0
-            and library() is not None)
+    return (t.dtype is torch.float32 and t.is_cpu and not t.requires_grad and t.numel() > 0
+            and (_lib if _lib is not _UNLOADED else library()) is not None)
 
 
 def process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
     """Processed probabilities of float32 CPU logits [..., V] (checked settings; not greedy)."""
     x = logits.contiguous()
-    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    out = torch.empty_like(x)  # contiguous as x, on its device (cheaper than torch.empty)
     V = x.shape[-1]
     if _lib.rs_process(native.ptr(x), native.ptr(out), x.numel() // V, V, float(temperature),
                        0 if top_k is None else int(top_k), 1.0 if top_p is None else float(top_p)) != 0:
@@ -275,10 +292,11 @@ def process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: 
 
 
 def sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """[R] int64: one index per row of float32 CPU weights [R, V] by inverse CDF at uniforms u [R]."""
+    """[R] int64: one index per row of float32 CPU weights [R, V] by inverse CDF at CPU uniforms u [R]."""
     w = weights.contiguous()
-    u = u.to(torch.float64).contiguous()
-    index = torch.empty(w.shape[0], dtype=torch.int64, device=w.device)
+    if u.dtype is not torch.float64 or not u.is_contiguous():
+        u = u.to(torch.float64).contiguous()
+    index = torch.empty_like(u, dtype=torch.int64)
     if _lib.rs_sample(native.ptr(w), native.ptr(u), native.ptr(index), w.shape[0], w.shape[-1]) != 0:
         raise MemoryError("relaxspec sampler: out of memory sampling")
     return index

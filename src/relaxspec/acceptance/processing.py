@@ -204,7 +204,7 @@ def sample_rows(weights: torch.Tensor, generator: torch.Generator | None = None)
 def sample_with_uniform(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF: index i with cdf[i-1] <= u * total < cdf[i] in each row of weights [R, V]
     (unnormalised is fine; a zero-weight index is never returned). u [R] in [0, 1)."""
-    if fused.serves(weights) and weights.dim() == 2 and u.device.type == "cpu":
+    if fused.serves(weights) and weights.dim() == 2 and u.is_cpu and u.shape == weights.shape[:1]:
         return fused.sample(weights, u)  # the C kernel: the same sums in the same order, so the same indices
     dtype = _cdf_dtype(weights)
     cdf = weights.cumsum(dim=-1, dtype=dtype)
