@@ -204,6 +204,20 @@ def test_leading_dims_dtypes_and_strides():
                        torch_path(process_logits_unchecked, double, 0.7, None, 0.95))
 
 
+@pytest.mark.parametrize("z", [[[3.0]], [[1.0, 1.0]], [[3e37, -3e37, 0.0]], [[-1e30, float("-inf"), -1e30 + 1e24]]])
+def test_edge_rows(z):
+    z = torch.tensor(z)
+    for settings in ((0.7, None, 0.95), (1.0, 1, None), (0.7, 1, 0.5), (1.0, None, 1e-9), (2.0, None, None)):
+        kernel = process_logits_unchecked(z, *settings)
+        ref = torch_path(process_logits_unchecked, z, *settings)
+        assert torch.allclose(kernel, ref, rtol=1e-6, atol=0), (settings, kernel, ref)
+        u = torch.tensor([0.0, 0.5, 1.0 - 2.0 ** -53], dtype=torch.float64)
+        w = kernel.expand(3, -1).contiguous()
+        assert torch.equal(sample_with_uniform(w, u), torch_path(sample_with_uniform, w, u))
+    empty = torch.zeros((0, 5))
+    assert process_logits_unchecked(empty, 0.7, None, 0.95).shape == (0, 5)
+
+
 def cdf_steps(w: torch.Tensor) -> torch.Tensor:
     c = w.double().cumsum(dim=-1)
     return c / c[:, -1:]
