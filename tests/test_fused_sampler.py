@@ -18,11 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from relaxspec import native
 from relaxspec.acceptance import fused
 from relaxspec.acceptance.processing import process_logits_unchecked, sample_with_uniform
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("CC"),
-                                reason="no C compiler: the kernels cannot be built")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("CC"),
+                       reason="no C compiler: the kernels cannot be built"),
+    pytest.mark.skipif(not native.enabled(), reason="RELAXSPEC_NATIVE=0: the kernels are off"),
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 REL = 1e-6  # kernel vs torch, relative
