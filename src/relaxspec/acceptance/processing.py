@@ -4,6 +4,12 @@ divergence helpers and the argument checks shared by `verify`.
 "Processed" means: logits / temperature, then top-k, then top-p, renormalised
 (the order vLLM and Hugging Face use). A temperature below GREEDY_TEMPERATURE
 (1e-5, vLLM's sampling epsilon) means greedy: a one-hot row on the argmax.
+
+Float32 tensors on a CPU are processed and sampled by the C kernels of `acceptance/fused.py` (the same
+semantics, one call per block of rows; probabilities may differ from torch's in the last bits, sampled
+indices are the same for the same weights); the torch code here serves every other device and dtype, and
+everything when the kernels are unavailable (no C compiler, RELAXSPEC_NATIVE=0): it is the reference the
+kernels are tested against.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import math
 import numbers
 
 import torch
+
+from relaxspec.acceptance import fused
 
 NEG_INF = float("-inf")
 # Temperatures below this are greedy (dividing logits by them would overflow to NaN).
@@ -51,6 +59,8 @@ def process_logits_unchecked(logits: torch.Tensor, temperature: float = 1.0, top
     z = as_float(logits)
     if is_greedy(temperature):
         return one_hot_argmax(z)
+    if fused.serves(z):  # float32 on a CPU: the C kernel (acceptance/fused.py), same semantics; torch otherwise
+        return fused.process(z, temperature, top_k, top_p)
     if temperature != 1.0:
         z = z / temperature
     if top_k is not None and top_k < z.shape[-1]:
@@ -194,6 +204,8 @@ def sample_rows(weights: torch.Tensor, generator: torch.Generator | None = None)
 def sample_with_uniform(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF: index i with cdf[i-1] <= u * total < cdf[i] in each row of weights [R, V]
     (unnormalised is fine; a zero-weight index is never returned). u [R] in [0, 1)."""
+    if fused.serves(weights) and weights.dim() == 2 and u.is_cpu and u.shape == weights.shape[:1]:
+        return fused.sample(weights, u)  # the C kernel: the same sums in the same order, so the same indices
     dtype = _cdf_dtype(weights)
     cdf = weights.cumsum(dim=-1, dtype=dtype)
     total = cdf[:, -1:]
