@@ -31,7 +31,9 @@ TILE = 16
 
 _SOURCE = r"""
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
+""" + native.EXP_NONPOSITIVE + r"""
 typedef float v16 __attribute__((vector_size(64)));
 
 /* Rows 0..M-1 of one chunk, outputs of tiles o16..o16+OT-1: y[m, o] = sum over i of x[m, i] w[o, i], in order
@@ -112,24 +114,6 @@ static inline float hsum(v16 a) {
   return a[0];
 }
 
-/* exp(x) for x <= 0 (Cephes' expf polynomial, within ~2 ulp), 0 below -87 (a masked score). */
-static inline v16 vexp(v16 x) {
-  const i16 keep = x > -87.0f;
-  x = (v16)(((i16)x & keep) | ((i16)((v16){0} - 87.0f) & ~keep));
-  const v16 fx = x * 1.44269504088896341f - 0.5f;
-  const i16 n = __builtin_convertvector(fx, i16);  /* toward zero: round(x log2 e) for x <= 0 */
-  const v16 nf = __builtin_convertvector(n, v16);
-  const v16 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-  v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const v16 scale = (v16)((n + 127) << 23);
-  return (v16)((i16)(p * scale) & keep);
-}
-
 /* One query head over L slots: o = softmax(q k^T * scale + bias) v, with DV = D / 16 vectors per row held in
    registers (DV > 0: D a multiple of 16, at most 128) or, DV = 0, any D. s: scratch of L + 16 floats. */
 static inline __attribute__((always_inline)) void head(int DV, const float* q, const float* k, const float* v,
@@ -165,14 +149,12 @@ static inline __attribute__((always_inline)) void head(int DV, const float* q, c
     s[j] = x;
     m = x > m ? x : m;
   }
+  for (long j = 0; j < L; ++j) s[j] = exp_nonpositive(s[j] - m);
+  for (long j = L; j < L + 16; ++j) s[j] = 0; /* s has 16 floats of slack */
   v16 z = {0};
-  for (long j = 0; j < L; j += 16) { /* s has 16 floats of slack */
+  for (long j = 0; j < L; j += 16) {
     v16 x;
     memcpy(&x, s + j, 64);
-    x = vexp(x - m);
-    if (j + 16 > L)
-      for (long e = L - j; e < 16; ++e) x[e] = 0;
-    memcpy(s + j, &x, 64);
     z += x;
   }
   const float inv = 1.0f / hsum(z);
