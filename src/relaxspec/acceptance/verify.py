@@ -53,6 +53,7 @@ class VerifyResult:
     strict_accept_prob: torch.Tensor  # float [B, N]: min(1, p(x)/q(x))
     accepted: torch.Tensor  # bool [B, N]: u < accept_prob, before the first-rejection cut
     relaxed_only: torch.Tensor  # bool [B, N]: kept, though the strict test (same u) rejects
+    last_token: torch.Tensor  # long [B]: the residual / bonus token, tokens[b, num_accepted[b]]
 
 
 def build_context(
@@ -279,6 +280,7 @@ class VerifyStep:
             strict_accept_prob=strict_accept_prob,
             accepted=accepted,
             relaxed_only=accepted & kept & ~(u < strict_accept_prob) if own_test else torch.zeros_like(accepted),
+            last_token=last,
         )
 
 
@@ -321,10 +323,11 @@ def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs
         match &= cached_arange(N, match.device) < num_drafts.unsqueeze(1)
     kept = match.cumprod(dim=1).bool()
     n = kept.sum(dim=1)
-    tokens = _emitted_tokens(draft_tokens, kept, n, best.gather(1, n.unsqueeze(1)).squeeze(1))
+    last = best.gather(1, n.unsqueeze(1)).squeeze(1)
+    tokens = _emitted_tokens(draft_tokens, kept, n, last)
     accept_prob = match.to(target_logits.dtype)
     return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob, strict_accept_prob=accept_prob,
-                        accepted=match, relaxed_only=torch.zeros_like(match))
+                        accepted=match, relaxed_only=torch.zeros_like(match), last_token=last)
 
 
 def _emitted_tokens(draft_tokens, kept, n, last) -> torch.Tensor:

@@ -140,18 +140,22 @@ class _Book:
         """Each live row's number of drafts this round, from the last `draft_lengths`."""
         return np.broadcast_to(self.proposed, (self.live_count,)).copy()
 
-    def record(self, tokens, accepted, drafts=None, relaxed_only=None) -> list[int] | None:
-        """Log each live row's round (tokens [L, C]: the kept drafts, then the emitted token; accepted [L];
-        for the trace, the round's drafts and relaxed_only [L, C - 1]); returns the rows that stay live, or
-        None if all do."""
+    def record(self, tokens, accepted=None, drafts=None, relaxed_only=None) -> list[int] | None:
+        """Log each live row's round (tokens [L, C]: the kept drafts, then the emitted token; accepted [L], None
+        for AR (C = 1, no drafts); for the trace, the round's drafts and relaxed_only [L, C - 1]); returns the
+        rows that stay live, or None if all do."""
         width, pad = tokens.shape[1] - 1, self.N - tokens.shape[1] + 1
-        parts = [accepted[:, None], tokens]
-        if drafts is not None:
-            parts += [drafts, relaxed_only.long()]
-        if pad:  # a fixed layout, so that the log is one array at the end: [n, tokens, drafts, relaxed] padded to N
-            filler = tokens.new_zeros((tokens.shape[0], pad))
-            parts = parts[:2] + [filler] + parts[2:3] + [filler] + parts[3:] + [filler]
-        host = torch.cat(parts, dim=1).cpu().numpy()  # the round's one copy to the host
+        if accepted is None:  # AR: its host row [n = 0, token] is made there
+            host = tokens.cpu().numpy()  # the round's one copy to the host
+            host = np.concatenate([np.zeros_like(host), host], axis=1)
+        else:
+            parts = [accepted[:, None], tokens]
+            if drafts is not None:
+                parts += [drafts, relaxed_only]  # (cat promotes the bools to long)
+            if pad:  # a fixed layout, so that the log is one array at the end: [n, tokens, drafts, relaxed] padded to N
+                filler = tokens.new_zeros((tokens.shape[0], pad))
+                parts = parts[:2] + [filler] + parts[2:3] + [filler] + parts[3:] + [filler]
+            host = torch.cat(parts, dim=1).cpu().numpy()  # the round's one copy to the host
         rows, n, tokens = self.live, host[:, 0], host[:, 1:width + 2]
         length = self.length[rows]
         appended = emitted = np.minimum(n + 1, self.max_new_tokens - length)  # the length limit
@@ -372,7 +376,7 @@ def generate(
     hidden = target.prefill(ids[:, :-1], mask[:, :-1], hidden_layer=hidden_layer if drafter_hidden else None)
     if rule is not None:
         drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
-    last = ids[:, -1].clone()
+    last = ids[:, -1].clone() if rule is not None else ids[:, -1:].clone()  # AR: [B, 1], the block it feeds
     sequence_seeds = SequenceSeeds(seeds, device)
     phases = PhaseTracker(phase, verifier.tokenizer, encoded) if phase is not None and rule is not None else None
 
@@ -385,11 +389,11 @@ def generate(
                                                       host_start=book.length[book.live])  # each row's next position
         if rule is None:
             t0 = time.perf_counter()
-            logits, _ = target.feed(last[:, None])
+            logits, _ = target.feed(last)
             token, _ = _sample(logits[:, -1], **sampling, draws=draws, purpose=TOKEN)
             stats.verifier_forwards += 1
             stats.time_verify_s += time.perf_counter() - t0
-            tokens, accepted, results = token[:, None], token.new_zeros(token.shape), None
+            tokens, accepted, results = token[:, None], None, None
         else:
             t0 = time.perf_counter()
             stop = None if draft_confidence is None else _ConfidenceStop(draft_confidence, book.limits())
@@ -418,11 +422,12 @@ def generate(
 
         # One copy to the host per round: what each row appended and whether it is done.
         done = book.record(tokens, accepted, *(() if results is None else (draft_tokens, results.relaxed_only)))
-        last = token if rule is None else tokens.gather(1, accepted[:, None]).squeeze(1)
+        last = tokens if rule is None else results.last_token
         if rule is not None:
             # Roll back both to `last` + the accepted drafts (the drafter gets the verifier's hidden
-            # states of that block when it drafts from them).
-            target.invalidate_tail(accepted + 1, width + 1, longest=book.longest_kept)
+            # states of that block when it drafts from them); one row keeps what the host's `longest_kept` says.
+            target.invalidate_tail(None if accepted.shape[0] == 1 else accepted + 1, width + 1,
+                                   longest=book.longest_kept)
             drafter.rollback(accepted, hidden if drafter_hidden else None, longest=book.longest_kept - 1)
         if phases is not None:  # commit each row's emitted tokens to its phase state
             phases.advance(book.last_round())
