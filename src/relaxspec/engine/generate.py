@@ -105,8 +105,10 @@ class _Book:
         # draft_length="auto": each sequence's own draft length, +2 after a round that accepted all its drafts,
         # -1 after any other, within [1, N] (transformers' "heuristic" num_assistant_tokens schedule).
         self.schedule = np.full(B, AUTO_START, dtype=np.int64) if auto else None
+        self.B = B
         self.live = np.arange(B)  # the sequence of each live row
-        self.length = np.zeros(B, dtype=np.int64)  # output tokens so far (an ending EOS is not one)
+        self.length = np.zeros(B, dtype=np.int64)  # each live row's output tokens so far (an ending EOS is not one)
+        self.longest = 0  # the most output tokens of a live row (on the host: whether every row has room for N)
         self.positions = np.arange(N + 1)
         self.log = []  # per round: rows, accepted, tokens, drafts proposed, tokens emitted, appended, drafts, relaxed
         self.longest_kept = 0  # the most slots a live row keeps of this round's verifier block
@@ -118,11 +120,10 @@ class _Book:
     def draft_lengths(self) -> tuple[int, torch.Tensor | None]:
         """(the round's block width, each row's own number of drafts, or None when all draft that many): a row
         drafts at most its room minus one, and N (or its own schedule's length)."""
-        length = self.length[self.live]
-        room = self.max_new_tokens - length - 1
-        if self.schedule is None and int(room.min()) >= self.N:  # every row drafts N (AR: 0)
+        if self.schedule is None and self.max_new_tokens - self.longest - 1 >= self.N:  # every row drafts N (AR: 0)
             self.proposed = self.N
             return self.N, None
+        room = self.max_new_tokens - self.length - 1
         limit = self.N if self.schedule is None else self.schedule[self.live]
         return self.drafted(np.minimum(np.maximum(room, 0), limit))
 
@@ -157,8 +158,7 @@ class _Book:
                 parts = parts[:2] + [filler] + parts[2:3] + [filler] + parts[3:] + [filler]
             host = torch.cat(parts, dim=1).cpu().numpy()  # the round's one copy to the host
         rows, n, tokens = self.live, host[:, 0], host[:, 1:width + 2]
-        length = self.length[rows]
-        appended = emitted = np.minimum(n + 1, self.max_new_tokens - length)  # the length limit
+        appended = emitted = n + 1  # (a row drafts at most its room minus one: its n + 1 tokens fit the length limit)
         stop = None
         if self.eos is not None:  # an EOS ends the output (it is emitted, not appended)
             is_eos = tokens == self.eos
@@ -167,18 +167,22 @@ class _Book:
                 stop = is_eos.any(axis=1)
                 appended = np.where(stop, is_eos.argmax(axis=1), appended)
                 emitted = appended + stop
-        length = self.length[rows] = length + appended
+        self.length = length = self.length + appended
         if self.schedule is not None:
             self.schedule[rows] = np.clip(self.schedule[rows] + np.where(n == self.proposed, 2, -1), 1, self.N)
         self.log.append((rows, self.proposed, emitted, appended, host))  # proposed: an int, or one per row
         self.longest_kept = int(n.max()) + 1
+        self.longest = int(length.max())
+        if stop is None and self.longest < self.max_new_tokens:
+            return None
         done = length >= self.max_new_tokens
         if stop is not None:
             done |= stop
         if not done.any():
             return None
         keep = np.flatnonzero(~done)
-        self.live = rows[keep]
+        self.live, self.length = rows[keep], length[keep]
+        self.longest = int(self.length.max()) if keep.size else 0
         return keep.tolist()
 
     def last_round(self) -> list[list[int]]:
@@ -189,7 +193,7 @@ class _Book:
 
     def results(self) -> tuple[list[list[int]], list[GenerationStats], list[list[Round]]]:
         """Per sequence: output tokens, GenerationStats and trace."""
-        B, N = len(self.length), self.N
+        B, N = self.B, self.N
         outputs: list[list[int]] = [[] for _ in range(B)]
         traces: list[list[Round]] = [[] for _ in range(B)]
         rows, proposed, emitted, appended, host = (np.concatenate([
@@ -386,7 +390,7 @@ def generate(
         # row's, the others' extra columns are padding (verify's num_drafts).
         width, num_drafts = book.draft_lengths()
         draws = None if greedy else sequence_seeds.at(None, width if rule is not None else 0,
-                                                      host_start=book.length[book.live])  # each row's next position
+                                                      host_start=book.length)  # each row's next position
         if rule is None:
             t0 = time.perf_counter()
             logits, _ = target.feed(last)
