@@ -138,9 +138,8 @@ class LMDrafter(Drafter):
                     n = i + 1  # every row has stopped drafting
             i += 1
         self._fed = (1 + int(with_catch_up), n, extra)
-        tokens = torch.stack(tokens, dim=1)
-        self.catch_up = tokens[:, -1]
-        return Proposal(tokens, torch.stack(logits_rows, dim=1),
+        self.catch_up = tokens[-1]
+        return Proposal(torch.stack(tokens, dim=1), torch.stack(logits_rows, dim=1),
                         None if probs[0] is None else torch.stack(probs, dim=1), forwards=n + extra)
 
     def rollback(self, accepted, hidden=None, longest=None) -> None:

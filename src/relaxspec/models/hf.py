@@ -122,7 +122,7 @@ class CausalLM:
         from the end; the last block's is reported after the final norm, as transformers does), or, for a
         tuple of blocks, their hidden states concatenated in that order [B, T, k * H].
         Inputs live on the model's device (`self.device`)."""
-        layers = hidden_blocks(hidden_layer, self.num_layers)
+        layers = () if hidden_layer is None else hidden_blocks(hidden_layer, self.num_layers)
         if self.fast is not None:
             logits, hidden = self.fast.forward(input_ids, cache, attention_mask, position_ids, layers)
         else:
