@@ -328,9 +328,9 @@ def test_stream_mask_buffer_never_leaks_between_rounds(builtin_pair, slack):
     """The mask buffer is reused across rounds (real slots need no write: columns past the cache hold 1), so
     masked slots that a rollback crops, a compaction moves or a growth copies must not leak into later
     blocks: with feeds of masked slots (the drafter's catch-up column), rollbacks that keep per-row counts,
-    rollbacks where every row keeps the same (keep=None) and probes, the mask equals a reference kept here
-    (without compaction), each row's next position is its number of real slots, and every row's logits equal
-    a fresh forward over its real tokens alone."""
+    rollbacks where every row keeps the same (keep=None), probes and a row leaving the batch, the mask equals a
+    reference kept here (without compaction), each row's next position is its number of real slots, and every
+    row's logits equal a fresh forward over its real tokens alone."""
     lm, _ = builtin_pair
     from relaxspec.models.prompts import encode_prompts
     from relaxspec.models.stream import left_pad
@@ -348,23 +348,27 @@ def test_stream_mask_buffer_never_leaks_between_rounds(builtin_pair, slack):
         return torch.randint(0, high, size, generator=generator)
 
     for step in range(40):
+        if step == 21:  # the middle row leaves
+            stream.select(torch.tensor([0, 2]))
+            reference, texts = [reference[0], reference[2]], [texts[0], texts[2]]
+        B = len(texts)
         width = 1 + int(rand(4))
-        block = 3 + rand(lm.vocab_size - 3, (3, width))
+        block = 3 + rand(lm.vocab_size - 3, (B, width))
         valid = None
         if step % 3 == 1:  # a first column that only some rows use
             valid = torch.ones_like(block)
-            valid[:, 0] = torch.tensor([1, 0, step % 2])
+            valid[:, 0] = torch.tensor([1, 0, step % 2][:B])
         logits, _ = stream.feed(block, valid)
         used = torch.ones_like(block) if valid is None else valid
         if step % 4 == 3:
             keep, longest = None, int(rand(width + 1))
-            counts = [longest] * 3
+            counts = [longest] * B
         else:
-            keep = rand(width + 1, (3,))
+            keep = rand(width + 1, (B,))
             longest, counts = None, keep.tolist()
         stream.invalidate_tail(keep, width, longest=longest)
         kept = max(counts)
-        for b in range(3):
+        for b in range(B):
             flags = [int(used[b, j]) if j < counts[b] else 0 for j in range(kept)]
             reference[b].extend(flags)
             texts[b].extend(t for t, f in zip(block[b, :kept].tolist(), flags) if f)
@@ -373,10 +377,10 @@ def test_stream_mask_buffer_never_leaks_between_rounds(builtin_pair, slack):
             assert stream.mask.tolist() == reference, step
         assert stream.mask.sum(dim=1).tolist() == [sum(r) for r in reference]
         if step % 5 == 4:  # a probe, never kept: each row's logits are those of its real tokens alone
-            probe = 3 + rand(lm.vocab_size - 3, (3, 1))
+            probe = 3 + rand(lm.vocab_size - 3, (B, 1))
             got, _ = stream.feed(probe)
-            stream.invalidate_tail(torch.zeros(3, dtype=torch.long), 1)
-            for b in range(3):
+            stream.invalidate_tail(torch.zeros(B, dtype=torch.long), 1)
+            for b in range(B):
                 row = torch.tensor([texts[b] + probe[b].tolist()])
                 fresh, _ = lm.forward(row, lm.new_cache(), torch.ones_like(row), torch.arange(row.shape[1])[None])
                 assert torch.allclose(got[b, -1], fresh[0, -1], atol=1e-4), (step, b)
