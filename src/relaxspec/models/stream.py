@@ -35,7 +35,9 @@ class Stream:
     and each row keeps its own position counter. The slots one row has dead while another accepted more
     are dropped by compaction once they exceed a bound (`slack`), so a row that accepts little attends
     over about the longest row's real length instead of the sum of every round's best acceptance. The
-    mask lives in a buffer grown by doubling: a feed writes its columns, nothing is reallocated per round."""
+    mask lives in a buffer grown by doubling, nothing is reallocated per round; its columns past the cache hold
+    1, so a feed of real slots writes nothing and a rollback of real slots only counts (rollback and compaction
+    put the 1s back in the columns they free)."""
 
     slack = 32  # dead slots tolerated in the longest row's span before compacting (checked every `slack` slots)
 
@@ -70,7 +72,7 @@ class Stream:
         """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good;
         None: all are). Returns float32 logits [B, T, V] and the hidden state asked for (or None)."""
         T = ids.shape[1]
-        if valid is None:  # one token: its position is the row's next one, as it is
+        if valid is None:  # consecutive positions (one token: the row's next position itself, no new tensor)
             positions = self.next_position if T == 1 else self.next_position + cached_arange(T, self.device)
             self.next_position = self.next_position + T
         else:
