@@ -1,11 +1,12 @@
 """Engine bookkeeping per round: tensor ops outside the models' forwards, and time against another source tree.
 
-    python benchmarks/round_ops.py [--settings 0.7:3 0.0:3 0.7:0 0.0:0] [--prompts 4] [--top 25]
+    python benchmarks/round_ops.py [--settings 0.7:3 0.0:3 0.7:0 0.0:0] [--prompts 4] [--top 25] [--batch 1]
     python benchmarks/round_ops.py --against OTHER/src [--prompts 16] [--repeats 3]
 
 Built-in pair, strict, batch 1 (one prompt at a time), one thread; a setting is TEMPERATURE:N (top-p 0.95 when
 sampling; N = 0 is AR, a round is one token). Default: per setting, the tensor ops per round dispatched outside
-FastLlama.forward (a TorchDispatchMode; the sampler's and the verify step's ops included), the top source lines.
+FastLlama.forward (a TorchDispatchMode; the sampler's and the verify step's ops included), the top source lines
+(--batch B: the prompts B at a time, a round then serves B rows).
 --against: the same runs timed, this tree (`relaxspec` as imported here) against OTHER/src (e.g. an older commit
 exported with `git archive COMMIT src | tar -x -C /tmp/base`), each in its own worker process, taking turns
 prompt by prompt; prints ms per round of each, in all and outside the models' forwards (FastLlama.forward timed),
@@ -63,7 +64,7 @@ def parse_settings(values):
     return [(float(t), int(n)) for t, n in (v.split(":") for v in values)]
 
 
-def count_ops(settings, prompts, max_new_tokens, top):
+def count_ops(settings, prompts, max_new_tokens, top, batch=1):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from relaxspec.engine import generate
@@ -97,9 +98,9 @@ def count_ops(settings, prompts, max_new_tokens, top):
             where.clear()
             rounds = 0
             with Count():
-                for i, prompt in enumerate(prompts):
-                    out = generate(verifier, drafter if n else None, [prompt], method="strict" if n else "ar",
-                                   draft_length=max(n, 1), max_new_tokens=max_new_tokens, temperature=temperature,
+                for i in range(0, len(prompts), batch):
+                    out = generate(verifier, drafter if n else None, prompts[i:i + batch],
+                                   method="strict" if n else "ar", draft_length=max(n, 1), max_new_tokens=max_new_tokens, temperature=temperature,
                                    top_p=0.95 if temperature else None, seed=i)
                     rounds += out.stats.verifier_forwards
             print(f"T={temperature} N={n} ({'AR' if not n else 'strict'}): {rounds} rounds, "
@@ -165,6 +166,7 @@ def main():
     ap.add_argument("--top", type=int, default=25, help="source lines shown per setting (op counts)")
     ap.add_argument("--against", metavar="SRC", help="time this tree against another source tree instead")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1, help="op counts: prompts per generate call")
     args = ap.parse_args()
     torch.set_num_threads(1)
     settings = parse_settings(args.settings)
@@ -173,7 +175,8 @@ def main():
         return
     from relaxspec.tasks.synthetic import synthetic_task
 
-    count_ops(settings, synthetic_task("arithmetic", "test", args.prompts).prompts, args.max_new_tokens, args.top)
+    count_ops(settings, synthetic_task("arithmetic", "test", args.prompts).prompts, args.max_new_tokens, args.top,
+              args.batch)
 
 
 if __name__ == "__main__":
