@@ -360,6 +360,9 @@ def test_num_drafts_verifies_each_row_as_its_own_shorter_block(method, greedy):
     extra = RULES[method].extra_draft_passes
     ragged = verify(method, target, draft if extra else draft[:, :N], tokens, **sampling, num_drafts=k,
                     random=seeds.at(start, N), **params)
+    # the token after the kept drafts, as the engine reads it
+    assert torch.equal(ragged.last_token, ragged.tokens.gather(1, ragged.num_accepted[:, None]).squeeze(1))
+    assert (ragged.tokens >= 0).sum(dim=1).tolist() == (ragged.num_accepted + 1).tolist()
     for b in range(B):
         one = SequenceSeeds([b], torch.device("cpu")).at(start[b:b + 1], N)
         if k[b] == 0:

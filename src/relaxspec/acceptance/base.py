@@ -178,12 +178,16 @@ class Positions:
         return self._select(self._sources["x"])
 
     @_lazy
+    def _x_index(self) -> torch.Tensor:
+        return self.x.unsqueeze(-1)
+
+    @_lazy
     def p_x(self) -> torch.Tensor:
-        return self.p.gather(-1, self.x.unsqueeze(-1)).squeeze(-1)
+        return self.p.gather(-1, self._x_index).squeeze(-1)
 
     @_lazy
     def q_x(self) -> torch.Tensor:
-        return self.q.gather(-1, self.x.unsqueeze(-1)).squeeze(-1)
+        return self.q.gather(-1, self._x_index).squeeze(-1)
 
     @_lazy
     def p_tilde(self) -> torch.Tensor:
@@ -231,8 +235,8 @@ class VerifyContext:
     def drafts(self) -> Positions:
         """All N draft positions, [B, N, ...] (cached, so p_x etc. are computed once)."""
         if self._drafts is None:
-            n = self.num_drafts
-            self._drafts = self._positions(lambda t: t[:, :n])
+            n = self.num_drafts  # (q, the drafts and a drafter's N rows have n rows already: read as they are)
+            self._drafts = self._positions(lambda t: t if t.shape[1] == n else t[:, :n])
         return self._drafts
 
     def rows(self, b: torch.Tensor, i: torch.Tensor) -> Positions:

@@ -53,6 +53,7 @@ class VerifyResult:
     strict_accept_prob: torch.Tensor  # float [B, N]: min(1, p(x)/q(x))
     accepted: torch.Tensor  # bool [B, N]: u < accept_prob, before the first-rejection cut
     relaxed_only: torch.Tensor  # bool [B, N]: kept, though the strict test (same u) rejects
+    last_token: torch.Tensor  # long [B]: the residual / bonus token, tokens[b, num_accepted[b]]
 
 
 def build_context(
@@ -78,7 +79,7 @@ def _context(target_logits, draft_logits, draft_tokens, draft_probs, **sampling)
         q=as_float(draft_probs),
         target_logits=target_logits,
         draft_logits=draft_logits,
-        draft_tokens=draft_tokens.long(),
+        draft_tokens=draft_tokens if draft_tokens.dtype == torch.long else draft_tokens.long(),
         **sampling,
     )
 
@@ -252,6 +253,7 @@ class VerifyStep:
         # every draft passed).
         kept = accepted.cumprod(dim=1).bool()  # [B, N]
         n = kept.sum(dim=1)
+        at = n.unsqueeze(1)
 
         # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
         # accepted sequences, which take the bonus instead). Weights need not be normalised to be
@@ -262,15 +264,15 @@ class VerifyStep:
         bonus = rule.bonus(bonus_ctx, **params)
         if relax is not None:  # strict's residual / bonus where the rule may not relax
             at_bonus = torch.full_like(n, N) if num_drafts is None else num_drafts
-            residual = torch.where(relax.gather(1, n.unsqueeze(1)), residual, STRICT.residual(at_row))
+            residual = torch.where(relax.gather(1, at), residual, STRICT.residual(at_row))
             bonus = torch.where(relax.gather(1, at_bonus.unsqueeze(1)), bonus, STRICT.bonus(bonus_ctx))
-        stopped = (n < (N if num_drafts is None else num_drafts)).unsqueeze(1)
-        use_residual = stopped & (residual.sum(dim=-1, keepdim=True) > 0)
-        final = torch.where(stopped, at_row.p, bonus)
-        final = torch.where(use_residual, residual, final)
+        stopped = at < (N if num_drafts is None else num_drafts.unsqueeze(1))
+        has_mass = residual.sum(dim=-1, keepdim=True) > 0
+        final = torch.where(stopped, torch.where(has_mass, residual, at_row.p), bonus)
         last = random.sample(final, TOKEN, offset=n)  # [B], drawn for output position start + n
 
-        tokens = _emitted_tokens(ctx.draft_tokens, kept, n, last)
+        tokens = torch.nn.functional.pad(torch.where(kept, ctx.draft_tokens, -1), (0, 1), value=-1)
+        tokens.scatter_(1, at, last.unsqueeze(1))  # the kept drafts, then `last` at position n, then -1
 
         return VerifyResult(
             num_accepted=n,
@@ -279,6 +281,7 @@ class VerifyStep:
             strict_accept_prob=strict_accept_prob,
             accepted=accepted,
             relaxed_only=accepted & kept & ~(u < strict_accept_prob) if own_test else torch.zeros_like(accepted),
+            last_token=last,
         )
 
 
@@ -313,24 +316,20 @@ def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs
     N = draft_tokens.shape[1]
     best = target_logits.argmax(dim=-1)  # [B, N+1], first index on ties as one_hot_argmax
     if draft_probs is None:
-        proposable = draft_tokens == draft_logits[:, :N].argmax(dim=-1)
+        drafter_rows = draft_logits if draft_logits.shape[1] == N else draft_logits[:, :N]  # (no bonus-position row)
+        proposable = draft_tokens == drafter_rows.argmax(dim=-1)
     else:
         proposable = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1) > 0
     match = (draft_tokens == best[:, :N]) & proposable
     if num_drafts is not None:
         match &= cached_arange(N, match.device) < num_drafts.unsqueeze(1)
-    kept = match.cumprod(dim=1).bool()
-    n = kept.sum(dim=1)
-    tokens = _emitted_tokens(draft_tokens, kept, n, best.gather(1, n.unsqueeze(1)).squeeze(1))
+    n = match.cumprod(dim=1).sum(dim=1)
+    at = n.unsqueeze(1)
+    # The kept drafts are the verifier's argmax, and so is the token after them: `best` up to position n, then -1.
+    tokens = torch.where(cached_arange(N + 1, best.device) <= at, best, -1)
     accept_prob = match.to(target_logits.dtype)
     return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob, strict_accept_prob=accept_prob,
-                        accepted=match, relaxed_only=torch.zeros_like(match))
-
-
-def _emitted_tokens(draft_tokens, kept, n, last) -> torch.Tensor:
-    """[B, N+1]: the kept drafts, then `last` at position n, then -1."""
-    tokens = torch.nn.functional.pad(torch.where(kept, draft_tokens, -1), (0, 1), value=-1)
-    return tokens.scatter_(1, n.unsqueeze(1), last.unsqueeze(1))
+                        accepted=match, relaxed_only=torch.zeros_like(match), last_token=best.gather(1, at).squeeze(1))
 
 
 _ARANGES: dict = {}  # (length, device) -> torch.arange(length): made once, read every block

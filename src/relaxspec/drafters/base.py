@@ -102,23 +102,32 @@ class LMDrafter(Drafter):
         self.stream = Stream(self.lm)
         self.stream.prefill(ids.to(self.stream.device), mask.to(self.stream.device))
         self.catch_up = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)  # x_N, when not yet fed
-        self.needs_catch_up = torch.zeros_like(self.catch_up)
-        self.any_catch_up = False  # whether a row needs it, known on the host (None: read needs_catch_up)
+        # Rows that accepted all their drafts last round without the extra pass have not fed x_N yet: those
+        # whose `accepted` [B] equals `drafted` (accepted None: no row). any_catch_up: whether some row
+        # does, known on the host (None: read it from `accepted`).
+        self.accepted, self.drafted, self.any_catch_up = None, 0, False
 
     def propose(self, last, n, extra, sample, stop=None) -> Proposal:
         device, own = last.device, self.stream.device
-        # The catch-up column is only fed when some row needs it (a masked slot for the others).
-        with_catch_up = bool(self.needs_catch_up.any()) if self.any_catch_up is None else self.any_catch_up
+        same = device == own
+        # The catch-up column is only fed when some row needs it (a masked slot for the others; a batch of one
+        # row needs no mask).
+        with_catch_up = self.any_catch_up
+        if with_catch_up is None:
+            with_catch_up = self.accepted is not None and bool((self.accepted == self.drafted).any())
+        feed_valid = None
         if with_catch_up:
             feed_ids = torch.stack([self.catch_up, last], dim=1)
-            feed_valid = torch.stack([self.needs_catch_up, torch.ones_like(last)], dim=1).to(own)
+            if last.shape[0] > 1:
+                feed_valid = torch.stack([(self.accepted == self.drafted).long(), torch.ones_like(last)], dim=1)
+                feed_valid = feed_valid if same else feed_valid.to(own)
         else:
-            feed_ids, feed_valid = last[:, None], None
+            feed_ids = last[:, None]
         tokens, logits_rows, probs = [], [], []
         i = 0
         while i < n + extra:
-            logits, _ = self.stream.feed(feed_ids.to(own), feed_valid)
-            logits = logits[:, -1].to(device)
+            logits, _ = self.stream.feed(feed_ids if same else feed_ids.to(own), feed_valid)
+            logits = logits[:, -1] if same else logits[:, -1].to(device)
             logits_rows.append(logits)
             if i < n:
                 token, p = sample(logits, i)
@@ -129,24 +138,30 @@ class LMDrafter(Drafter):
                     n = i + 1  # every row has stopped drafting
             i += 1
         self._fed = (1 + int(with_catch_up), n, extra)
-        tokens = torch.stack(tokens, dim=1)
-        self.catch_up = tokens[:, -1]
-        return Proposal(tokens, torch.stack(logits_rows, dim=1),
+        self.catch_up = tokens[-1]
+        return Proposal(torch.stack(tokens, dim=1), torch.stack(logits_rows, dim=1),
                         None if probs[0] is None else torch.stack(probs, dim=1), forwards=n + extra)
 
     def rollback(self, accepted, hidden=None, longest=None) -> None:
         # This round appended [catch_up?, last, x_1..x_{n-1}] (+ x_n with the extra pass).
         fed_before, n, extra = self._fed
-        keep = fed_before + accepted.clamp(max=n - 1 + extra)
-        self.stream.invalidate_tail(keep.to(self.stream.device), fed_before + n - 1 + extra,
-                                    longest=None if longest is None else fed_before + min(longest, n - 1 + extra))
-        self.needs_catch_up = (accepted == n).long() * (1 - extra)
-        self.any_catch_up = None if longest is None else longest == n and not extra  # no row accepts more than n
+        drafts_fed = n - 1 + extra
+        if longest is not None and accepted.shape[0] == 1:  # the one row keeps what `longest` says
+            keep = None
+        else:
+            keep = fed_before + accepted.clamp(max=drafts_fed)
+            keep = keep if keep.device == self.stream.device else keep.to(self.stream.device)
+        self.stream.invalidate_tail(keep, fed_before + drafts_fed,
+                                    longest=None if longest is None else fed_before + min(longest, drafts_fed))
+        # no row accepts more than n: with `longest` the host knows whether any row must catch up
+        self.accepted, self.drafted = (None, 0) if extra else (accepted, n)
+        self.any_catch_up = False if extra else None if longest is None else longest == n
 
     def select(self, rows) -> None:
         self.stream.select(rows.to(self.stream.device))
-        self.catch_up, self.needs_catch_up = self.catch_up[rows], self.needs_catch_up[rows]
-        self.any_catch_up = None
+        self.catch_up = self.catch_up[rows]
+        if self.accepted is not None:
+            self.accepted, self.any_catch_up = self.accepted[rows], None
 
 
 def one_hot_logits(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:

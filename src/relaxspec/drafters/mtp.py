@@ -297,7 +297,7 @@ class MTPDrafter(Drafter):
             self.mask = self.mask[:, :-self._guessed]
             self.cache = [(k[:, :, :-self._guessed], v[:, :, :-self._guessed]) for k, v in self.cache]
         accepted = accepted.to(self.mask.device)
-        width = int(accepted.max()) + 1
+        width = (int(accepted.max()) if longest is None else longest) + 1  # (the engine's host copy: no sync)
         entry = torch.arange(width, device=accepted.device)[None, :] - (width - 1 - accepted)[:, None]
         self.pending_valid = (entry >= 0).long()
         entry = entry.clamp(min=0)  # entry e: (feature of [last, x_1..][e], x_{e+1}); the last one's token comes later

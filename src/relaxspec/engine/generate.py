@@ -105,8 +105,10 @@ class _Book:
         # draft_length="auto": each sequence's own draft length, +2 after a round that accepted all its drafts,
         # -1 after any other, within [1, N] (transformers' "heuristic" num_assistant_tokens schedule).
         self.schedule = np.full(B, AUTO_START, dtype=np.int64) if auto else None
+        self.B = B
         self.live = np.arange(B)  # the sequence of each live row
-        self.length = np.zeros(B, dtype=np.int64)  # output tokens so far (an ending EOS is not one)
+        self.length = np.zeros(B, dtype=np.int64)  # each live row's output tokens so far (an ending EOS is not one)
+        self.longest = 0  # the most output tokens of a live row (on the host: whether every row has room for N)
         self.positions = np.arange(N + 1)
         self.log = []  # per round: rows, accepted, tokens, drafts proposed, tokens emitted, appended, drafts, relaxed
         self.longest_kept = 0  # the most slots a live row keeps of this round's verifier block
@@ -118,11 +120,10 @@ class _Book:
     def draft_lengths(self) -> tuple[int, torch.Tensor | None]:
         """(the round's block width, each row's own number of drafts, or None when all draft that many): a row
         drafts at most its room minus one, and N (or its own schedule's length)."""
-        length = self.length[self.live]
-        room = self.max_new_tokens - length - 1
-        if self.schedule is None and int(room.min()) >= self.N:  # every row drafts N (AR: 0)
+        if self.schedule is None and self.max_new_tokens - self.longest - 1 >= self.N:  # every row drafts N (AR: 0)
             self.proposed = self.N
             return self.N, None
+        room = self.max_new_tokens - self.length - 1
         limit = self.N if self.schedule is None else self.schedule[self.live]
         return self.drafted(np.minimum(np.maximum(room, 0), limit))
 
@@ -140,21 +141,24 @@ class _Book:
         """Each live row's number of drafts this round, from the last `draft_lengths`."""
         return np.broadcast_to(self.proposed, (self.live_count,)).copy()
 
-    def record(self, tokens, accepted, drafts=None, relaxed_only=None) -> list[int] | None:
-        """Log each live row's round (tokens [L, C]: the kept drafts, then the emitted token; accepted [L];
-        for the trace, the round's drafts and relaxed_only [L, C - 1]); returns the rows that stay live, or
-        None if all do."""
+    def record(self, tokens, accepted=None, drafts=None, relaxed_only=None) -> list[int] | None:
+        """Log each live row's round (tokens [L, C]: the kept drafts, then the emitted token; accepted [L], None
+        for AR (C = 1, no drafts); for the trace, the round's drafts and relaxed_only [L, C - 1]); returns the
+        rows that stay live, or None if all do."""
         width, pad = tokens.shape[1] - 1, self.N - tokens.shape[1] + 1
-        parts = [accepted[:, None], tokens]
-        if drafts is not None:
-            parts += [drafts, relaxed_only.long()]
-        if pad:  # a fixed layout, so that the log is one array at the end: [n, tokens, drafts, relaxed] padded to N
-            filler = tokens.new_zeros((tokens.shape[0], pad))
-            parts = parts[:2] + [filler] + parts[2:3] + [filler] + parts[3:] + [filler]
-        host = torch.cat(parts, dim=1).cpu().numpy()  # the round's one copy to the host
+        if accepted is None:  # AR: its host row [n = 0, token] is made there
+            host = tokens.cpu().numpy()  # the round's one copy to the host
+            host = np.concatenate([np.zeros_like(host), host], axis=1)
+        else:
+            parts = [accepted[:, None], tokens]
+            if drafts is not None:
+                parts += [drafts, relaxed_only]  # (cat promotes the bools to long)
+            if pad:  # a fixed layout, so that the log is one array at the end: [n, tokens, drafts, relaxed] padded to N
+                filler = tokens.new_zeros((tokens.shape[0], pad))
+                parts = parts[:2] + [filler] + parts[2:3] + [filler] + parts[3:] + [filler]
+            host = torch.cat(parts, dim=1).cpu().numpy()  # the round's one copy to the host
         rows, n, tokens = self.live, host[:, 0], host[:, 1:width + 2]
-        length = self.length[rows]
-        appended = emitted = np.minimum(n + 1, self.max_new_tokens - length)  # the length limit
+        appended = emitted = n + 1  # (a row drafts at most its room minus one: its n + 1 tokens fit the length limit)
         stop = None
         if self.eos is not None:  # an EOS ends the output (it is emitted, not appended)
             is_eos = tokens == self.eos
@@ -163,18 +167,22 @@ class _Book:
                 stop = is_eos.any(axis=1)
                 appended = np.where(stop, is_eos.argmax(axis=1), appended)
                 emitted = appended + stop
-        length = self.length[rows] = length + appended
+        self.length = length = self.length + appended
         if self.schedule is not None:
             self.schedule[rows] = np.clip(self.schedule[rows] + np.where(n == self.proposed, 2, -1), 1, self.N)
         self.log.append((rows, self.proposed, emitted, appended, host))  # proposed: an int, or one per row
         self.longest_kept = int(n.max()) + 1
+        self.longest = int(length.max())
+        if stop is None and self.longest < self.max_new_tokens:
+            return None
         done = length >= self.max_new_tokens
         if stop is not None:
             done |= stop
         if not done.any():
             return None
         keep = np.flatnonzero(~done)
-        self.live = rows[keep]
+        self.live, self.length = rows[keep], length[keep]
+        self.longest = int(self.length.max()) if keep.size else 0
         return keep.tolist()
 
     def last_round(self) -> list[list[int]]:
@@ -185,7 +193,7 @@ class _Book:
 
     def results(self) -> tuple[list[list[int]], list[GenerationStats], list[list[Round]]]:
         """Per sequence: output tokens, GenerationStats and trace."""
-        B, N = len(self.length), self.N
+        B, N = self.B, self.N
         outputs: list[list[int]] = [[] for _ in range(B)]
         traces: list[list[Round]] = [[] for _ in range(B)]
         rows, proposed, emitted, appended, host = (np.concatenate([
@@ -372,7 +380,7 @@ def generate(
     hidden = target.prefill(ids[:, :-1], mask[:, :-1], hidden_layer=hidden_layer if drafter_hidden else None)
     if rule is not None:
         drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
-    last = ids[:, -1].clone()
+    last = ids[:, -1].clone() if rule is not None else ids[:, -1:].clone()  # AR: [B, 1], the block it feeds
     sequence_seeds = SequenceSeeds(seeds, device)
     phases = PhaseTracker(phase, verifier.tokenizer, encoded) if phase is not None and rule is not None else None
 
@@ -382,14 +390,14 @@ def generate(
         # row's, the others' extra columns are padding (verify's num_drafts).
         width, num_drafts = book.draft_lengths()
         draws = None if greedy else sequence_seeds.at(None, width if rule is not None else 0,
-                                                      host_start=book.length[book.live])  # each row's next position
+                                                      host_start=book.length)  # each row's next position
         if rule is None:
             t0 = time.perf_counter()
-            logits, _ = target.feed(last[:, None])
+            logits, _ = target.feed(last)
             token, _ = _sample(logits[:, -1], **sampling, draws=draws, purpose=TOKEN)
             stats.verifier_forwards += 1
             stats.time_verify_s += time.perf_counter() - t0
-            tokens, accepted, results = token[:, None], token.new_zeros(token.shape), None
+            tokens, accepted, results = token[:, None], None, None
         else:
             t0 = time.perf_counter()
             stop = None if draft_confidence is None else _ConfidenceStop(draft_confidence, book.limits())
@@ -418,11 +426,12 @@ def generate(
 
         # One copy to the host per round: what each row appended and whether it is done.
         done = book.record(tokens, accepted, *(() if results is None else (draft_tokens, results.relaxed_only)))
-        last = token if rule is None else tokens.gather(1, accepted[:, None]).squeeze(1)
+        last = tokens if rule is None else results.last_token
         if rule is not None:
             # Roll back both to `last` + the accepted drafts (the drafter gets the verifier's hidden
-            # states of that block when it drafts from them).
-            target.invalidate_tail(accepted + 1, width + 1, longest=book.longest_kept)
+            # states of that block when it drafts from them); one row keeps what the host's `longest_kept` says.
+            target.invalidate_tail(None if accepted.shape[0] == 1 else accepted + 1, width + 1,
+                                   longest=book.longest_kept)
             drafter.rollback(accepted, hidden if drafter_hidden else None, longest=book.longest_kept - 1)
         if phases is not None:  # commit each row's emitted tokens to its phase state
             phases.advance(book.last_round())

@@ -124,7 +124,7 @@ class CausalLM:
         from the end; the last block's is reported after the final norm, as transformers does), or, for a
         tuple of blocks, their hidden states concatenated in that order [B, T, k * H].
         Inputs live on the model's device (`self.device`)."""
-        layers = hidden_blocks(hidden_layer, self.num_layers)
+        layers = () if hidden_layer is None else hidden_blocks(hidden_layer, self.num_layers)
         if self.fast is not None:
             logits, hidden = self.fast.forward(input_ids, cache, attention_mask, position_ids, layers)
         else:
@@ -134,7 +134,11 @@ class CausalLM:
             if layers:
                 # hidden_states[0] is the embedding output; block i's output is hidden_states[i + 1].
                 hidden = torch.cat([out.hidden_states[i + 1] for i in layers], dim=-1)
-        return logits.float(), None if hidden is None else hidden.float()
+        return _float32(logits), None if hidden is None else _float32(hidden)
+
+
+def _float32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float32 else t.float()  # (a no-op .float() still costs a dispatch per call)
 
 
 def hidden_blocks(hidden_layer: int | tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:

@@ -35,7 +35,9 @@ class Stream:
     and each row keeps its own position counter. The slots one row has dead while another accepted more
     are dropped by compaction once they exceed a bound (`slack`), so a row that accepts little attends
     over about the longest row's real length instead of the sum of every round's best acceptance. The
-    mask lives in a buffer grown by doubling: a feed writes its columns, nothing is reallocated per round."""
+    mask lives in a buffer grown by doubling, nothing is reallocated per round; its columns past the cache hold
+    1, so a feed of real slots writes nothing and a rollback of real slots only counts (rollback and compaction
+    put the 1s back in the columns they free)."""
 
     slack = 32  # dead slots tolerated in the longest row's span before compacting (checked every `slack` slots)
 
@@ -44,8 +46,11 @@ class Stream:
         self.device = model_device(lm) if device is None else device
         self.cache = lm.new_cache()
         self.length = 0  # cache slots in use
-        self._mask = None  # [B, capacity]: 1 where the cache slot belongs to the row's sequence
-        self.next_position = None  # [B] the position of each row's next real slot
+        # [B, capacity]: 1 where the cache slot belongs to the row's sequence. Every column from `_ones_from` (a host
+        # int <= length) on is 1 in every row, so a feed of real slots writes nothing into it.
+        self._mask = None
+        self._ones_from = 0
+        self.next_position = None  # [B, 1] the position of each row's next real slot
         self._checked = 0  # the length at which dead slots were last counted
         self.compactions = 0
 
@@ -56,9 +61,9 @@ class Stream:
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, hidden_layer=None):
         """Returns the hidden state asked for ([B, T, H]; None if not asked or T == 0)."""
-        self._mask = torch.zeros((ids.shape[0], max(64, 2 * ids.shape[1])), dtype=torch.long, device=self.device)
-        self.length = self._checked = 0
-        self.next_position = torch.zeros(ids.shape[0], dtype=torch.long, device=self.device)
+        self._mask = torch.ones((ids.shape[0], max(64, 2 * ids.shape[1])), dtype=torch.long, device=self.device)
+        self.length = self._checked = self._ones_from = 0
+        self.next_position = torch.zeros((ids.shape[0], 1), dtype=torch.long, device=self.device)
         if ids.shape[1]:
             return self.feed(ids, mask, hidden_layer=hidden_layer)[1]
         return None
@@ -67,41 +72,58 @@ class Stream:
         """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good;
         None: all are). Returns float32 logits [B, T, V] and the hidden state asked for (or None)."""
         T = ids.shape[1]
-        start = self.next_position[:, None]
-        if valid is None:
-            positions = start + cached_arange(T, self.device)
+        if valid is None:  # consecutive positions (one token: the row's next position itself, no new tensor)
+            positions = self.next_position if T == 1 else self.next_position + cached_arange(T, self.device)
             self.next_position = self.next_position + T
         else:
-            positions = start + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
-            self.next_position = self.next_position + valid.sum(dim=1)
+            positions = self.next_position + valid.cumsum(dim=1) - valid  # real slots get consecutive positions
+            self.next_position = self.next_position + valid.sum(dim=1, keepdim=True)
         # A row's padding columns past its room (never kept) stay in range; no position exceeds the slots in use
         # (length + T - 1), so the clamp is skipped while those fit.
         if self.lm.max_position_embeddings and self.length + T > self.lm.max_position_embeddings:
             positions = positions.clamp(max=self.lm.max_position_embeddings - 1)
         if self.length + T > self._mask.shape[1]:
-            grown = self._mask.new_zeros((self._mask.shape[0], 2 * (self.length + T)))
+            grown = self._mask.new_ones((self._mask.shape[0], 2 * (self.length + T)))
             grown[:, :self.length] = self.mask
             self._mask = grown
-        columns = self._mask.narrow(1, self.length, T)
-        if valid is None:
-            columns.fill_(1)
-        else:
-            columns.copy_(valid)
+        if valid is not None:  # (real slots need no write: their columns hold 1 already)
+            self._mask.narrow(1, self.length, T).copy_(valid)
+            self._ones_from = self.length + T
         self.length += T
-        logits, hidden = self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
-        return logits.float(), hidden  # rules see float32 whatever the model's dtype
+        return self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
 
-    def invalidate_tail(self, keep: torch.Tensor, width: int, longest: int | None = None) -> None:
+    def invalidate_tail(self, keep: torch.Tensor | None, width: int, longest: int | None = None) -> None:
         """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
-        tail columns that no row uses any more (`longest`: keep.max() when the caller knows it on the host),
-        and compact when dead slots exceed the bound."""
-        tail = self._mask.narrow(1, self.length - width, width)
-        before = tail.sum(dim=1)
-        tail *= cached_arange(width, self.device) < keep[:, None]
-        self.next_position = self.next_position - (before - tail.sum(dim=1))
-        length = self.length - width + (int(keep.max()) if longest is None else longest)
+        tail columns that no row uses any more (`longest`: keep.max() when the caller knows it on the host;
+        keep None: every row keeps `longest`, e.g. a batch of one row), and compact when dead slots exceed
+        the bound."""
+        start = self.length - width
+        if longest is None:
+            longest = int(keep.max())
+        if self._ones_from <= start:  # every tail slot is real: row b drops width - keep[b] of them
+            if keep is None:
+                if width > longest:
+                    self.next_position = self.next_position - (width - longest)
+            else:
+                keep = keep[:, None]
+                self.next_position = self.next_position + (keep - width)
+                self._mask.narrow(1, start, longest).mul_(cached_arange(longest, self.device) < keep)
+                self._ones_from = start + longest
+        else:  # some tail slots were fed masked: count the real ones each row drops
+            tail = self._mask.narrow(1, start, width)
+            before = tail.sum(dim=1, keepdim=True)
+            if keep is None:
+                tail.narrow(1, longest, width - longest).zero_()
+            else:
+                tail.mul_(cached_arange(width, self.device) < keep[:, None])
+            self.next_position = self.next_position - (before - tail.sum(dim=1, keepdim=True))
+            self._ones_from = self.length
+        length = start + longest
         if length < self.length:
             crop_cache(self.cache, length)
+            if self._ones_from > length:  # the cropped columns hold 1 again
+                self._mask[:, length:self._ones_from].fill_(1)
+                self._ones_from = length
             self.length = length
         if self.length - self._checked >= self.slack:
             self.compact()
@@ -121,7 +143,8 @@ class Stream:
         index = torch.argsort(valid, dim=1, stable=True)[:, self.length - longest:]
         gather_cache(self.cache, index)
         self._mask[:, :longest] = valid.gather(1, index)
-        self.length = self._checked = longest
+        self._mask[:, longest:self.length].fill_(1)
+        self.length = self._checked = self._ones_from = longest
         self.compactions += 1
 
     def select(self, rows: torch.Tensor) -> None:

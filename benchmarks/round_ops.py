@@ -1,0 +1,183 @@
+"""Engine bookkeeping per round: tensor ops outside the models' forwards, and time against another source tree.
+
+    python benchmarks/round_ops.py [--settings 0.7:3 0.0:3 0.7:0 0.0:0] [--prompts 4] [--top 25] [--batch 1]
+    python benchmarks/round_ops.py --against OTHER/src [--prompts 16] [--repeats 3]
+
+Built-in pair, strict, batch 1 (one prompt at a time), one thread; a setting is TEMPERATURE:N (top-p 0.95 when
+sampling; N = 0 is AR, a round is one token). Default: per setting, the tensor ops per round dispatched outside
+FastLlama.forward (a TorchDispatchMode; the sampler's and the verify step's ops included), the top source lines
+(--batch B: the prompts B at a time, a round then serves B rows).
+--against: the same runs timed, this tree (`relaxspec` as imported here) against OTHER/src (e.g. an older commit
+exported with `git archive COMMIT src | tar -x -C /tmp/base`), each in its own worker process, taking turns
+prompt by prompt; prints ms per round of each, in all and outside the models' forwards (FastLlama.forward timed),
+and their ratios (totals over the prompts, medians over repeats). Times are the worker thread's CPU time (one
+torch thread), which other processes' load inflates less than wall time (cache and memory contention still do). Same outputs are checked on the way (identical
+token ids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+WORKER = r"""
+import json, sys, time, torch
+torch.set_num_threads(1)
+from relaxspec.engine import generate
+from relaxspec.models import load_model
+from relaxspec.models import fast_llama
+from relaxspec.tasks.synthetic import synthetic_task
+inside = [0.0]
+forward = fast_llama.FastLlama.forward
+def timed_forward(self, *args, **kwargs):
+    t = time.thread_time()
+    try:
+        return forward(self, *args, **kwargs)
+    finally:
+        inside[0] += time.thread_time() - t
+fast_llama.FastLlama.forward = timed_forward
+v, d = load_model("verifier"), load_model("drafter-weak")
+prompts = synthetic_task("arithmetic", "test", int(sys.argv[1])).prompts
+generate(v, d, prompts[:1], method="strict", draft_length=3, max_new_tokens=8)
+print("ready", flush=True)
+for line in sys.stdin:
+    T, n, i, m = json.loads(line)
+    inside[0] = 0.0
+    t = time.thread_time()
+    o = generate(v, d if n else None, [prompts[i]], method="strict" if n else "ar", draft_length=max(n, 1),
+                 max_new_tokens=m, temperature=T, top_p=0.95 if T else None, seed=i)
+    s = time.thread_time() - t
+    print(json.dumps([s, s - inside[0], o.stats.verifier_forwards, o.results[0].token_ids]), flush=True)
+"""
+
+
+def parse_settings(values):
+    return [(float(t), int(n)) for t, n in (v.split(":") for v in values)]
+
+
+def count_ops(settings, prompts, max_new_tokens, top, batch=1):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from relaxspec.engine import generate
+    from relaxspec.models import fast_llama, load_model
+
+    inside = [False]
+    forward = fast_llama.FastLlama.forward
+
+    def counted_forward(self, *args, **kwargs):
+        inside[0] = True
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            inside[0] = False
+
+    where = collections.Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not inside[0]:
+                frames = [f for f in traceback.extract_stack(limit=6) if "relaxspec" in f.filename]
+                site = frames[-1] if frames else None
+                where[f"{site.filename.split('relaxspec/')[-1]}:{site.lineno}:{site.name}" if site else "?"] += 1
+            return func(*args, **(kwargs or {}))
+
+    verifier, drafter = load_model("verifier"), load_model("drafter-weak")
+    generate(verifier, drafter, prompts[:1], method="strict", draft_length=3, max_new_tokens=8)
+    fast_llama.FastLlama.forward = counted_forward
+    try:
+        for temperature, n in settings:
+            where.clear()
+            rounds = 0
+            with Count():
+                for i in range(0, len(prompts), batch):
+                    out = generate(verifier, drafter if n else None, prompts[i:i + batch],
+                                   method="strict" if n else "ar", draft_length=max(n, 1), max_new_tokens=max_new_tokens, temperature=temperature,
+                                   top_p=0.95 if temperature else None, seed=i)
+                    rounds += out.stats.verifier_forwards
+            print(f"T={temperature} N={n} ({'AR' if not n else 'strict'}): {rounds} rounds, "
+                  f"{sum(where.values()) / rounds:.1f} ops per round outside the forwards")
+            for site, count in where.most_common(top):
+                print(f"  {count / rounds:6.2f} {site}")
+    finally:
+        fast_llama.FastLlama.forward = forward
+
+
+def against(settings, other_src, n_prompts, max_new_tokens, repeats):
+    import relaxspec
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(relaxspec.__file__)))
+    workers = {}
+    for name, src in (("this", here), ("other", os.path.abspath(other_src))):
+        env = dict(os.environ, PYTHONPATH=src)
+        workers[name] = subprocess.Popen([sys.executable, "-c", WORKER, str(n_prompts)], env=env, text=True,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    for w in workers.values():
+        assert w.stdout.readline().strip() == "ready"
+    print(f"this tree: {here}; other: {other_src}; {n_prompts} prompts, batch 1, 1 thread, "
+          f"medians of {repeats} repeats (the trees take turns prompt by prompt)")
+    print(f"{'':9} {'ms per round':>33} {'outside the forwards':>35}")
+    print(f"{'temp':>5} {'N':>3} {'this':>10} {'other':>10} {'this/other':>11} {'this':>10} {'other':>10} "
+          f"{'this/other':>11} {'same ids':>9}")
+    try:
+        for temperature, n in settings:
+            per_round = {"this": [], "other": []}
+            outside = {"this": [], "other": []}
+            same = True
+            for _ in range(repeats):
+                times = {"this": [], "other": []}
+                for i in range(n_prompts):
+                    ids = {}
+                    order = ("this", "other") if i % 2 == 0 else ("other", "this")
+                    for name in order:
+                        workers[name].stdin.write(json.dumps([temperature, n, i, max_new_tokens]) + "\n")
+                        workers[name].stdin.flush()
+                        seconds, bookkeeping, rounds, ids[name] = json.loads(workers[name].stdout.readline())
+                        times[name].append((seconds, bookkeeping, rounds))
+                    same &= ids["this"] == ids["other"]
+                for name, runs in times.items():
+                    rounds = sum(r for _, _, r in runs)
+                    per_round[name].append(sum(s for s, _, _ in runs) / rounds)
+                    outside[name].append(sum(b for _, b, _ in runs) / rounds)
+            a, b = statistics.median(per_round["this"]), statistics.median(per_round["other"])
+            c, d = statistics.median(outside["this"]), statistics.median(outside["other"])
+            print(f"{temperature:5.1f} {n:3d} {1e3 * a:10.3f} {1e3 * b:10.3f} {a / b:11.3f} {1e3 * c:10.3f} "
+                  f"{1e3 * d:10.3f} {c / d:11.3f} {str(same):>9}", flush=True)
+    finally:
+        for w in workers.values():
+            w.stdin.close()
+            w.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--settings", nargs="*", default=["0.7:3", "0.0:3", "0.7:0", "0.0:0"],
+                    help="TEMPERATURE:N pairs (N = 0: AR)")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--top", type=int, default=25, help="source lines shown per setting (op counts)")
+    ap.add_argument("--against", metavar="SRC", help="time this tree against another source tree instead")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1, help="op counts: prompts per generate call")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    settings = parse_settings(args.settings)
+    if args.against:
+        against(settings, args.against, args.prompts, args.max_new_tokens, args.repeats)
+        return
+    from relaxspec.tasks.synthetic import synthetic_task
+
+    count_ops(settings, synthetic_task("arithmetic", "test", args.prompts).prompts, args.max_new_tokens, args.top,
+              args.batch)
+
+
+if __name__ == "__main__":
+    main()
