@@ -105,3 +105,33 @@ def test_native_kernels_and_torch_ops_give_the_same_logits():
         outs.append((a, h, b, s.cache.kv[1][:, :, :s.length].clone()))
     for x, y in zip(*outs):
         assert (x - y).abs().max() < 1e-4, (x - y).abs().max()
+
+
+def test_a_stream_without_masked_slots_tells_the_model_so_and_gets_the_same_logits():
+    # Stream.dense: no slot in use is masked, so the model gets attention_mask None (no mask read, no host look
+    # at it per step); a padded prompt or a per-row rollback turns it off. Same logits as with the mask spelled out.
+    lm = load_model("verifier")
+    ids = torch.tensor([lm.tokenizer("Compute 12 + 7 and then 3 * 4.")["input_ids"]])
+    s = Stream(lm)
+    s.prefill(ids[:, :-4], torch.ones_like(ids[:, :-4]))
+    assert s.dense
+    s.feed(ids[:, -4:-1])
+    s.invalidate_tail(None, 3, longest=1)  # a lone row keeps one slot of three: a crop, no hole
+    assert s.dense and s.length == ids.shape[1] - 3
+    got, _ = s.feed(ids[:, -1:])
+    ref = Stream(lm)
+    ref.prefill(ids[:, :-4], torch.ones_like(ids[:, :-4]))
+    ref.dense = False  # spell the mask out
+    ref.feed(ids[:, -4:-1])
+    ref.invalidate_tail(None, 3, longest=1)
+    ref.dense = False
+    want, _ = ref.feed(ids[:, -1:])
+    assert torch.allclose(got, want, atol=1e-6)
+    padded = Stream(lm)
+    padded.prefill(torch.cat([ids, ids], 0)[:, :-2], torch.tensor([[0] + [1] * (ids.shape[1] - 3)] * 2))
+    assert not padded.dense
+    two = Stream(lm)
+    two.prefill(torch.cat([ids, ids], 0)[:, :-4], torch.ones((2, ids.shape[1] - 4), dtype=torch.long))
+    two.feed(torch.cat([ids, ids], 0)[:, -4:-1])
+    two.invalidate_tail(torch.tensor([1, 3]), 3, longest=3)  # rows keep different numbers: holes
+    assert not two.dense

@@ -163,13 +163,14 @@ class CompiledLlama(FastLlama):
         ids = torch.zeros((Bp, W), dtype=torch.long, device=self.device)
         positions = torch.zeros((Bp, W), dtype=torch.long, device=self.device)
         ids[at, :T], positions[at, :T] = input_ids, position_ids.expand(B, T)
-        L = past + T  # the caller's mask covers every slot in use, this step's included
+        L = past + T  # the caller's mask covers every slot in use, this step's included (None: all real)
+        real = True if attention_mask is None else attention_mask.bool()
         if rows is None:
-            cache.mask[:, :L] = attention_mask.bool()
+            cache.mask[:, :L] = real
             cache.mask[:, L:] = False
         else:
             cache.mask.zero_()
-            cache.mask[rows, :L] = attention_mask.bool()
+            cache.mask[rows, :L] = real
         slots = torch.arange(past, past + W, device=self.device)
         if width is None:
             logits, hidden = self.step(ids, positions, slots, cache.mask, cache.kv, tuple(hidden_blocks))

@@ -197,17 +197,20 @@ class FastLlama:
         except IndexError:
             return self._rotation(position_ids, int(position_ids.max()) + 1)
 
-    def _attention_bias(self, attention_mask, past: int, T: int):
+    def _attention_bias(self, attention_mask, past: int, B: int, T: int):
         """Additive mask [B, 1, T, L]: key j is visible to query t iff it is a real slot of the row and
-        not in the future (by cache index). None when a single new token may see every slot. Written into
-        a storage kept across calls (grown by doubling), so a call allocates no [B, 1, T, L] tensor."""
-        if T == 1 and bool(attention_mask.all()):
+        not in the future (by cache index); attention_mask None: every slot is real. None when a single new token
+        may see every slot. Written into a storage kept across calls (grown by doubling), so a call allocates no
+        [B, 1, T, L] tensor."""
+        if T == 1 and (attention_mask is None or bool(attention_mask.all())):
             return None
-        B, L = attention_mask.shape
+        L = past + T
         if self._bias.numel() < B * T * L:
             self._bias = self._bias.new_empty(2 * B * T * L)
         bias = self._bias[:B * T * L].view(B, 1, T, L)
-        bias.zero_().masked_fill_(attention_mask[:, None, None, :] == 0, self.masked)  # broadcast over T
+        bias.zero_()
+        if attention_mask is not None:
+            bias.masked_fill_(attention_mask[:, None, None, :] == 0, self.masked)  # broadcast over T
         if T not in self._future:
             self._future[T] = torch.ones((T, T), dtype=torch.bool, device=self.device).triu_(1)
         bias[..., past:].masked_fill_(self._future[T], self.masked)
@@ -248,12 +251,13 @@ class FastLlama:
     @inference
     def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_blocks=()):
         """Logits [B, T, V] and the hidden states after `hidden_blocks` (0-based; the last one after the
-        final norm) concatenated [B, T, k * H], or None when none is asked for."""
+        final norm) concatenated [B, T, k * H], or None when none is asked for. attention_mask [B, past + T]
+        (1: a real slot), or None when every slot is real."""
         B, T = input_ids.shape
         past = cache.get_seq_length()
         x = self.embed.index_select(0, input_ids.reshape(-1)).to(self.dtype)  # [B*T, C]: every matmul is one mm
         rotation = self._rotation(position_ids, past + T)  # [B, T, 1, D/2], every head alike
-        bias = self._attention_bias(attention_mask, past, T)
+        bias = self._attention_bias(attention_mask, past, B, T)
         hidden = {}
         for i, (w_in, qkv_proj, o_proj, w_post, gate_up_proj, down_proj) in enumerate(self.layers):
             queries, kv = self._rope_and_cache(qkv_proj(self._rms_norm(x, w_in)), rotation, cache, i, past, B, T)

@@ -50,6 +50,7 @@ class Stream:
         # int <= length) on is 1 in every row, so a feed of real slots writes nothing into it.
         self._mask = None
         self._ones_from = 0
+        self.dense = True  # (host) no slot in use is masked: the model is told so (attention_mask None), no mask read
         self.next_position = None  # [B, 1] the position of each row's next real slot
         self._checked = 0  # the length at which dead slots were last counted
         self.compactions = 0
@@ -65,7 +66,10 @@ class Stream:
         self.length = self._checked = self._ones_from = 0
         self.next_position = torch.zeros((ids.shape[0], 1), dtype=torch.long, device=self.device)
         if ids.shape[1]:
-            return self.feed(ids, mask, hidden_layer=hidden_layer)[1]
+            hidden = self.feed(ids, mask, hidden_layer=hidden_layer)[1]
+            self.dense = bool(mask.all())  # (one look at the prompts' padding)
+            return hidden
+        self.dense = True
         return None
 
     def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None):
@@ -89,8 +93,10 @@ class Stream:
         if valid is not None:  # (real slots need no write: their columns hold 1 already)
             self._mask.narrow(1, self.length, T).copy_(valid)
             self._ones_from = self.length + T
+            self.dense = False
         self.length += T
-        return self.lm.forward(ids, self.cache, self.mask, positions, hidden_layer=hidden_layer)
+        return self.lm.forward(ids, self.cache, None if self.dense else self.mask, positions,
+                               hidden_layer=hidden_layer)
 
     def invalidate_tail(self, keep: torch.Tensor | None, width: int, longest: int | None = None) -> None:
         """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
@@ -106,6 +112,7 @@ class Stream:
                     self.next_position = self.next_position - (width - longest)
             else:
                 keep = keep[:, None]
+                self.dense = False
                 self.next_position = self.next_position + (keep - width)
                 self._mask.narrow(1, start, longest).mul_(cached_arange(longest, self.device) < keep)
                 self._ones_from = start + longest
@@ -116,6 +123,7 @@ class Stream:
                 tail.narrow(1, longest, width - longest).zero_()
             else:
                 tail.mul_(cached_arange(width, self.device) < keep[:, None])
+                self.dense = False
             self.next_position = self.next_position - (before - tail.sum(dim=1, keepdim=True))
             self._ones_from = self.length
         length = start + longest
@@ -145,6 +153,7 @@ class Stream:
         self._mask[:, :longest] = valid.gather(1, index)
         self._mask[:, longest:self.length].fill_(1)
         self.length = self._checked = self._ones_from = longest
+        self.dense = self._mask.shape[0] == 1  # a lone row keeps only its real slots
         self.compactions += 1
 
     def select(self, rows: torch.Tensor) -> None:
