@@ -305,3 +305,34 @@ def test_disabled_kernels_give_the_torch_path(tmp_path):
     keep = gap > 1e-6  # the probabilities differ in the last bits, so the cdf steps may move by ~1e-7
     assert keep.float().mean() > 0.8
     assert torch.equal(sample_with_uniform(p, saved["u"])[keep], saved["x"][keep])
+
+
+def test_round_table_equals_the_reference_streams_and_the_numpy_path():
+    # A round's uniforms in one C call: bit for bit the definition (random.stream_bits) and the numpy hash.
+    import importlib
+
+    import numpy as np
+
+    random = importlib.import_module("relaxspec.acceptance.random")
+    if fused.library() is None:
+        pytest.skip("no native kernels")
+    seeds = [1, 2, 3, 2 ** 62 + 5]
+    keys = random.SequenceSeeds(seeds, "cpu")
+    start = np.array([0, 5, 100, 2 ** 33 + 7])
+    for width in (1, 3, 10):
+        table = random.CounterDraws(keys.low, keys.high, None, width, (*keys.host, start))
+        with fused.disabled():
+            numpy_table = random.CounterDraws(keys.low, keys.high, None, width, (*keys.host, start))
+        for purpose, got in ((random.ACCEPT, table._u24[torch.float64]), (random.DRAFT, table._u53[random.DRAFT]),
+                             (random.TOKEN, table._u53[random.TOKEN])):
+            want = numpy_table._u24[torch.float64] if purpose == random.ACCEPT else numpy_table._u53[purpose]
+            assert torch.equal(got, want)
+            for b, seed in enumerate(seeds):
+                for i in range(got.shape[1]):
+                    position = int(start[b]) + i
+                    if purpose == random.ACCEPT:
+                        ref = (random.stream_bits(seed, purpose, 0, position) >> 8) / 2 ** 24
+                    else:
+                        high, low = (random.stream_bits(seed, purpose, w, position) for w in (1, 2))
+                        ref = ((high >> 5) * 2 ** 26 + (low >> 6)) / 2 ** 53
+                    assert got[b, i].item() == ref

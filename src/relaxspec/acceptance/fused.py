@@ -1,4 +1,5 @@
-"""The CPU sampler in C: distribution processing and inverse-CDF sampling, each in one call per block of rows.
+"""The CPU sampler in C: distribution processing and inverse-CDF sampling, each in one call per block of rows,
+and a round's counter-stream uniforms (random.py) in one call.
 
 On a small model the engine processes a few rows of logits many times a round (each draft, the verifier's N+1
 rows, the residual / bonus sample, every AR token), and the torch path spends ~20 tiny tensor ops on each:
@@ -222,12 +223,50 @@ int rs_sample(const float *w, const double *u, int64_t *index, int64_t R, int64_
     free(cdf);
     return 0;
 }
+
+/* The counter streams' 32 bits (random.py's definition): lowbias32(lowbias32(key_low ^ position) ^ key_high). */
+static inline uint32_t lowbias32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    return x ^ (x >> 16);
+}
+
+static inline uint32_t stream_bits(uint32_t low, uint32_t high, int64_t position) {
+    return lowbias32(lowbias32(low ^ (uint32_t)(position & 0xFFFFFFFF)) ^ high);
+}
+
+static inline double uniform53(uint32_t high, uint32_t low) {  /* 27 + 26 bits, exact in float64 */
+    return ((double)(high >> 5) * 67108864.0 + (double)(low >> 6)) * (1.0 / 9007199254740992.0);
+}
+
+/* One engine round's uniforms for B rows (random.py, CounterDraws): keys low / high [B, K] (uint32), start [B]
+   the rows' next output positions, col the key columns of (ACCEPT word 0, DRAFT words 1 and 2, TOKEN words 1
+   and 2); out [B, 3W + 1]: W 24-bit acceptance uniforms, W 53-bit draft uniforms, W + 1 53-bit token
+   uniforms, at positions start + 0, 1, ... */
+void rs_round_table(const uint32_t *low, const uint32_t *high, int64_t K, const int64_t *start, int64_t B,
+                    int64_t W, const int64_t *col, double *out) {
+    for (int64_t b = 0; b < B; b++) {
+        const uint32_t *lo = low + b * K, *hi = high + b * K;
+        double *o = out + b * (3 * W + 1);
+        for (int64_t i = 0; i < W; i++)
+            o[i] = (double)(stream_bits(lo[col[0]], hi[col[0]], start[b] + i) >> 8) * (1.0 / 16777216.0);
+        for (int64_t i = 0; i < W; i++)
+            o[W + i] = uniform53(stream_bits(lo[col[1]], hi[col[1]], start[b] + i),
+                                 stream_bits(lo[col[2]], hi[col[2]], start[b] + i));
+        for (int64_t i = 0; i <= W; i++)
+            o[2 * W + i] = uniform53(stream_bits(lo[col[3]], hi[col[3]], start[b] + i),
+                                     stream_bits(lo[col[4]], hi[col[4]], start[b] + i));
+    }
+}
 """
 
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = (
     ("rs_process", ctypes.c_int, (_P, _P, _I, _I, _D, _I, _D)),
     ("rs_sample", ctypes.c_int, (_P, _P, _P, _I, _I)),
+    ("rs_round_table", None, (_P, _P, _I, _P, _I, _I, _P, _P)),
 )
 
 _UNLOADED = object()
@@ -279,3 +318,17 @@ def sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if _lib.rs_sample(native.ptr(w), native.ptr(u), native.ptr(index), w.shape[0], w.shape[-1]) != 0:
         raise MemoryError("relaxspec sampler: out of memory sampling")
     return index
+
+
+def round_table(low, high, start, width: int, columns) -> torch.Tensor:
+    """One round's uniforms [B, 3 * width + 1] float64 (CPU) from the host keys low / high (numpy uint32 [B, K]),
+    the rows' next positions `start` (numpy int64 [B]) and the key columns of (ACCEPT 0, DRAFT 1, DRAFT 2,
+    TOKEN 1, TOKEN 2) (numpy int64 [5]): random.CounterDraws' table, bit for bit."""
+    import numpy as np
+
+    low, high = np.ascontiguousarray(low, dtype=np.uint32), np.ascontiguousarray(high, dtype=np.uint32)
+    start = np.ascontiguousarray(start, dtype=np.int64)
+    out = torch.empty((low.shape[0], 3 * width + 1), dtype=torch.float64, device="cpu")  # (never the default device)
+    _lib.rs_round_table(low.ctypes.data, high.ctypes.data, low.shape[1], start.ctypes.data, low.shape[0], width,
+                        columns.ctypes.data, native.ptr(out))
+    return out

@@ -33,6 +33,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from relaxspec.acceptance import fused
 from relaxspec.acceptance.processing import sample_rows, sample_with_uniform
 
 _MASK32 = 0xFFFFFFFF
@@ -178,6 +179,8 @@ def _round_lanes(width: int) -> list[tuple[int, int, int]]:
 
 
 _LAYOUTS: dict = {}  # (width, device) -> (key column, position offset) of every lane of a round
+# the key columns a round's host table reads: ACCEPT word 0, DRAFT words 1 and 2, TOKEN words 1 and 2
+_KEY_COLUMNS = np.array([(p - 1) * WORDS + w for p, w in ((ACCEPT, 0), (DRAFT, 1), (DRAFT, 2), (TOKEN, 1), (TOKEN, 2))])
 _HOST_LAYOUTS: dict = {}  # width -> the same, in the order the host's table of uniforms is made in
 
 
@@ -216,17 +219,20 @@ class CounterDraws(Draws):
             # The uniforms themselves on the host (the same exact conversions: 24 and 53 bits fit a float64),
             # one float64 copy to the device, no conversion ops there.
             W = width
-            if W not in _HOST_LAYOUTS:  # ACCEPT word 0, then the high words (DRAFT, TOKEN), then the low ones
-                order = [(ACCEPT, 0, W), (DRAFT, 1, W), (TOKEN, 1, W + 1), (DRAFT, 2, W), (TOKEN, 2, W + 1)]
-                _HOST_LAYOUTS[W] = (np.array([(p - 1) * WORDS + w for p, w, k in order for _ in range(k)]),
-                                    np.array([i for _, _, k in order for i in range(k)]))
-            columns, offsets = _HOST_LAYOUTS[W]
             low, high, start = host
-            bits = _bits_host(low[:, columns], high[:, columns], start[:, None] + offsets)
-            table = np.empty((bits.shape[0], 3 * W + 1))
-            table[:, :W] = (bits[:, :W] >> 8) * (1.0 / (1 << 24))
-            table[:, W:] = _uniform53(bits[:, W:3 * W + 1], bits[:, 3 * W + 1:])
-            table = torch.from_numpy(table).to(self.low.device)
+            if fused.library() is not None:  # one C call (the same bits: tested)
+                table = fused.round_table(low, high, start, W, _KEY_COLUMNS).to(self.low.device)
+            else:
+                if W not in _HOST_LAYOUTS:  # ACCEPT word 0, then the high words (DRAFT, TOKEN), then the low ones
+                    order = [(ACCEPT, 0, W), (DRAFT, 1, W), (TOKEN, 1, W + 1), (DRAFT, 2, W), (TOKEN, 2, W + 1)]
+                    _HOST_LAYOUTS[W] = (np.array([(p - 1) * WORDS + w for p, w, k in order for _ in range(k)]),
+                                        np.array([i for _, _, k in order for i in range(k)]))
+                columns, offsets = _HOST_LAYOUTS[W]
+                bits = _bits_host(low[:, columns], high[:, columns], start[:, None] + offsets)
+                table = np.empty((bits.shape[0], 3 * W + 1))
+                table[:, :W] = (bits[:, :W] >> 8) * (1.0 / (1 << 24))
+                table[:, W:] = _uniform53(bits[:, W:3 * W + 1], bits[:, 3 * W + 1:])
+                table = torch.from_numpy(table).to(self.low.device)
             self._u24 = {torch.float64: table[:, :W]}
             self._u53[DRAFT], self._u53[TOKEN] = table[:, W:2 * W], table[:, 2 * W:]
             return {}
