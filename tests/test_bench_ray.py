@@ -19,9 +19,9 @@ from relaxspec.bench.runner import run_grid  # noqa: E402
 
 CODE_VERSION = "test-ray"  # pinned: sources edited while the tests run must not change the cells' keys
 GRID = dict(methods=["ar", "strict", "cactus:delta=1"], draft_lengths=[2, 3], limit=2, repeats=1, looks=1,
-            max_new_tokens=12, speed_prompts=1, workers=1)
+            max_new_tokens=64, speed_prompts=1, workers=1)
 GRID_FLAGS = ["--methods", "ar,strict,cactus:delta=1", "--draft-lengths", "2,3", "--limit", "2", "--repeats", "1",
-              "--looks", "1", "--max-new-tokens", "12", "--speed-prompts", "1", "--workers", "1"]
+              "--looks", "1", "--max-new-tokens", "64", "--speed-prompts", "1", "--workers", "1"]
 N_CELLS = 5  # ar + (strict, cactus) x N in {2, 3}
 # metrics that are timings (they depend on where and when a cell ran); every other value must match
 TIMINGS = {"run_id", "sample_wall_s", "tokens_per_s", "c_rel_measured", "c_block_measured", "latency_verifier_s",
@@ -114,7 +114,7 @@ def test_killed_driver_resumes(tmp_path, cluster, local_cells):
         if stored >= 1:
             first.send_signal(signal.SIGKILL)
             break
-        time.sleep(0.1)
+        time.sleep(0.02)  # (a cell takes a few tenths of a second: the kill must land before the last is stored)
     first.wait(timeout=60)
     log.close()
     assert first.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()
