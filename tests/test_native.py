@@ -42,3 +42,22 @@ def test_turned_off_by_the_environment():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "RELAXSPEC_NATIVE": "0"})
     assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr[-2000:]
+
+
+def test_the_allocator_is_tuned_once_on_glibc_and_left_alone_when_turned_off():
+    # Tuned, glibc serves a 1 MB block from its heap (below the program break; freed, it stays for reuse), where by
+    # default a block that large comes from a fresh mmap (above the break; freed, it goes back to the kernel and
+    # its pages fault in again next time: ~15 page faults per token at batch 32, benchmarks/engine_speed.py --batch).
+    import platform
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    code = ("import ctypes; from relaxspec import native; c = ctypes.CDLL(None); "
+            "c.malloc.restype = c.sbrk.restype = ctypes.c_void_p; c.malloc.argtypes = [ctypes.c_size_t]; "
+            "c.sbrk.argtypes = [ctypes.c_ssize_t]; a = native.tune_allocator(); b = native.tune_allocator(); "
+            "p = c.malloc(1 << 20); print(a, b, p < c.sbrk(0))")
+    tuned = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={k: v for k, v in os.environ.items() if k != "RELAXSPEC_NATIVE"})
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RELAXSPEC_NATIVE": "0"})
+    assert tuned.stdout.split() == ["True", "True", "True"], tuned.stderr[-2000:]
+    assert off.stdout.split() == ["False", "False", "False"], off.stderr[-2000:]

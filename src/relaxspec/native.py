@@ -21,6 +21,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -111,6 +112,23 @@ def load(name: str, source: str, signatures: tuple = ()) -> ctypes.CDLL | None:
 def _unavailable(name: str, why: str):
     warnings.warn(f"relaxspec native kernel {name!r} unavailable ({why}); the torch path serves", stacklevel=3)
     return None
+
+
+@functools.cache
+def tune_allocator() -> bool:
+    """Keep freed memory in the process for reuse instead of handing it back to the kernel and faulting it in
+    again: glibc malloc's mmap threshold set to 32 MB and its trim threshold to 256 MB (both are otherwise dynamic,
+    and a batch's logits and activations, a few hundred KB each, went through mmap / munmap every round: ~25 page
+    faults per generated token at batch 32, a fifth of a bench worker's CPU time in the kernel). Once per process;
+    True when set (glibc on Linux, native kernels not turned off). The engine calls it for a CPU run."""
+    if not enabled() or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # this process's C library
+    except (OSError, AttributeError):  # not glibc
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(-3, 32 << 20)) and bool(mallopt(-1, 256 << 20))  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 
 def ptr(tensor) -> int:

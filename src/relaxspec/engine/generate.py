@@ -53,6 +53,7 @@ from relaxspec.models.device import inference
 from relaxspec.models.hf import CausalLM, hidden_blocks, load_model
 from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
 from relaxspec.models.stream import Stream, left_pad, model_device
+from relaxspec import native
 from relaxspec.names import AR, AUTO
 
 AUTO_START, AUTO_MAX = 5, 10  # its first draft length and its bound (it never goes below 1)
@@ -352,6 +353,8 @@ def generate(
 
     hidden_layer = _hidden_layer(verifier, drafter, pivot_fn) if rule is not None else None
     device = model_device(verifier)
+    if device.type == "cpu":
+        native.tune_allocator()  # (once per process: a round's temporaries reuse memory, no page faults)
     seeds = _sequence_seeds(seed, len(prompts))
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     greedy = is_greedy(temperature)
