@@ -11,7 +11,7 @@ import torch
 from relaxspec.models import f32_kernels
 from relaxspec.models.quant import Linear
 
-needs_kernel = pytest.mark.skipif(f32_kernels.kernel() is None, reason="no C compiler")
+needs_kernel = pytest.mark.skipif(f32_kernels.library() is None, reason="no C compiler")
 
 SHAPES = ((714, 128), (384, 64), (128, 512), (7, 32), (20, 3), (65, 33))  # output tails of the 64- and 16-wide tiles
 
@@ -28,10 +28,10 @@ def test_kernel_matches_a_float64_reference(shape):
         x, r = torch.randn(rows, shape[1]), torch.randn(rows, shape[0])
         ref = x.double() @ w.double().t()
         bound = 1e-6 * (x.abs().double() @ w.abs().double().t()) + 1e-6
-        y = f32_kernels.block_mm(f32_kernels.kernel(), x, tiles, shape[0])
+        y = f32_kernels.block_mm(f32_kernels.library(), x, tiles, shape[0])
         assert y.dtype == torch.float32 and y.shape == (rows, shape[0])
         assert ((y.double() - ref).abs() <= bound).all()
-        y_r = f32_kernels.block_mm(f32_kernels.kernel(), x, tiles, shape[0], residual=r)
+        y_r = f32_kernels.block_mm(f32_kernels.library(), x, tiles, shape[0], residual=r)
         assert ((y_r.double() - ref - r.double()).abs() <= bound + 1e-6 * r.abs().double()).all()
 
 
@@ -63,14 +63,14 @@ def test_without_native_kernels_small_weights_use_sgemm_with_the_same_numbers():
     assert out.returncode == 0 and out.stdout.strip() == "sgemm", out.stderr[-2000:]
 
 
-@pytest.mark.skipif(f32_kernels.norm_kernel() is None, reason="no C compiler")
+@needs_kernel
 @pytest.mark.parametrize("width", (7, 64, 576))
 def test_rms_norm_matches_torch_and_leaves_rows_independent(width):
     # Stated tolerance: the mean of squares summed in another order (16 lanes, then a tail), a relative 2^-24
     # per addition over <= 576 terms, plus one rounding each for the scale and the two products: 1e-5 relative.
     torch.manual_seed(width)
     x, w = torch.randn(3, 5, width) * 3, torch.randn(width)
-    fn = f32_kernels.norm_kernel()
+    fn = f32_kernels.library()
     y = f32_kernels.rms_norm(fn, x, w, 1e-6)
     ref = torch.rms_norm(x.double(), (width,), w.double(), 1e-6)
     assert y.shape == x.shape and y.dtype == torch.float32
@@ -80,7 +80,7 @@ def test_rms_norm_matches_torch_and_leaves_rows_independent(width):
     assert torch.equal(f32_kernels.rms_norm(fn, strided, w, 1e-6), y.transpose(0, 1))
 
 
-@pytest.mark.skipif(f32_kernels.attention_kernel() is None, reason="no C compiler")
+@needs_kernel
 @pytest.mark.parametrize("B,T,H,KVH,D,L", [(1, 1, 4, 4, 32, 150), (1, 4, 4, 4, 32, 150), (2, 6, 9, 3, 64, 200),
                                            (3, 2, 4, 2, 40, 37), (1, 1, 2, 2, 64, 1), (2, 3, 8, 2, 128, 70)])
 def test_attention_matches_sdpa(B, T, H, KVH, D, L):
@@ -96,12 +96,12 @@ def test_attention_matches_sdpa(B, T, H, KVH, D, L):
     q = qkv.view(B, T, H + 2 * KVH, D).transpose(1, 2)[:, :H]
     ref = torch.nn.functional.scaled_dot_product_attention(q, kv[:, :KVH], kv[:, KVH:], attn_mask=bias,
                                                            enable_gqa=KVH != H)
-    got = f32_kernels.attention(f32_kernels.attention_kernel(), qkv, kv, bias, H, KVH, D, torch.empty(L + 16))
+    got = f32_kernels.attention(f32_kernels.library(), qkv, kv, bias, H, KVH, D, torch.empty(L + 16))
     assert got.shape == (B * T, H * D)
     assert (got - ref.transpose(1, 2).reshape(B * T, H * D)).abs().max() < 2e-6
 
 
-@pytest.mark.skipif(f32_kernels.rope_kernel() is None, reason="no C compiler")
+@needs_kernel
 def test_rope_write_matches_the_complex_multiply_and_fills_the_cache_slots():
     # Stated tolerance: one complex product per pair, float32 (fused or not): 1e-6 absolute on values ~N(0, 1).
     torch.manual_seed(5)
@@ -113,7 +113,7 @@ def test_rope_write_matches_the_complex_multiply_and_fills_the_cache_slots():
     pairs = torch.view_as_complex(qkv.clone().view(B, T, H + 2 * KVH, D // 2, 2))
     pairs[:, :, :H + KVH] *= rotation
     want = torch.view_as_real(pairs).reshape(B * T, -1)
-    kv = f32_kernels.rope_write(f32_kernels.rope_kernel(), qkv, rotation, buffer, past, H, KVH, D)
+    kv = f32_kernels.rope_write(f32_kernels.library(), qkv, rotation, buffer, past, H, KVH, D)
     assert (qkv - want).abs().max() < 1e-6
     assert kv.shape == (B, 2 * KVH, past + T, D) and kv.data_ptr() == buffer.data_ptr()
     heads = want.view(B, T, H + 2 * KVH, D).transpose(1, 2)

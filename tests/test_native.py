@@ -21,7 +21,7 @@ def test_builds_caches_and_calls(tmp_path, monkeypatch):
     if lib is None:
         pytest.skip("no C compiler")
     x, y = torch.arange(5, dtype=torch.float32), torch.zeros(5)
-    lib.twice(native.ptr(x), native.ptr(y), 5)
+    lib.twice(x.data_ptr(), y.data_ptr(), 5)
     assert torch.equal(y, 2 * x)
     built = list((tmp_path / "kernels").glob("probe_ok-*.so"))
     assert len(built) == 1  # cached under the source's key, no temporary left behind

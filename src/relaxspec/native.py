@@ -6,8 +6,8 @@ headers: a build takes about a second), compiled with `-O3 -march=native` into a
 `$RELAXSPEC_CACHE` (default `~/.cache/relaxspec/kernels`), keyed by the source, the flags, the compiler and the
 CPU, and written atomically (parallel workers may build the same one; the last rename wins, both are equal).
 
-Callers pass tensors' data pointers (`ptr`): CPU, contiguous, of the dtype the C function expects; the callers
-check that and keep a torch path for everything else (another device or dtype). `load` returns None, with one
+Callers pass tensors' data pointers (`tensor.data_ptr()`): CPU, contiguous, of the dtype the C function expects;
+the callers check that and keep a torch path for everything else (another device or dtype). `load` returns None, with one
 warning line per kernel, where no compiler is found or the build fails, and always when `RELAXSPEC_NATIVE=0`
 (the torch path then serves: tests compare the two).
 """
@@ -129,8 +129,3 @@ def tune_allocator() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(-3, 32 << 20)) and bool(mallopt(-1, 256 << 20))  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
-
-
-def ptr(tensor) -> int:
-    """A CPU tensor's data address, for a ctypes argument (c_void_p)."""
-    return tensor.data_ptr()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 
+import numpy as np
 import torch
 
 from relaxspec import native
@@ -303,7 +304,7 @@ def process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: 
     x = logits.contiguous()
     out = torch.empty_like(x)  # contiguous as x, on its device (cheaper than torch.empty)
     V = x.shape[-1]
-    if _lib.rs_process(native.ptr(x), native.ptr(out), x.numel() // V, V, float(temperature),
+    if _lib.rs_process(x.data_ptr(), out.data_ptr(), x.numel() // V, V, float(temperature),
                        0 if top_k is None else int(top_k), 1.0 if top_p is None else float(top_p)) != 0:
         raise MemoryError("relaxspec sampler: out of memory processing logits")
     return out
@@ -315,7 +316,7 @@ def sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if u.dtype is not torch.float64 or not u.is_contiguous():
         u = u.to(torch.float64).contiguous()
     index = torch.empty_like(u, dtype=torch.int64)
-    if _lib.rs_sample(native.ptr(w), native.ptr(u), native.ptr(index), w.shape[0], w.shape[-1]) != 0:
+    if _lib.rs_sample(w.data_ptr(), u.data_ptr(), index.data_ptr(), w.shape[0], w.shape[-1]) != 0:
         raise MemoryError("relaxspec sampler: out of memory sampling")
     return index
 
@@ -324,11 +325,9 @@ def round_table(low, high, start, width: int, columns) -> torch.Tensor:
     """One round's uniforms [B, 3 * width + 1] float64 (CPU) from the host keys low / high (numpy uint32 [B, K]),
     the rows' next positions `start` (numpy int64 [B]) and the key columns of (ACCEPT 0, DRAFT 1, DRAFT 2,
     TOKEN 1, TOKEN 2) (numpy int64 [5]): random.CounterDraws' table, bit for bit."""
-    import numpy as np
-
     low, high = np.ascontiguousarray(low, dtype=np.uint32), np.ascontiguousarray(high, dtype=np.uint32)
     start = np.ascontiguousarray(start, dtype=np.int64)
     out = torch.empty((low.shape[0], 3 * width + 1), dtype=torch.float64, device="cpu")  # (never the default device)
     _lib.rs_round_table(low.ctypes.data, high.ctypes.data, low.shape[1], start.ctypes.data, low.shape[0], width,
-                        columns.ctypes.data, native.ptr(out))
+                        columns.ctypes.data, out.data_ptr())
     return out

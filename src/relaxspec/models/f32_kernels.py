@@ -1,4 +1,5 @@
-"""Float32 kernels for FastLlama's small models on a CPU: a weight times a block of a few rows, and RMSNorm.
+"""Float32 kernels for FastLlama on a CPU: a small weight times a block of a few rows, RMSNorm, RoPE with the cache
+write, and attention.
 
 `block_mm`: MKL's sgemm repacks the weight on every call once there are several rows: on the built-in family's
 matrices (64-1024 outputs, 64-512 inputs) a 4-row product cost 2-3.7x a one-row product, which priced the
@@ -16,7 +17,7 @@ still differs within its rounding, see quant.py).
 order of operations; the sum's order differs from torch's within float32 rounding).
 
 Plain C through relaxspec.native (GCC vector extensions: AVX-512, AVX2 or whatever the CPU has); where it
-cannot be built (or RELAXSPEC_NATIVE=0), quant.py keeps sgemm and FastLlama torch.rms_norm.
+cannot be built (or RELAXSPEC_NATIVE=0), quant.py keeps sgemm and FastLlama torch's ops.
 """
 
 from __future__ import annotations
@@ -238,37 +239,14 @@ void f32_rope_write(float* qkv, long B, long T, long H, long KVH, long D, const 
 _P, _L = ctypes.c_void_p, ctypes.c_long
 
 
-def _library():
+def library():
+    """The kernels' library (built on first use, cached), or None where it cannot be built (one warning) or
+    RELAXSPEC_NATIVE=0. Its functions: f32_block_mm, f32_rms_norm, f32_attention, f32_rope_write."""
     return native.load("f32_kernels", _SOURCE, (("f32_block_mm", None, (_P, _L, _L, _P, _L, _P, _P)),
                                                 ("f32_rms_norm", None, (_P, _L, _L, _P, ctypes.c_float, _P)),
                                                 ("f32_attention", None, (_P, _L, _L, _L, _L, _L, _P, _L, _L, _P,
                                                                          ctypes.c_float, _P, _P)),
                                                 ("f32_rope_write", None, (_P, _L, _L, _L, _L, _L, _P, _P, _L, _L))))
-
-
-def kernel():
-    """The block product's C function (the library is cached), or None where it cannot be built (one warning)
-    or RELAXSPEC_NATIVE=0."""
-    lib = _library()
-    return None if lib is None else lib.f32_block_mm
-
-
-def rope_kernel():
-    """RoPE and the cache write's C function, or None (as `kernel`)."""
-    lib = _library()
-    return None if lib is None else lib.f32_rope_write
-
-
-def attention_kernel():
-    """The attention's C function, or None (as `kernel`)."""
-    lib = _library()
-    return None if lib is None else lib.f32_attention
-
-
-def norm_kernel():
-    """The RMSNorm's C function, or None (as `kernel`)."""
-    lib = _library()
-    return None if lib is None else lib.f32_rms_norm
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -283,49 +261,50 @@ def unpack(tiles: torch.Tensor, out: int) -> torch.Tensor:
     return tiles.transpose(1, 2).reshape(-1, tiles.shape[1])[:out].contiguous()
 
 
-def block_mm(mm, x: torch.Tensor, tiles: torch.Tensor, out: int, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, in] (float32, CPU) @ W^T (+ residual [M, out], float32 contiguous) through `mm` (`kernel()`):
+def block_mm(lib, x: torch.Tensor, tiles: torch.Tensor, out: int, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, in] (float32, CPU) @ W^T (+ residual [M, out], float32 contiguous) through `lib` (`library()`):
     float32 [M, out]. (A decode step's small linears cost a few microseconds: this stays lean.)"""
     if not x.is_contiguous():
         x = x.contiguous()
     y = x.new_empty((x.shape[0], out))
-    mm(x.data_ptr(), x.shape[0], x.shape[1], tiles.data_ptr(), out, y.data_ptr(),
+    lib.f32_block_mm(x.data_ptr(), x.shape[0], x.shape[1], tiles.data_ptr(), out, y.data_ptr(),
        None if residual is None else residual.contiguous().data_ptr())
     return y
 
 
-def rms_norm(fn, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(lib, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension of x [..., C] (float32, CPU) with `weight` [C] (float32, contiguous) through
-    `fn` (`norm_kernel()`): float32, x's shape."""
+    `lib` (`library()`): float32, x's shape."""
     if not x.is_contiguous():
         x = x.contiguous()
     y = torch.empty_like(x)
     C = x.shape[-1]
-    fn(x.data_ptr(), x.numel() // C, C, weight.data_ptr(), eps, y.data_ptr())
+    lib.f32_rms_norm(x.data_ptr(), x.numel() // C, C, weight.data_ptr(), eps, y.data_ptr())
     return y
 
 
-def attention(fn, qkv: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor | None, heads: int, kv_heads: int,
+def attention(lib, qkv: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor | None, heads: int, kv_heads: int,
               head_dim: int, scratch: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(D) + bias) v for the query heads in qkv [B, T, (H + 2 KVH) * D] (contiguous; its
     first H heads per token are q) over the cache's slots kv [B, 2 KVH, L, D] (keys then values; a view of the
     cache buffer whose rows are D contiguous floats), bias [B, 1, T, L] (contiguous, additive) or None, through
-    `fn` (`attention_kernel()`); `scratch`: float32, at least L + 16 values (overwritten). Returns
+    `lib` (`library()`); `scratch`: float32, at least L + 16 values (overwritten). Returns
     [B * T, H * D] float32, the layout the output projection reads."""
     B, T = qkv.shape[0], qkv.shape[1]
     L, D = kv.shape[2], head_dim
     out = qkv.new_empty((B * T, heads * D))
-    fn(qkv.data_ptr(), B, T, heads, kv_heads, D, kv.data_ptr(), kv.stride(1) // D, L,
+    lib.f32_attention(qkv.data_ptr(), B, T, heads, kv_heads, D, kv.data_ptr(), kv.stride(1) // D, L,
        None if bias is None else bias.data_ptr(), D ** -0.5, out.data_ptr(), scratch.data_ptr())
     return out
 
 
-def rope_write(fn, qkv: torch.Tensor, rotation: torch.Tensor, buffer: torch.Tensor, past: int, heads: int,
+def rope_write(lib, qkv: torch.Tensor, rotation: torch.Tensor, buffer: torch.Tensor, past: int, heads: int,
                kv_heads: int, head_dim: int) -> torch.Tensor:
     """Rotate the q and k heads of qkv [B * T, (H + 2 KVH) * D] (contiguous float32) in place by `rotation` (complex64
     [B, T, 1, D / 2], contiguous: the pairs (2j, 2j + 1) of every head alike) and store its k and v heads at slots
-    past..past + T of the cache `buffer` [B, 2 KVH, capacity, D] (contiguous) through `fn` (`rope_kernel()`).
+    past..past + T of the cache `buffer` [B, 2 KVH, capacity, D] (contiguous) through `lib` (`library()`).
     Returns the keys and values of slots 0..past + T, [B, 2 KVH, past + T, D] (a view of the buffer)."""
     B, T = rotation.shape[0], rotation.shape[1]
-    fn(qkv.data_ptr(), B, T, heads, kv_heads, head_dim, rotation.data_ptr(), buffer.data_ptr(), buffer.shape[2], past)
+    lib.f32_rope_write(qkv.data_ptr(), B, T, heads, kv_heads, head_dim, rotation.data_ptr(), buffer.data_ptr(),
+                       buffer.shape[2], past)
     return buffer[:, :, :past + T]

@@ -117,11 +117,9 @@ class FastLlama:
         self._bias = torch.empty(0, dtype=self.dtype, device=self.device)  # storage of the attention bias
         self._future: dict[int, torch.Tensor] = {}  # T -> [T, T] True above the diagonal (a later query's slot)
         self.final_norm = inner.norm.weight.detach().to(self.dtype)
-        # RMSNorm and attention in one native call each on a CPU (models/f32_kernels.py), else torch's
-        native = self.dtype == torch.float32 and self.device.type == "cpu"
-        self._norm_kernel = f32_kernels.norm_kernel() if native else None
-        self._attention_kernel = f32_kernels.attention_kernel() if native else None
-        self._rope_kernel = f32_kernels.rope_kernel() if native else None
+        # RMSNorm, RoPE with the cache write, and attention in one native call each on a CPU (models/f32_kernels.py;
+        # None: torch's ops)
+        self._native = f32_kernels.library() if self.dtype == torch.float32 and self.device.type == "cpu" else None
         self._scratch = torch.empty(0, dtype=torch.float32, device=self.device)  # the attention kernel's scores
         self.layers = []
         for layer in inner.layers:
@@ -217,8 +215,8 @@ class FastLlama:
         return bias
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self._norm_kernel is not None:
-            return f32_kernels.rms_norm(self._norm_kernel, x, weight, self.eps)
+        if self._native is not None:
+            return f32_kernels.rms_norm(self._native, x, weight, self.eps)
         return torch.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
     def _rope_and_cache(self, qkv: torch.Tensor, rotation: torch.Tensor, cache: KVCache, layer: int, past: int,
@@ -227,10 +225,10 @@ class FastLlama:
         the keys and values of every slot [B, 2 KVH, L, D]). On a CPU one native call (the queries stay in qkv,
         rotated in place), elsewhere torch's ops (the queries in a heads' view [B, H + 2 KVH, T, D])."""
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
-        if self._rope_kernel is not None:
+        if self._native is not None:
             like = qkv.view(B, T, H + 2 * KVH, D)[:, :, H:].transpose(1, 2)  # (shape only)
             buf = cache.buffer(layer, past, past + T, like)
-            return qkv, f32_kernels.rope_write(self._rope_kernel, qkv, rotation, buf, past, H, KVH, D)
+            return qkv, f32_kernels.rope_write(self._native, qkv, rotation, buf, past, H, KVH, D)
         pairs = torch.view_as_complex(qkv.float().view(B, T, H + 2 * KVH, D // 2, 2))
         pairs[:, :, :H + KVH].mul_(rotation)  # q and k rotated in place; v as it is
         heads = torch.view_as_real(pairs).to(qkv.dtype).view(B, T, H + 2 * KVH, D).transpose(1, 2)
@@ -239,10 +237,10 @@ class FastLlama:
     def _attention(self, queries: torch.Tensor, kv: torch.Tensor, bias, B: int, T: int) -> torch.Tensor:
         """softmax(q k^T / sqrt(D) + bias) v: [B * T, H * D], from `_rope_and_cache`'s queries and keys and values."""
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
-        if self._attention_kernel is not None and queries.dim() == 2:  # the native path's qkv
+        if self._native is not None:  # (queries: `_rope_and_cache`'s qkv)
             if self._scratch.numel() < kv.shape[2] + 16:
                 self._scratch = self._scratch.new_empty(2 * kv.shape[2] + 16)
-            return f32_kernels.attention(self._attention_kernel, queries.view(B, T, -1), kv, bias, H, KVH, D,
+            return f32_kernels.attention(self._native, queries.view(B, T, -1), kv, bias, H, KVH, D,
                                          self._scratch)
         o = F.scaled_dot_product_attention(queries[:, :H], kv[:, :KVH], kv[:, KVH:], attn_mask=bias,
                                            enable_gqa=KVH != H)

@@ -90,7 +90,7 @@ class Linear:
         environment's RELAXSPEC_INT4_KERNEL if set, else block (groups of 32)."""
         weight = weight.detach()
         self.format, self.shape, self.group_size = fmt, tuple(weight.shape), group_size
-        self.packed = self.t = self.w = self.scale_zero = self.block = self.tiles = self.tiles_mm = None
+        self.packed = self.t = self.w = self.scale_zero = self.block = self.tiles = self.native = None
         cpu = weight.device.type == "cpu"
         if fmt == "int4":
             if not cpu:
@@ -113,8 +113,8 @@ class Linear:
         elif (fmt == "float32" and cpu and weight.numel() >= ONEDNN_MIN_ELEMENTS
               and torch.backends.mkldnn.is_available()):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 6)
-        elif fmt == "float32" and cpu and weight.numel() < ONEDNN_MIN_ELEMENTS and f32_kernels.kernel() is not None:
-            self.tiles, self.tiles_mm = f32_kernels.pack(weight), f32_kernels.kernel()
+        elif fmt == "float32" and cpu and weight.numel() < ONEDNN_MIN_ELEMENTS and f32_kernels.library() is not None:
+            self.tiles, self.native = f32_kernels.pack(weight), f32_kernels.library()
         else:  # W^T [in, out] contiguous: `x @ W^T` on a row-major right operand (sgemm / cuBLAS)
             self.t = weight.to(_DTYPES[fmt]).t().contiguous()
 
@@ -123,7 +123,7 @@ class Linear:
         if self.t is not None:
             return torch.mm(x, self.t) if residual is None else torch.addmm(residual, x, self.t)
         if self.tiles is not None:
-            return f32_kernels.block_mm(self.tiles_mm, x, self.tiles, self.shape[0], residual)
+            return f32_kernels.block_mm(self.native, x, self.tiles, self.shape[0], residual)
         if self.block is not None:
             y = int4_block.block_mm(x, *self.block)
         elif self.format == "int4":
