@@ -47,13 +47,17 @@ class Stream:
         self.cache = lm.new_cache()
         self.length = 0  # cache slots in use
         # [B, capacity]: 1 where the cache slot belongs to the row's sequence. Every column from `_ones_from` (a host
-        # int <= length) on is 1 in every row, so a feed of real slots writes nothing into it.
+        # int <= length) on is 1 in every row, so a feed of real slots writes nothing into it; 0: no slot is masked.
         self._mask = None
         self._ones_from = 0
-        self.dense = True  # (host) no slot in use is masked: the model is told so (attention_mask None), no mask read
         self.next_position = None  # [B, 1] the position of each row's next real slot
         self._checked = 0  # the length at which dead slots were last counted
         self.compactions = 0
+
+    @property
+    def dense(self) -> bool:
+        """No slot in use is masked (known on the host): the model is told so (attention_mask None), no mask read."""
+        return self._ones_from == 0
 
     @property
     def mask(self) -> torch.Tensor:
@@ -67,9 +71,9 @@ class Stream:
         self.next_position = torch.zeros((ids.shape[0], 1), dtype=torch.long, device=self.device)
         if ids.shape[1]:
             hidden = self.feed(ids, mask, hidden_layer=hidden_layer)[1]
-            self.dense = bool(mask.all())  # (one look at the prompts' padding)
+            if bool(mask.all()):  # (one look at the prompts' padding) every column holds 1
+                self._ones_from = 0
             return hidden
-        self.dense = True
         return None
 
     def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None):
@@ -93,7 +97,6 @@ class Stream:
         if valid is not None:  # (real slots need no write: their columns hold 1 already)
             self._mask.narrow(1, self.length, T).copy_(valid)
             self._ones_from = self.length + T
-            self.dense = False
         self.length += T
         return self.lm.forward(ids, self.cache, None if self.dense else self.mask, positions,
                                hidden_layer=hidden_layer)
@@ -112,7 +115,6 @@ class Stream:
                     self.next_position = self.next_position - (width - longest)
             else:
                 keep = keep[:, None]
-                self.dense = False
                 self.next_position = self.next_position + (keep - width)
                 self._mask.narrow(1, start, longest).mul_(cached_arange(longest, self.device) < keep)
                 self._ones_from = start + longest
@@ -123,7 +125,6 @@ class Stream:
                 tail.narrow(1, longest, width - longest).zero_()
             else:
                 tail.mul_(cached_arange(width, self.device) < keep[:, None])
-                self.dense = False
             self.next_position = self.next_position - (before - tail.sum(dim=1, keepdim=True))
             self._ones_from = self.length
         length = start + longest
@@ -152,8 +153,8 @@ class Stream:
         gather_cache(self.cache, index)
         self._mask[:, :longest] = valid.gather(1, index)
         self._mask[:, longest:self.length].fill_(1)
-        self.length = self._checked = self._ones_from = longest
-        self.dense = self._mask.shape[0] == 1  # a lone row keeps only its real slots
+        self.length = self._checked = longest
+        self._ones_from = 0 if self._mask.shape[0] == 1 else longest  # a lone row keeps only its real slots
         self.compactions += 1
 
     def select(self, rows: torch.Tensor) -> None:
