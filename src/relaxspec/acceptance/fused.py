@@ -14,8 +14,9 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
   adds each token's mass to a histogram over the float bits of max - logit (eight buckets an octave, from 2^-6
   to 32: a larger logit is never in a later bucket); walking the buckets from the max finds the one where the mass
   reaches top_p, every token before it is kept, and a quickselect on the mass (O(n) expected) picks, in that
-  bucket only, the tokens the sorted walk would keep. exp in float32 of z - max as torch's softmax (Cephes' polynomial, written to vectorise),
-  sums in float64: probabilities may differ from torch's in the last bits.
+  bucket only, the tokens the sorted walk would keep. exp in float32 of z - max as torch's softmax (Cephes'
+  polynomial, written to vectorise: `native.EXP_NONPOSITIVE`), sums in float64: probabilities may differ from
+  torch's in the last bits.
 * `sample`: the cdf in float64 in vocabulary order (the same sequential sums as torch's cumsum, so the same
   bits), index i with cdf[i-1] <= u * total < cdf[i], the target clamped strictly below the total (a
   zero-weight index is never returned): the same indices as the torch path.
