@@ -47,6 +47,7 @@ from relaxspec.acceptance.processing import (
     jsd,
     process_logits,
     process_logits_unchecked,
+    sample_logits,
     total_variation,
 )
 from relaxspec.acceptance.random import DRAFT, TOKEN, Draws, SequenceSeeds, derive_seed
@@ -64,6 +65,7 @@ __all__ = [
     "GREEDY_MODES",
     "process_logits",
     "process_logits_unchecked",
+    "sample_logits",
     "entropy",
     "jsd",
     "total_variation",

@@ -132,10 +132,10 @@ class MTPHead(torch.nn.Module):
         if cfg.draft_vocab:  # the kept token ids (stored with the weights; their LM-head rows are the verifier's)
             self.register_buffer("draft_vocab", torch.zeros(cfg.draft_vocab, dtype=torch.long))
 
-    def _rotation(self, positions, dtype):
-        """(cos, sin) [B, T, 1, D/2] of the positions, from a table grown on demand (the same values
-        as computing them: a table row is cos / sin of position * inv_freq)."""
-        needed = int(positions.max()) + 1 if positions.numel() else 0
+    def _rotation(self, positions, dtype, needed: int):
+        """(cos, sin) [B, T, 1, D/2] of the positions (all below `needed`, a bound the caller knows on the host:
+        reading positions.max() would be a device sync per draft step), from a table grown on demand (the same
+        values as computing them: a table row is cos / sin of position * inv_freq)."""
         table = getattr(self, "_table", None)
         if table is None or table[0].shape[0] < needed or table[0].dtype != dtype:
             angles = torch.arange(max(2 * needed, 256), device=positions.device, dtype=dtype)[:, None] * self.inv_freq
@@ -162,8 +162,8 @@ class MTPHead(torch.nn.Module):
         the L = past + T entries are real; cache: the past's keys and values per layer (None: no past).
         Returns the output features [B, T, H] and the cache extended by the new entries."""
         H, eps = self.cfg.hidden, self.cfg.eps
-        rotation = self._rotation(positions, x.dtype)
         T, L = x.shape[1], mask.shape[1]
+        rotation = self._rotation(positions, x.dtype, L)  # (a row's position counts its real entries before: < L)
         visible = mask[:, None, None, :].bool()
         if T > 1:  # (one new entry sees every real one: no causal part)
             visible = visible & (torch.arange(L, device=x.device) <= L - T + torch.arange(T, device=x.device)[:, None])
