@@ -354,10 +354,10 @@ def measure_step_latencies(steps: list, context: int = 128, rounds: int = 30, wa
         lm, block = step
         ids = torch.randint(0, lm.vocab_size, (1, context + block), device=lm.device)
         cache = lm.new_cache()
-        mask = torch.ones_like(ids)
         pos = torch.arange(context + block, device=lm.device)[None]
-        lm.forward(ids[:, :context], cache, mask[:, :context], pos[:, :context])
-        states.append((lm, ids[:, context:], cache, mask, pos[:, context:]))
+        # attention_mask None: every slot is real, as the engine passes it at batch 1 (models.stream's dense Stream)
+        lm.forward(ids[:, :context], cache, None, pos[:, :context])
+        states.append((lm, ids[:, context:], cache, None, pos[:, context:]))
     out = []
     k = len(states)
     for r in range(warmup + rounds):
