@@ -229,16 +229,17 @@ int rs_sample(const float *w, const double *u, int64_t *index, int64_t R, int64_
 
 /* The verify loop's first rejection (acceptance/verify.py) on B rows of N drafts: accepted[b, i] = u < ap, where
    i < num_drafts[b] (num_drafts NULL: every i); kept[b, i] = the accepted drafts before the first rejection; n[b] =
-   their count; relaxed[b, i] = kept, though u < strict fails (strict NULL: never). u, ap, strict: float32 with row
-   strides su, sa, ss (unit column stride); the bool outputs (one byte each) and n contiguous. */
-void rs_first_rejection(const float *u, int64_t su, const float *ap, int64_t sa, const float *strict, int64_t ss,
+   their count; relaxed[b, i] = kept, though u < strict fails (strict NULL: never). u: float64 holding float32 values
+   (exactly: the comparisons are float32's), ap, strict: float32; row strides su, sa, ss (unit column stride); the
+   bool outputs (one byte each) and n contiguous. */
+void rs_first_rejection(const double *u, int64_t su, const float *ap, int64_t sa, const float *strict, int64_t ss,
                         const int64_t *num_drafts, int64_t B, int64_t N, uint8_t *accepted, uint8_t *kept,
                         uint8_t *relaxed, int64_t *n) {
     for (int64_t b = 0; b < B; b++) {
         const int64_t proposed = num_drafts ? num_drafts[b] : N;
         int64_t count = 0;
         for (int64_t i = 0; i < N; i++) {
-            const float x = u[b * su + i];
+            const double x = u[b * su + i];
             const uint8_t a = i < proposed && x < ap[b * sa + i], k = a && count == i;
             accepted[b * N + i] = a;
             kept[b * N + i] = k;
@@ -409,21 +410,29 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _counts(num_drafts: torch.Tensor | None) -> torch.Tensor | None:
+    """num_drafts [B] as the kernels read it: contiguous int64 (or None)."""
+    return None if num_drafts is None else _rows(num_drafts if num_drafts.dtype is torch.int64 else num_drafts.long())
+
+
 def first_rejection(u: torch.Tensor, accept_prob: torch.Tensor, strict_accept_prob: torch.Tensor | None,
                     num_drafts: torch.Tensor | None):
-    """The verify loop's first rejection on float32 CPU u and accept_prob [B, N] (strict_accept_prob the same or
-    None, num_drafts int64 [B] or None): (accepted, kept, n, relaxed_only), as verify's torch path gives them."""
-    u, accept_prob = _rows(u), _rows(accept_prob)
+    """The verify loop's first rejection on float32 CPU accept_prob [B, N] (strict_accept_prob the same or None,
+    num_drafts int64 [B] or None) and CPU uniforms u [B, N] (float32, or float64 holding float32 values: a counter
+    stream's 24-bit ones): (accepted, kept, n, relaxed_only), as verify's torch path gives them."""
+    u, accept_prob = _rows(u if u.dtype is torch.float64 else u.double()), _rows(accept_prob)
     strict = None if strict_accept_prob is None else _rows(strict_accept_prob)
+    num_drafts = _counts(num_drafts)  # (held here: the kernel reads its memory)
     B, N = accept_prob.shape
-    flags = torch.empty((3, B, N), dtype=torch.bool, device=accept_prob.device)  # accepted, kept, relaxed_only
+    flags = torch.empty((3, B, N), dtype=torch.bool, device=accept_prob.device)
     n = torch.empty((B,), dtype=torch.int64, device=accept_prob.device)
     ptr = flags.data_ptr()
     _lib.rs_first_rejection(u.data_ptr(), u.stride(0), accept_prob.data_ptr(), accept_prob.stride(0),
                             None if strict is None else strict.data_ptr(), 0 if strict is None else strict.stride(0),
-                            None if num_drafts is None else _rows(num_drafts).data_ptr(), B, N, ptr, ptr + B * N,
+                            None if num_drafts is None else num_drafts.data_ptr(), B, N, ptr, ptr + B * N,
                             ptr + 2 * B * N, n.data_ptr())
-    return flags[0], flags[1], n, flags[2]
+    accepted, kept, relaxed_only = flags.unbind(0)
+    return accepted, kept, n, relaxed_only
 
 
 def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Tensor, p: torch.Tensor,
@@ -435,7 +444,7 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
     B, N = drafts.shape
     tokens = torch.empty((B, N + 1), dtype=torch.int64, device=drafts.device)
     last = torch.empty((B,), dtype=torch.int64, device=drafts.device)
-    num_drafts = None if num_drafts is None else _rows(num_drafts)
+    num_drafts = _counts(num_drafts)
     if _lib.rs_finish(n.data_ptr(), None if num_drafts is None else num_drafts.data_ptr(), B, N, residual.shape[-1],
                       residual.data_ptr(), residual.stride(0), p.data_ptr(), p.stride(0), bonus.data_ptr(),
                       bonus.stride(0), u.data_ptr(), drafts.data_ptr(), drafts.stride(0), tokens.data_ptr(),

@@ -245,7 +245,7 @@ class VerifyStep:
             accept_prob = torch.where(relax[:, :N], accept_prob, strict_accept_prob)
         if random is None:
             random = GeneratorDraws(generator, B, accept_prob.device)
-        u = random.uniform(ACCEPT, N, dtype=accept_prob.dtype)
+        u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, accept_prob))
         # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
         # every draft passed).
         accepted, kept, n, relaxed_only = _first_rejection(u, accept_prob, strict_accept_prob if own_test else None,
@@ -280,11 +280,17 @@ class VerifyStep:
 # for bit.
 
 
+def _acceptance_dtype(random: Draws, accept_prob: torch.Tensor) -> torch.dtype:
+    """The dtype of the acceptance uniforms: accept_prob's, or float64 from counter streams where the kernel takes
+    them (their 24-bit values are exact in both: the same comparisons, the round's float64 table read, not copied)."""
+    return torch.float64 if isinstance(random, CounterDraws) and fused.serves_loop(accept_prob) else accept_prob.dtype
+
+
 def _first_rejection(u, accept_prob, strict_accept_prob, num_drafts):
     """(accepted [B, N]: u < accept_prob in the columns each row proposes (num_drafts), kept: the accepted drafts
     before the first rejection, n [B]: their count, relaxed_only: kept though u < strict_accept_prob fails, all
     False where strict_accept_prob is None)."""
-    if fused.serves_loop(u, accept_prob, *(() if strict_accept_prob is None else (strict_accept_prob,))):
+    if u.is_cpu and fused.serves_loop(accept_prob, *(() if strict_accept_prob is None else (strict_accept_prob,))):
         return fused.first_rejection(u, accept_prob, strict_accept_prob, num_drafts)
     accepted = u < accept_prob
     if num_drafts is not None:  # a row's padding columns are never proposed
