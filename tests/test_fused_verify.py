@@ -217,3 +217,27 @@ def test_generate_token_ids_identical(builtin_pair, method, calls):
     assert [r.token_ids for r in c.results] == [r.token_ids for r in ref.results]
     assert one.results[0].token_ids == c.results[0].token_ids
     assert (c.stats.verifier_forwards, c.stats.drafts_accepted) == (ref.stats.verifier_forwards, ref.stats.drafts_accepted)
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_a_row_alone_equals_the_row_in_a_batch(name):
+    # Counter draws are per sequence: a row verified alone (batch 1: its residual row read in place, a view) gives
+    # what it gives inside a batch of 4 (rows gathered), on the C path and on the torch path.
+    rule = RULES[name]
+    g = torch.Generator().manual_seed(77)
+    B, N, V = 4, 3, 40
+    for sampling, mode in itertools.product(SAMPLINGS[:2], ("sampled", "accept", "reject")):
+        target, draft, drafts = block(B, N, V, mode, g)
+        inputs = {"pivot_prob": torch.rand(B, N, generator=g)} if "pivot_prob" in rule.inputs else {}
+        seeds, start = [11, 12, 13, 14], np.array([0, 5, 9, 30], dtype=np.int64)
+        step = verify_module.VerifyStep(name, **sampling)
+        for off in (False, True):
+            with fused.loop_disabled() if off else contextlib.nullcontext():
+                batch = step(target, draft, drafts, random=SequenceSeeds(seeds, "cpu").at(None, N, host_start=start),
+                             **inputs)
+                for b in range(B):
+                    alone = step(target[b:b + 1], draft[b:b + 1], drafts[b:b + 1],
+                                 random=SequenceSeeds(seeds[b:b + 1], "cpu").at(None, N, host_start=start[b:b + 1]),
+                                 **{k: v[b:b + 1] for k, v in inputs.items()})
+                    for field in FIELDS:
+                        assert torch.equal(getattr(alone, field)[0], getattr(batch, field)[b]), (field, b, off)

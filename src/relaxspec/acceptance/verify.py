@@ -254,7 +254,9 @@ class VerifyStep:
         # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
         # accepted sequences, which take the bonus instead). Weights need not be normalised to be
         # sampled; a residual without mass falls back to p at that position.
-        at_row = ctx.rows(cached_arange(B, n.device), n.clamp(max=N - 1))
+        # (One sequence on the CPU: its n is on the host, and its row is read in place.)
+        at_row = (ctx.row(min(int(n), N - 1)) if B == 1 and n.is_cpu
+                  else ctx.rows(cached_arange(B, n.device), n.clamp(max=N - 1)))
         residual = rule.residual(at_row, **params)
         bonus_ctx = ctx if num_drafts is None else _at_bonus(ctx, num_drafts)
         bonus = rule.bonus(bonus_ctx, **params)
