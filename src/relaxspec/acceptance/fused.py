@@ -20,6 +20,10 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
 * `sample`: the cdf in float64 in vocabulary order (the same sequential sums as torch's cumsum, so the same
   bits), index i with cdf[i-1] <= u * total < cdf[i], the target clamped strictly below the total (a
   zero-weight index is never returned): the same indices as the torch path.
+* `first_rejection` and `finish`: the shared verify loop's bookkeeping (acceptance/verify.py), one call each: the
+  acceptance tests up to each row's first rejection, then the emitted token (the residual, p where the residual has
+  no mass, or the bonus, sampled as `sample` does) and the row of output tokens; the same results as the loop's torch
+  ops, bit for bit (`loop_disabled()` sets these two aside alone, for tests and benchmarks).
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ request there). The default greedy="rule" applies each rule to the one-hot p and
 Only one residual row per sequence is ever needed, so the loop gathers row
 (b, min(n_b, N-1)) and computes the rule's residual there: dense O(V) work per
 position is left to rules whose *acceptance test* needs it. Shapes stay static
-(no data-dependent branching), and there is no Python loop over the batch.
+(no data-dependent branching), and there is no Python loop over the batch. On float32 CPU tensors the loop's
+bookkeeping (steps 1-3 around the rule's math) is one C call before the residual and one after
+(`fused.first_rejection`, `fused.finish`); the torch ops stay as the reference, with the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -326,7 +328,7 @@ def _token_uniform(random: Draws, n: torch.Tensor) -> torch.Tensor | None:
     """The float64 CPU uniforms [B] that `random.sample(weights, TOKEN, offset=n)` draws (the same calls: a
     generator advances alike), for the two sources this package defines; None for another (the torch path)."""
     if isinstance(random, CounterDraws):
-        u = random.uniform53(TOKEN, n)
+        u = random.uniform53(TOKEN, int(n) if n.numel() == 1 else n)  # (one row: its column, not a gather)
         return u if u.dtype is torch.float64 and u.is_cpu else None
     if isinstance(random, GeneratorDraws) and n.is_cpu:
         return torch.rand(n.shape, generator=random.generator, device=n.device, dtype=torch.float64)
