@@ -33,7 +33,7 @@ pytestmark = [
 
 FIELDS = [f.name for f in dataclasses.fields(verify_module.VerifyResult)]
 SAMPLINGS = [dict(temperature=0.7), dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5, top_p=0.95),
-             dict(temperature=1.0, top_k=3)]
+             dict(temperature=1.0, top_k=3), dict(temperature=0.0)]  # (greedy: one-hot p and q, strict in closed form)
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +108,8 @@ def test_every_rule_c_path_equals_torch_path(name, calls):
         seen["between"] += int(((c.num_accepted > 0) & (c.num_accepted < proposed)).sum())
         seen["relaxed_only"] += int(c.relaxed_only.sum())
         seen["looser"] += int((c.accept_prob > c.strict_accept_prob + 0.1).sum())
-    assert calls["first_rejection"] == calls["finish"] == k + 1  # the C path served every block once
+    greedy_blocks = (k + 1) // len(SAMPLINGS) if rule.greedy_closed_form else 0  # (closed form: no loop)
+    assert calls["first_rejection"] == calls["finish"] == k + 1 - greedy_blocks  # the C path served every loop once
     assert seen["n=0"] and seen["n=N"] and seen["between"], seen
     if seen["looser"] > 50:  # a rule that loosens strict's test at its defaults keeps drafts strict rejects
         assert seen["relaxed_only"], seen
