@@ -243,6 +243,11 @@ class VerifyContext:
         """Draft position i[r] of sequence b[r] for each r: [R, ...]."""
         return self._positions(lambda t: t[b, i])
 
+    def row(self, i: int) -> Positions:
+        """Draft position i of every sequence: [B, ...], views of the block (no copy: rules never write into what
+        they read)."""
+        return self._positions(lambda t: t[:, i])
+
     def _positions(self, select) -> Positions:
         sources = dict(p=self.p, q=self.q, z_p=self.target_logits, z_q=self.draft_logits,
                        x=self.draft_tokens)

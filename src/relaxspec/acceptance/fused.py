@@ -20,6 +20,10 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
 * `sample`: the cdf in float64 in vocabulary order (the same sequential sums as torch's cumsum, so the same
   bits), index i with cdf[i-1] <= u * total < cdf[i], the target clamped strictly below the total (a
   zero-weight index is never returned): the same indices as the torch path.
+* `first_rejection` and `finish`: the shared verify loop's bookkeeping (acceptance/verify.py), one call each: the
+  acceptance tests up to each row's first rejection, then the emitted token (the residual, p where the residual has
+  no mass, or the bonus, sampled as `sample` does) and the row of output tokens; the same results as the loop's torch
+  ops, bit for bit (`loop_disabled()` sets these two aside alone, for tests and benchmarks).
 """
 
 from __future__ import annotations
@@ -203,24 +207,73 @@ done:
     return status;
 }
 
-/* index[r] = i with cdf[i-1] <= u[r] * total < cdf[i], cdf the float64 running sum of w[r, :] in order (the
-   same sums as torch's cumsum); the target clamped below the total, so a zero weight is never picked.
-   Returns 0, or -1 when memory runs out. */
+/* The index i with cdf[i-1] <= u * total < cdf[i], cdf the float64 running sum of x[V] in order (the same sums
+   as torch's cumsum); the target clamped below the total, so a zero weight is never picked. cdf[V]: scratch. */
+static int64_t sample_row(const float *x, double u, double *cdf, int64_t V) {
+    double c = 0.0;
+    for (int64_t i = 0; i < V; i++) cdf[i] = c += x[i];
+    double target = u * c, below = nextafter(c, 0.0);
+    if (below < target) target = below;
+    int64_t lo = 0, hi = V;  /* the first i with cdf[i] > target (V if none) */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (cdf[mid] > target) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* index[r] = sample_row of w[r, :] at u[r]. Returns 0, or -1 when memory runs out. */
 int rs_sample(const float *w, const double *u, int64_t *index, int64_t R, int64_t V) {
     double *cdf = malloc(V * sizeof(double));
     if (!cdf) return -1;
-    for (int64_t r = 0; r < R; r++) {
-        const float *x = w + r * V;
-        double c = 0.0;
-        for (int64_t i = 0; i < V; i++) cdf[i] = c += x[i];
-        double target = u[r] * c, below = nextafter(c, 0.0);
-        if (below < target) target = below;
-        int64_t lo = 0, hi = V;  /* the first i with cdf[i] > target (V if none) */
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo) / 2;
-            if (cdf[mid] > target) hi = mid; else lo = mid + 1;
+    for (int64_t r = 0; r < R; r++) index[r] = sample_row(w + r * V, u[r], cdf, V);
+    free(cdf);
+    return 0;
+}
+
+/* The verify loop's first rejection (acceptance/verify.py) on B rows of N drafts: accepted[b, i] = u < ap, where
+   i < num_drafts[b] (num_drafts NULL: every i); kept[b, i] = the accepted drafts before the first rejection; n[b] =
+   their count; relaxed[b, i] = kept, though u < strict fails (strict NULL: never). u: float64 holding float32 values
+   (exactly: the comparisons are float32's), ap, strict: float32; row strides su, sa, ss (unit column stride); the
+   bool outputs (one byte each) and n contiguous. */
+void rs_first_rejection(const double *u, int64_t su, const float *ap, int64_t sa, const float *strict, int64_t ss,
+                        const int64_t *num_drafts, int64_t B, int64_t N, uint8_t *accepted, uint8_t *kept,
+                        uint8_t *relaxed, int64_t *n) {
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t proposed = num_drafts ? num_drafts[b] : N;
+        int64_t count = 0;
+        for (int64_t i = 0; i < N; i++) {
+            const double x = u[b * su + i];
+            const uint8_t a = i < proposed && x < ap[b * sa + i], k = a && count == i;
+            accepted[b * N + i] = a;
+            kept[b * N + i] = k;
+            relaxed[b * N + i] = k && strict && !(x < strict[b * ss + i]);
+            count += k;
         }
-        index[r] = lo;
+        n[b] = count;
+    }
+}
+
+/* The verify loop's finish on B rows: row b emits last[b], sampled (sample_row at u[b]) from its residual row
+   where it stopped at a rejection (n[b] < num_drafts[b], or N where num_drafts is NULL), from its p row there
+   when the residual has no mass (a sum that is not > 0: the weights are >= 0, so the same test as the float32
+   sum), else from its bonus row; tokens[b, :N+1] = its n[b] kept drafts, last[b], then -1. residual, p, bonus:
+   float32 rows of V with row strides sr, sp, sb; drafts int64 with row stride sd. Returns 0, or -1 when memory
+   runs out. */
+int rs_finish(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N, int64_t V, const float *residual,
+              int64_t sr, const float *p, int64_t sp, const float *bonus, int64_t sb, const double *u,
+              const int64_t *drafts, int64_t sd, int64_t *tokens, int64_t *last) {
+    double *cdf = malloc(V * sizeof(double));
+    if (!cdf) return -1;
+    for (int64_t b = 0; b < B; b++) {
+        const float *row = bonus + b * sb;
+        if (n[b] < (num_drafts ? num_drafts[b] : N)) {
+            row = residual + b * sr;
+            if (!(sum(row, V) > 0.0)) row = p + b * sp;
+        }
+        last[b] = sample_row(row, u[b], cdf, V);
+        int64_t *t = tokens + b * (N + 1);
+        for (int64_t i = 0; i <= N; i++) t[i] = i < n[b] ? drafts[b * sd + i] : i == n[b] ? last[b] : -1;
     }
     free(cdf);
     return 0;
@@ -269,6 +322,8 @@ SIGNATURES = (
     ("rs_process", ctypes.c_int, (_P, _P, _I, _I, _D, _I, _D)),
     ("rs_sample", ctypes.c_int, (_P, _P, _P, _I, _I)),
     ("rs_round_table", None, (_P, _P, _I, _P, _I, _I, _P, _P)),
+    ("rs_first_rejection", None, (_P, _I, _P, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P)),
+    ("rs_finish", ctypes.c_int, (_P, _P, _I, _I, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _P, _P)),
 )
 
 _UNLOADED = object()
@@ -292,6 +347,26 @@ def disabled():
         yield
     finally:
         _lib = saved
+
+
+_loop = True  # whether the verify loop's kernels (first_rejection, finish) serve; loop_disabled() sets it aside
+
+
+@contextlib.contextmanager
+def loop_disabled():
+    """Inside the block, the verify loop's bookkeeping runs its torch ops, the other kernels still serve (the
+    same probabilities, so results comparable bit for bit): for tests and benchmarks."""
+    global _loop
+    saved, _loop = _loop, False
+    try:
+        yield
+    finally:
+        _loop = saved
+
+
+def serves_loop(*tensors: torch.Tensor) -> bool:
+    """True where the verify loop's kernels take these tensors (each as `serves` says; not set aside)."""
+    return _loop and all(serves(t) for t in tensors)
 
 
 def serves(t: torch.Tensor) -> bool:
@@ -332,3 +407,51 @@ def round_table(low, high, start, width: int, columns) -> torch.Tensor:
     _lib.rs_round_table(low.ctypes.data, high.ctypes.data, low.shape[1], start.ctypes.data, low.shape[0], width,
                         columns.ctypes.data, out.data_ptr())
     return out
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t with unit stride along its last dimension (its rows read in place through t.stride(0))."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _counts(num_drafts: torch.Tensor | None) -> torch.Tensor | None:
+    """num_drafts [B] as the kernels read it: contiguous int64 (or None)."""
+    return None if num_drafts is None else _rows(num_drafts if num_drafts.dtype is torch.int64 else num_drafts.long())
+
+
+def first_rejection(u: torch.Tensor, accept_prob: torch.Tensor, strict_accept_prob: torch.Tensor | None,
+                    num_drafts: torch.Tensor | None):
+    """The verify loop's first rejection on float32 CPU accept_prob [B, N] (strict_accept_prob the same or None,
+    num_drafts int64 [B] or None) and CPU uniforms u [B, N] (float32, or float64 holding float32 values: a counter
+    stream's 24-bit ones): (accepted, kept, n, relaxed_only), as verify's torch path gives them."""
+    u, accept_prob = _rows(u if u.dtype is torch.float64 else u.double()), _rows(accept_prob)
+    strict = None if strict_accept_prob is None else _rows(strict_accept_prob)
+    num_drafts = _counts(num_drafts)  # (held here: the kernel reads its memory)
+    B, N = accept_prob.shape
+    flags = torch.empty((3, B, N), dtype=torch.bool, device=accept_prob.device)
+    n = torch.empty((B,), dtype=torch.int64, device=accept_prob.device)
+    ptr = flags.data_ptr()
+    _lib.rs_first_rejection(u.data_ptr(), u.stride(0), accept_prob.data_ptr(), accept_prob.stride(0),
+                            None if strict is None else strict.data_ptr(), 0 if strict is None else strict.stride(0),
+                            None if num_drafts is None else num_drafts.data_ptr(), B, N, ptr, ptr + B * N,
+                            ptr + 2 * B * N, n.data_ptr())
+    accepted, kept, relaxed_only = flags.unbind(0)
+    return accepted, kept, n, relaxed_only
+
+
+def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Tensor, p: torch.Tensor,
+           bonus: torch.Tensor, u: torch.Tensor, drafts: torch.Tensor):
+    """The verify loop's finish (float32 CPU rows [B, V], CPU u float64 [B], drafts int64 [B, N]): (tokens
+    [B, N+1], last [B]), as verify's torch path gives them (the same sample: `sample_row`, as `sample`)."""
+    residual, p, bonus, drafts = _rows(residual), _rows(p), _rows(bonus), _rows(drafts)
+    u = u if u.dtype is torch.float64 and u.is_contiguous() else u.to(torch.float64).contiguous()
+    B, N = drafts.shape
+    tokens = torch.empty((B, N + 1), dtype=torch.int64, device=drafts.device)
+    last = torch.empty((B,), dtype=torch.int64, device=drafts.device)
+    num_drafts = _counts(num_drafts)
+    if _lib.rs_finish(n.data_ptr(), None if num_drafts is None else num_drafts.data_ptr(), B, N, residual.shape[-1],
+                      residual.data_ptr(), residual.stride(0), p.data_ptr(), p.stride(0), bonus.data_ptr(),
+                      bonus.stride(0), u.data_ptr(), drafts.data_ptr(), drafts.stride(0), tokens.data_ptr(),
+                      last.data_ptr()) != 0:
+        raise MemoryError("relaxspec sampler: out of memory sampling")
+    return tokens, last

@@ -18,7 +18,9 @@ request there). The default greedy="rule" applies each rule to the one-hot p and
 Only one residual row per sequence is ever needed, so the loop gathers row
 (b, min(n_b, N-1)) and computes the rule's residual there: dense O(V) work per
 position is left to rules whose *acceptance test* needs it. Shapes stay static
-(no data-dependent branching), and there is no Python loop over the batch.
+(no data-dependent branching), and there is no Python loop over the batch. On float32 CPU tensors the loop's
+bookkeeping (steps 1-3 around the rule's math) is one C call before the residual and one after
+(`fused.first_rejection`, `fused.finish`); the torch ops stay as the reference, with the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from relaxspec.acceptance.base import Rule, Targets, VerifyContext, get_rule
-from relaxspec.acceptance.random import ACCEPT, TOKEN, Draws, GeneratorDraws
+from relaxspec.acceptance import fused
+from relaxspec.acceptance.random import ACCEPT, TOKEN, CounterDraws, Draws, GeneratorDraws
 from relaxspec.acceptance.processing import (
     as_float,
     capped_ratio,
@@ -244,35 +247,26 @@ class VerifyStep:
             accept_prob = torch.where(relax[:, :N], accept_prob, strict_accept_prob)
         if random is None:
             random = GeneratorDraws(generator, B, accept_prob.device)
-        u = random.uniform(ACCEPT, N, dtype=accept_prob.dtype)
-        accepted = u < accept_prob
-        if num_drafts is not None:  # a row's padding columns are never proposed
-            accepted &= cached_arange(N, accepted.device) < num_drafts.unsqueeze(1)
-
+        u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, accept_prob))
         # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
         # every draft passed).
-        kept = accepted.cumprod(dim=1).bool()  # [B, N]
-        n = kept.sum(dim=1)
-        at = n.unsqueeze(1)
+        accepted, kept, n, relaxed_only = _first_rejection(u, accept_prob, strict_accept_prob if own_test else None,
+                                                           num_drafts)
 
         # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
         # accepted sequences, which take the bonus instead). Weights need not be normalised to be
         # sampled; a residual without mass falls back to p at that position.
-        at_row = ctx.rows(cached_arange(B, n.device), n.clamp(max=N - 1))
+        # (One sequence on the CPU: its n is on the host, and its row is read in place.)
+        at_row = (ctx.row(min(int(n), N - 1)) if B == 1 and n.is_cpu
+                  else ctx.rows(cached_arange(B, n.device), n.clamp(max=N - 1)))
         residual = rule.residual(at_row, **params)
         bonus_ctx = ctx if num_drafts is None else _at_bonus(ctx, num_drafts)
         bonus = rule.bonus(bonus_ctx, **params)
         if relax is not None:  # strict's residual / bonus where the rule may not relax
             at_bonus = torch.full_like(n, N) if num_drafts is None else num_drafts
-            residual = torch.where(relax.gather(1, at), residual, STRICT.residual(at_row))
+            residual = torch.where(relax.gather(1, n.unsqueeze(1)), residual, STRICT.residual(at_row))
             bonus = torch.where(relax.gather(1, at_bonus.unsqueeze(1)), bonus, STRICT.bonus(bonus_ctx))
-        stopped = at < (N if num_drafts is None else num_drafts.unsqueeze(1))
-        has_mass = residual.sum(dim=-1, keepdim=True) > 0
-        final = torch.where(stopped, torch.where(has_mass, residual, at_row.p), bonus)
-        last = random.sample(final, TOKEN, offset=n)  # [B], drawn for output position start + n
-
-        tokens = torch.nn.functional.pad(torch.where(kept, ctx.draft_tokens, -1), (0, 1), value=-1)
-        tokens.scatter_(1, at, last.unsqueeze(1))  # the kept drafts, then `last` at position n, then -1
+        tokens, last = _finish(random, n, kept, num_drafts, residual, at_row.p, bonus, ctx.draft_tokens)
 
         return VerifyResult(
             num_accepted=n,
@@ -280,9 +274,65 @@ class VerifyStep:
             accept_prob=accept_prob,
             strict_accept_prob=strict_accept_prob,
             accepted=accepted,
-            relaxed_only=accepted & kept & ~(u < strict_accept_prob) if own_test else torch.zeros_like(accepted),
+            relaxed_only=relaxed_only,
             last_token=last,
         )
+
+
+# The loop's two stretches of bookkeeping: one C call each for float32 CPU tensors (acceptance/fused.py), the torch
+# ops otherwise (the reference: other devices and dtypes, fused.disabled() / loop_disabled()); the same results, bit
+# for bit.
+
+
+def _acceptance_dtype(random: Draws, accept_prob: torch.Tensor) -> torch.dtype:
+    """The dtype of the acceptance uniforms: accept_prob's, or float64 from counter streams where the kernel takes
+    them (their 24-bit values are exact in both: the same comparisons, the round's float64 table read, not copied)."""
+    return torch.float64 if isinstance(random, CounterDraws) and fused.serves_loop(accept_prob) else accept_prob.dtype
+
+
+def _first_rejection(u, accept_prob, strict_accept_prob, num_drafts):
+    """(accepted [B, N]: u < accept_prob in the columns each row proposes (num_drafts), kept: the accepted drafts
+    before the first rejection, n [B]: their count, relaxed_only: kept though u < strict_accept_prob fails, all
+    False where strict_accept_prob is None)."""
+    if u.is_cpu and fused.serves_loop(accept_prob, *(() if strict_accept_prob is None else (strict_accept_prob,))):
+        return fused.first_rejection(u, accept_prob, strict_accept_prob, num_drafts)
+    accepted = u < accept_prob
+    if num_drafts is not None:  # a row's padding columns are never proposed
+        accepted &= cached_arange(accepted.shape[1], accepted.device) < num_drafts.unsqueeze(1)
+    kept = accepted.cumprod(dim=1).bool()  # [B, N]
+    relaxed_only = (torch.zeros_like(accepted) if strict_accept_prob is None
+                    else accepted & kept & ~(u < strict_accept_prob))
+    return accepted, kept, kept.sum(dim=1), relaxed_only
+
+
+def _finish(random: Draws, n, kept, num_drafts, residual, p, bonus, drafts):
+    """(tokens [B, N+1]: the kept drafts, the emitted token at position n, then -1; last [B]: the emitted token,
+    drawn for output position start + n from the residual where the row stopped at a rejection (p there where the
+    residual has no mass: weights need not be normalised to be sampled), else from the bonus)."""
+    if fused.serves_loop(residual, p, bonus):
+        u = _token_uniform(random, n)
+        if u is not None:
+            return fused.finish(n, num_drafts, residual, p, bonus, u, drafts)
+    N = drafts.shape[1]
+    at = n.unsqueeze(1)
+    stopped = at < (N if num_drafts is None else num_drafts.unsqueeze(1))
+    has_mass = residual.sum(dim=-1, keepdim=True) > 0
+    final = torch.where(stopped, torch.where(has_mass, residual, p), bonus)
+    last = random.sample(final, TOKEN, offset=n)  # [B], drawn for output position start + n
+    tokens = torch.nn.functional.pad(torch.where(kept, drafts, -1), (0, 1), value=-1)
+    tokens.scatter_(1, at, last.unsqueeze(1))  # the kept drafts, then `last` at position n, then -1
+    return tokens, last
+
+
+def _token_uniform(random: Draws, n: torch.Tensor) -> torch.Tensor | None:
+    """The float64 CPU uniforms [B] that `random.sample(weights, TOKEN, offset=n)` draws (the same calls: a
+    generator advances alike), for the two sources this package defines; None for another (the torch path)."""
+    if isinstance(random, CounterDraws):
+        u = random.uniform53(TOKEN, int(n) if n.numel() == 1 else n)  # (one row: its column, not a gather)
+        return u if u.dtype is torch.float64 and u.is_cpu else None
+    if isinstance(random, GeneratorDraws) and n.is_cpu:
+        return torch.rand(n.shape, generator=random.generator, device=n.device, dtype=torch.float64)
+    return None
 
 
 def _at_bonus(ctx: VerifyContext, num_drafts: torch.Tensor) -> VerifyContext:

@@ -1,0 +1,247 @@
+"""The verify loop's bookkeeping in C (acceptance/fused.py: first_rejection, finish) against its torch ops.
+
+The torch ops are the reference, reached with `fused.loop_disabled()` (only the loop's two kernels set aside: the
+processed distributions are then the same bits, so every result must be identical, not merely close). Every
+rule at its defaults on random blocks, ragged and relaxed ones, forced accepts and rejects; the two stretches on
+crafted rows (ties u == accept_prob, a residual without mass, strided inputs); the engine's token ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import itertools
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from relaxspec import native
+from relaxspec.acceptance import RULES, fused, process_logits
+from relaxspec.acceptance.random import CounterDraws, GeneratorDraws, SequenceSeeds
+
+verify_module = importlib.import_module("relaxspec.acceptance.verify")
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("CC"),
+                       reason="no C compiler: the kernels cannot be built"),
+    pytest.mark.skipif(not native.enabled(), reason="RELAXSPEC_NATIVE=0: the kernels are off"),
+]
+
+FIELDS = [f.name for f in dataclasses.fields(verify_module.VerifyResult)]
+SAMPLINGS = [dict(temperature=0.7), dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5, top_p=0.95),
+             dict(temperature=1.0, top_k=3), dict(temperature=0.0)]  # (greedy: one-hot p and q, strict in closed form)
+
+
+@pytest.fixture(autouse=True)
+def _kernel_loaded():
+    assert fused.library() is not None, "the sampler's C kernels did not load"
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts of the two kernels' calls (so that a test sees the C path taken, not two torch runs)."""
+    counts = {"first_rejection": 0, "finish": 0}
+    for name in counts:
+        kernel = getattr(fused, name)
+
+        def counted(*args, _kernel=kernel, _name=name):
+            counts[_name] += 1
+            return _kernel(*args)
+        monkeypatch.setattr(fused, name, counted)
+    return counts
+
+
+def assert_same(a, b, where=""):
+    for name in FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), f"{name} differs {where}"
+
+
+def block(B, N, V, mode, g):
+    """target [B, N+1, V], drafter [B, N+1, V] logits and drafts [B, N] sampled from the drafter's distribution:
+    "sampled" a noisy copy; "accept" the drafter equal to the verifier (strict accepts every draft); "reject"
+    every draft given logit -1e4 by the verifier (p(x) = 0: strict rejects it)."""
+    target = 3.0 * torch.randn(B, N + 1, V, generator=g)
+    draft = target.clone() if mode == "accept" else target + 1.5 * torch.randn(B, N + 1, V, generator=g)
+    q = process_logits(draft[:, :N])
+    drafts = torch.multinomial(q.reshape(B * N, V), 1, generator=g).reshape(B, N)
+    if mode == "reject":
+        target.scatter_(-1, torch.cat([drafts, drafts[:, -1:]], 1).unsqueeze(-1), -1e4)
+    return target, draft, drafts
+
+
+def draws(kind, B, N, seed):
+    if kind == "generator":
+        return GeneratorDraws(torch.Generator().manual_seed(seed), B, "cpu")
+    start = np.arange(B, dtype=np.int64) * 7 + seed
+    return SequenceSeeds([seed + b for b in range(B)], "cpu").at(None, N, host_start=start)
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_every_rule_c_path_equals_torch_path(name, calls):
+    rule = RULES[name]
+    g = torch.Generator().manual_seed(1000 + list(RULES).index(name))
+    seen = {"n=0": 0, "n=N": 0, "between": 0, "relaxed_only": 0, "looser": 0}
+    cases = itertools.product((1, 5), (1, 3, 6), (7, 714), (False, True), (False, True), SAMPLINGS,
+                              ("sampled", "accept", "reject"))
+    for k, (B, N, V, ragged, relaxed, sampling, mode) in enumerate(cases):
+        target, draft, drafts = block(B, N, V, mode, g)
+        num_drafts = torch.randint(0, N + 1, (B,), generator=g) if ragged else None
+        relax = torch.rand(B, N + 1, generator=g) < 0.5 if relaxed else None
+        inputs = {"pivot_prob": torch.rand(B, N, generator=g)} if "pivot_prob" in rule.inputs else {}
+        kind = ("generator", "counter")[k % 2]
+        step = verify_module.VerifyStep(name, **sampling)
+        results = []
+        for off in (False, True):
+            with fused.loop_disabled() if off else contextlib.nullcontext():
+                results.append(step(target, draft, drafts, random=draws(kind, B, N, k), num_drafts=num_drafts,
+                                    relax=relax, **inputs))
+        c, ref = results
+        assert_same(c, ref, f"(B={B} N={N} V={V} ragged={ragged} relax={relaxed} {sampling} {mode} {kind})")
+        proposed = torch.full((B,), N) if num_drafts is None else num_drafts
+        seen["n=0"] += int((c.num_accepted == 0).sum())
+        seen["n=N"] += int((c.num_accepted == proposed).sum())
+        seen["between"] += int(((c.num_accepted > 0) & (c.num_accepted < proposed)).sum())
+        seen["relaxed_only"] += int(c.relaxed_only.sum())
+        seen["looser"] += int((c.accept_prob > c.strict_accept_prob + 0.1).sum())
+    greedy_blocks = (k + 1) // len(SAMPLINGS) if rule.greedy_closed_form else 0  # (closed form: no loop)
+    assert calls["first_rejection"] == calls["finish"] == k + 1 - greedy_blocks  # the C path served every loop once
+    assert seen["n=0"] and seen["n=N"] and seen["between"], seen
+    if seen["looser"] > 50:  # a rule that loosens strict's test at its defaults keeps drafts strict rejects
+        assert seen["relaxed_only"], seen
+
+
+def test_first_rejection_on_crafted_rows():
+    # Ties (u == accept_prob rejects), accept_prob 0 and 1, num_drafts 0 and N, strided u (a slice of a wider
+    # table, as a round's uniforms are) and accept_prob.
+    B, N = 6, 4
+    table = torch.tensor([[0.5, 0.25, 0.0, 0.75, 0.1], [0.0, 0.0, 0.0, 0.0, 0.9], [0.3, 0.3, 0.3, 0.3, 0.3],
+                          [0.999, 0.5, 0.5, 0.5, 0.0], [0.2, 0.9, 0.2, 0.2, 0.4], [0.6, 0.6, 0.6, 0.6, 0.6]])
+    u = table[:, :N]
+    accept_prob = torch.tensor([[0.5, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.3, 0.30001, 0.9, 0.0],
+                                [1.0, 0.6, 0.6, 0.4], [0.3, 0.95, 0.3, 0.3], [0.7, 0.7, 0.7, 0.7]]).t().contiguous().t()
+    strict = accept_prob * 0.5
+    assert not u.is_contiguous() and not accept_prob.is_contiguous()
+    for num_drafts, strict_prob in itertools.product((None, torch.tensor([4, 0, 2, 3, 1, 4])), (None, strict)):
+        c = verify_module._first_rejection(u, accept_prob, strict_prob, num_drafts)
+        with fused.loop_disabled():
+            ref = verify_module._first_rejection(u, accept_prob, strict_prob, num_drafts)
+        for x, y in zip(c, ref):
+            assert x.dtype == y.dtype and torch.equal(x, y)
+    n_all = verify_module._first_rejection(u, accept_prob, None, None)[2]
+    assert n_all.tolist() == [0, 4, 0, 3, 4, 4]  # ties (u == accept_prob, rows 0 and 2) reject
+
+
+def test_finish_on_crafted_rows():
+    # A residual without mass (all zeros, NaN) falls back to p; the bonus read through a strided view (p[:, -1]
+    # as Rule.bonus gives it); both draw sources; num_drafts.
+    B, N, V = 4, 3, 9
+    g = torch.Generator().manual_seed(5)
+    p_block = torch.rand(B, N + 1, V, generator=g)
+    residual = torch.rand(B, V, generator=g)
+    residual[1] = 0.0
+    residual[2, 3] = float("nan")
+    residual[3, :5] = 0.0
+    p, bonus = p_block[:, 1], p_block[:, -1]
+    assert not bonus.is_contiguous()
+    drafts = torch.randint(0, V, (B, N + 2), generator=g)[:, 1:N + 1]
+    kept_n = torch.tensor([0, 1, 2, 3])
+    for num_drafts, kind in itertools.product((None, torch.tensor([3, 2, 2, 3])), ("generator", "counter")):
+        kept = torch.arange(N) < kept_n.unsqueeze(1)
+        outs = []
+        for off in (False, True):
+            with fused.loop_disabled() if off else contextlib.nullcontext():
+                outs.append(verify_module._finish(draws(kind, B, N, 3), kept_n, kept, num_drafts, residual, p,
+                                                  bonus, drafts))
+        (tokens, last), (ref_tokens, ref_last) = outs
+        assert torch.equal(tokens, ref_tokens) and torch.equal(last, ref_last)
+        assert tokens[:, :N].masked_select(kept).tolist() == drafts.masked_select(kept).tolist()
+        assert torch.equal(tokens.gather(1, kept_n.unsqueeze(1)).squeeze(1), last)
+
+
+def test_the_generator_advances_alike():
+    # The C path draws its token uniforms from a generator with the same calls as the torch path: the next draw
+    # after a block is the same.
+    g = torch.Generator().manual_seed(2)
+    target, draft, drafts = block(3, 3, 50, "sampled", g)
+    step = verify_module.VerifyStep("strict", temperature=0.7)
+    after = []
+    for off in (False, True):
+        gen = torch.Generator().manual_seed(9)
+        with fused.loop_disabled() if off else contextlib.nullcontext():
+            step(target, draft, drafts, generator=gen)
+        after.append(torch.rand(4, generator=gen))
+    assert torch.equal(*after)
+
+
+def test_other_dtypes_and_draw_sources_take_the_torch_path(calls):
+    # float64 blocks, and a Draws the package does not define, run the torch ops (the kernels take float32 CPU).
+    g = torch.Generator().manual_seed(4)
+    target, draft, drafts = block(2, 3, 30, "sampled", g)
+    step = verify_module.VerifyStep("strict", temperature=1.0)
+    step(target.double(), draft.double(), drafts, generator=torch.Generator().manual_seed(1))
+    assert calls == {"first_rejection": 0, "finish": 0}
+
+    class Plain(verify_module.Draws):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def uniform(self, purpose, width, dtype=torch.float32):
+            return self.inner.uniform(purpose, width, dtype)
+
+        def sample(self, weights, purpose, offset=0):
+            return self.inner.sample(weights, purpose, offset)
+
+    inner = draws("counter", 2, 3, 0)
+    got = step(target, draft, drafts, random=Plain(inner))
+    assert calls == {"first_rejection": 1, "finish": 0}
+    assert_same(got, step(target, draft, drafts, random=draws("counter", 2, 3, 0)))
+
+
+@pytest.mark.parametrize("method", ["strict", "typical", "mentored"])
+def test_generate_token_ids_identical(builtin_pair, method, calls):
+    from relaxspec.engine import generate
+    from relaxspec.tasks import synthetic
+
+    verifier, drafter = builtin_pair
+    prompts = [e.prompt for e in synthetic.examples("arithmetic", "test", 3)]
+    kw = dict(method=method, draft_length=3, max_new_tokens=24, temperature=0.7, top_p=0.95, seed=11)
+    c = generate(verifier, drafter, prompts, **kw)
+    assert calls["finish"] > 0
+    with fused.loop_disabled():
+        ref = generate(verifier, drafter, prompts, **kw)
+    with fused.disabled():  # every kernel set aside: probabilities may differ in the last bits, samples do not here
+        torch_only = generate(verifier, drafter, prompts, **kw)
+    one = generate(verifier, drafter, prompts[:1], **kw)  # batch 1: the kernels serve rows alone too
+    assert [r.token_ids for r in c.results] == [r.token_ids for r in ref.results]
+    assert [r.token_ids for r in c.results] == [r.token_ids for r in torch_only.results]
+    assert one.results[0].token_ids == c.results[0].token_ids
+    assert (c.stats.verifier_forwards, c.stats.drafts_accepted) == (ref.stats.verifier_forwards, ref.stats.drafts_accepted)
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_a_row_alone_equals_the_row_in_a_batch(name):
+    # Counter draws are per sequence: a row verified alone (batch 1: its residual row read in place, a view) gives
+    # what it gives inside a batch of 4 (rows gathered), on the C path and on the torch path.
+    rule = RULES[name]
+    g = torch.Generator().manual_seed(77)
+    B, N, V = 4, 3, 40
+    for sampling, mode in itertools.product(SAMPLINGS[:2], ("sampled", "accept", "reject")):
+        target, draft, drafts = block(B, N, V, mode, g)
+        inputs = {"pivot_prob": torch.rand(B, N, generator=g)} if "pivot_prob" in rule.inputs else {}
+        seeds, start = [11, 12, 13, 14], np.array([0, 5, 9, 30], dtype=np.int64)
+        step = verify_module.VerifyStep(name, **sampling)
+        for off in (False, True):
+            with fused.loop_disabled() if off else contextlib.nullcontext():
+                batch = step(target, draft, drafts, random=SequenceSeeds(seeds, "cpu").at(None, N, host_start=start),
+                             **inputs)
+                for b in range(B):
+                    alone = step(target[b:b + 1], draft[b:b + 1], drafts[b:b + 1],
+                                 random=SequenceSeeds(seeds[b:b + 1], "cpu").at(None, N, host_start=start[b:b + 1]),
+                                 **{k: v[b:b + 1] for k, v in inputs.items()})
+                    for field in FIELDS:
+                        assert torch.equal(getattr(alone, field)[0], getattr(batch, field)[b]), (field, b, off)
