@@ -190,14 +190,14 @@ def normalize_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return torch.where(has_mass, normalised, fallback)
 
 
-def _cdf_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float32 if t.device.type == "mps" else torch.float64  # mps has no float64
+def _cdf_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64  # mps has no float64
 
 
 def sample_rows(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One index per row of non-negative `weights` [R, V] (unnormalised is fine), by inverse CDF
     with one uniform per row from `generator`: same law as torch.multinomial, ~4x faster on CPU."""
-    u = torch.rand((weights.shape[0],), generator=generator, device=weights.device, dtype=_cdf_dtype(weights))
+    u = torch.rand((weights.shape[0],), generator=generator, device=weights.device, dtype=_cdf_dtype(weights.device))
     return sample_with_uniform(weights, u)
 
 
@@ -218,7 +218,7 @@ def sample_with_uniform(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     (unnormalised is fine; a zero-weight index is never returned). u [R] in [0, 1)."""
     if fused.serves(weights) and weights.dim() == 2 and u.is_cpu and u.shape == weights.shape[:1]:
         return fused.sample(weights, u)  # the C kernel: the same sums in the same order, so the same indices
-    dtype = _cdf_dtype(weights)
+    dtype = _cdf_dtype(weights.device)
     cdf = weights.cumsum(dim=-1, dtype=dtype)
     total = cdf[:, -1:]
     # Strictly below the total, so rounding of u * total never selects a trailing zero weight.

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from relaxspec.acceptance import fused
-from relaxspec.acceptance.processing import sample_rows, sample_with_uniform
+from relaxspec.acceptance.processing import _cdf_dtype, sample_with_uniform
 
 _MASK32 = 0xFFFFFFFF
 _MASK63 = (1 << 63) - 1
@@ -147,14 +147,18 @@ class Draws:
     """The draws one verify block (or one drafting / AR step) consumes.
 
     `uniform(purpose, width)` gives [B, width] uniforms in [0, 1), one per position
-    start..start+width-1 of each row; `sample(weights, purpose, offset)` picks one index per
-    row of non-negative weights [B, V] with the uniform at position start + offset[b]."""
+    start..start+width-1 of each row; `uniform53(purpose, offset)` the [B] uniforms of a sample at position
+    start + offset[b] (float64; float32 on mps); `sample(weights, purpose, offset)` picks one index per
+    row of non-negative weights [B, V] with them."""
 
     def uniform(self, purpose: int, width: int, dtype=torch.float32) -> torch.Tensor:
         raise NotImplementedError
 
-    def sample(self, weights: torch.Tensor, purpose: int, offset: torch.Tensor | int = 0) -> torch.Tensor:
+    def uniform53(self, purpose: int, offset: torch.Tensor | int = 0) -> torch.Tensor:
         raise NotImplementedError
+
+    def sample(self, weights: torch.Tensor, purpose: int, offset: torch.Tensor | int = 0) -> torch.Tensor:
+        return sample_with_uniform(weights, self.uniform53(purpose, offset))
 
 
 class GeneratorDraws(Draws):
@@ -163,13 +167,14 @@ class GeneratorDraws(Draws):
     def __init__(self, generator: torch.Generator | None, batch_size: int, device):
         self.generator = generator
         self.batch_size = batch_size
-        self.device = device
+        self.device = torch.device(device)
 
     def uniform(self, purpose: int, width: int, dtype=torch.float32) -> torch.Tensor:
         return torch.rand((self.batch_size, width), generator=self.generator, device=self.device, dtype=dtype)
 
-    def sample(self, weights, purpose, offset=0):
-        return sample_rows(weights, self.generator)
+    def uniform53(self, purpose, offset=0):
+        return torch.rand((self.batch_size,), generator=self.generator, device=self.device,
+                          dtype=_cdf_dtype(self.device))  # (sample_rows' draw: the same stream in call order)
 
 
 def _round_lanes(width: int) -> list[tuple[int, int, int]]:
@@ -282,9 +287,6 @@ class CounterDraws(Draws):
             if offset < table.shape[1]:
                 return table[:, offset]
         return _uniform53(self._words(purpose, 1, offset), self._words(purpose, 2, offset)).squeeze(-1)
-
-    def sample(self, weights, purpose, offset=0):
-        return sample_with_uniform(weights, self.uniform53(purpose, offset))
 
 
 class SequenceSeeds:

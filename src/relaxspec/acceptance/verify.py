@@ -325,14 +325,12 @@ def _finish(random: Draws, n, kept, num_drafts, residual, p, bonus, drafts):
 
 
 def _token_uniform(random: Draws, n: torch.Tensor) -> torch.Tensor | None:
-    """The float64 CPU uniforms [B] that `random.sample(weights, TOKEN, offset=n)` draws (the same calls: a
-    generator advances alike), for the two sources this package defines; None for another (the torch path)."""
-    if isinstance(random, CounterDraws):
-        u = random.uniform53(TOKEN, int(n) if n.numel() == 1 else n)  # (one row: its column, not a gather)
-        return u if u.dtype is torch.float64 and u.is_cpu else None
-    if isinstance(random, GeneratorDraws) and n.is_cpu:
-        return torch.rand(n.shape, generator=random.generator, device=n.device, dtype=torch.float64)
-    return None
+    """The float64 CPU uniforms [B] that `random.sample(weights, TOKEN, offset=n)` draws (the same call: a
+    generator advances alike), or None (the torch path) for a source with a `sample` of its own."""
+    if type(random).sample is not Draws.sample:
+        return None
+    u = random.uniform53(TOKEN, int(n) if n.numel() == 1 else n)  # (one row: its column, not a gather)
+    return u if u.dtype is torch.float64 and u.is_cpu else None
 
 
 def _at_bonus(ctx: VerifyContext, num_drafts: torch.Tensor) -> VerifyContext:
