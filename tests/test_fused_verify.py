@@ -245,3 +245,44 @@ def test_a_row_alone_equals_the_row_in_a_batch(name):
                                  **{k: v[b:b + 1] for k, v in inputs.items()})
                     for field in FIELDS:
                         assert torch.equal(getattr(alone, field)[0], getattr(batch, field)[b]), (field, b, off)
+
+
+# ---------------------------------------------------------------- the rules' two primitives (processing.py)
+
+
+def test_at_tokens_equals_gather_on_blocks_rows_and_strided_views():
+    from relaxspec.acceptance.processing import at_tokens
+    g = torch.Generator().manual_seed(5)
+    p = torch.rand(3, 5, 714, generator=g)
+    x = torch.randint(0, 714, (3, 4), generator=g)
+    for probs, tokens in ((p[:, :4], x), (p[:, 2], x[:, 1]), (p[:, :4].transpose(0, 1), x.t()),
+                          (p[:, :4, :7], x % 7), (p[:, :4].flip(-1), x)):
+        want = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        got = at_tokens(probs, tokens)
+        assert got.shape == want.shape and torch.equal(got, want)
+        with fused.disabled():
+            assert torch.equal(at_tokens(probs, tokens), want)
+    bad = x.clone()
+    bad[1, 2] = 714
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        fused.at_tokens(p[:, :4], bad)
+    bad[1, 2] = -1
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        fused.at_tokens(p[:, :4], bad)
+
+
+def test_capped_ratio_kernel_equals_torch_bit_for_bit_with_edge_values():
+    from relaxspec.acceptance.processing import capped_ratio
+    g = torch.Generator().manual_seed(6)
+    num = torch.rand(4, 50, generator=g) * 2
+    den = torch.rand(4, 50, generator=g) * 2
+    edges = torch.tensor([0.0, -0.0, -1.0, 1e-45, 1e-30, float("inf"), float("nan"), 1.0, 0.5, 3.0])
+    num[0, :10], den[0, :10] = torch.tensor([0.3, 0.3, 0.3, 1e-30, 1e-38, 0.2, 0.1, 1.0, 0.5, float("nan")]), edges
+    num[1, :3] = torch.tensor([0.0, float("inf"), float("nan")])
+    with fused.disabled():
+        want = capped_ratio(num, den)
+    got = capped_ratio(num, den)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(torch.nan_to_num(got, nan=-7.0), torch.nan_to_num(want, nan=-7.0))
+    assert torch.equal(torch.signbit(got), torch.signbit(want))
+    assert got[0, 0] == 0 and got[0, 2] == 0 and got[0, 3] == 1 and (got[~got.isnan()] <= 1).all()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relaxspec.acceptance.processing import capped_ratio, normalize_or
+from relaxspec.acceptance.processing import at_tokens, capped_ratio, normalize_or
 
 
 # ---------------------------------------------------------------- parameters
@@ -178,16 +178,12 @@ class Positions:
         return self._select(self._sources["x"])
 
     @_lazy
-    def _x_index(self) -> torch.Tensor:
-        return self.x.unsqueeze(-1)
-
-    @_lazy
     def p_x(self) -> torch.Tensor:
-        return self.p.gather(-1, self._x_index).squeeze(-1)
+        return at_tokens(self.p, self.x)
 
     @_lazy
     def q_x(self) -> torch.Tensor:
-        return self.q.gather(-1, self._x_index).squeeze(-1)
+        return at_tokens(self.q, self.x)
 
     @_lazy
     def p_tilde(self) -> torch.Tensor:

@@ -296,6 +296,28 @@ static inline double uniform53(uint32_t high, uint32_t low) {  /* 27 + 26 bits, 
     return ((double)(high >> 5) * 67108864.0 + (double)(low >> 6)) * (1.0 / 9007199254740992.0);
 }
 
+/* out[a, b] = probs[a * s0 + b * s1 + x[a, b]] for x [A, B] (contiguous int64): the probabilities at tokens x of
+   float32 rows of V (unit stride along V). Returns 0, or -1 for a token outside [0, V) (nothing read there). */
+int rs_at_tokens(const float *probs, int64_t s0, int64_t s1, int64_t V, const int64_t *x, int64_t A, int64_t B,
+                 float *out) {
+    for (int64_t a = 0; a < A; a++)
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t t = x[a * B + b];
+            if (t < 0 || t >= V) return -1;
+            out[a * B + b] = probs[a * s0 + b * s1 + t];
+        }
+    return 0;
+}
+
+/* out = min(1, num / den), and 0 where den <= 0 (processing.capped_ratio), for n contiguous float32 values: the
+   float32 quotient, NaN kept (a comparison with NaN is false, as torch's clamp propagates it). */
+void rs_capped_ratio(const float *num, const float *den, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float r = num[i] / den[i];
+        out[i] = den[i] <= 0.0f ? 0.0f : r > 1.0f ? 1.0f : r;
+    }
+}
+
 /* One engine round's uniforms for B rows (random.py, CounterDraws): keys low / high [B, K] (uint32), start [B]
    the rows' next output positions, col the key columns of (ACCEPT word 0, DRAFT words 1 and 2, TOKEN words 1
    and 2); out [B, 3W + 1]: W 24-bit acceptance uniforms, W 53-bit draft uniforms, W + 1 53-bit token
@@ -324,6 +346,8 @@ SIGNATURES = (
     ("rs_round_table", None, (_P, _P, _I, _P, _I, _I, _P, _P)),
     ("rs_first_rejection", None, (_P, _I, _P, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P)),
     ("rs_finish", ctypes.c_int, (_P, _P, _I, _I, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _P, _P)),
+    ("rs_at_tokens", ctypes.c_int, (_P, _I, _I, _I, _P, _I, _I, _P)),
+    ("rs_capped_ratio", None, (_P, _P, _P, _I)),
 )
 
 _UNLOADED = object()
@@ -455,3 +479,26 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
                       last.data_ptr()) != 0:
         raise MemoryError("relaxspec sampler: out of memory sampling")
     return tokens, last
+
+
+def at_tokens(probs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """probs [A, V] or [A, B, V] (float32 CPU, unit stride along V) at int64 CPU tokens x [A] or [A, B]: float32
+    [A] or [A, B], what probs.gather(-1, x[..., None])[..., 0] gives; ValueError for a token outside [0, V)."""
+    x = x.contiguous()
+    if probs.stride(-1) != 1:
+        probs = probs.contiguous()
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    two = probs.dim() == 3
+    if _lib.rs_at_tokens(probs.data_ptr(), probs.stride(0), probs.stride(1) if two else 0, probs.shape[-1],
+                         x.data_ptr(), x.shape[0], x.shape[1] if two else 1, out.data_ptr()) != 0:
+        raise ValueError(f"a token lies outside the vocabulary [0, {probs.shape[-1]})")
+    return out
+
+
+def capped_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """processing.capped_ratio of float32 CPU tensors of one shape, in one call."""
+    num, den = num.contiguous(), den.contiguous()
+    out = torch.empty_like(num)
+    _lib.rs_capped_ratio(num.data_ptr(), den.data_ptr(), out.data_ptr(), num.numel())
+    return out
+

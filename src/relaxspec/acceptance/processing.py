@@ -157,7 +157,16 @@ def capped_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     its top-k): it is rejected, as vLLM's and the reference's rejection samplers do.
     A finite ratio that overflows (den tiny) is still capped to 1.
     """
+    if fused.serves(num) and fused.serves(den) and num.shape == den.shape:
+        return fused.capped_ratio(num, den)  # (one C call instead of four ops: every round of every rule runs it)
     return (num / den).clamp_(max=1.0).masked_fill_(den <= 0, 0.0)
+
+
+def at_tokens(probs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """probs [..., V] at the tokens x [...] (one per row): [...]; on a CPU one C call for a block's p(x) or q(x)."""
+    if fused.serves(probs) and x.is_cpu and x.dtype is torch.int64 and probs.dim() == x.dim() + 1 <= 3:
+        return fused.at_tokens(probs, x)
+    return probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)
 
 
 def accept_or_strict(gate: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
