@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from relaxspec.acceptance import entropy, jsd, process_logits, total_variation
-from relaxspec.acceptance.processing import capped_ratio, sample_rows
+from relaxspec.acceptance.processing import capped_ratio
+from relaxspec.acceptance.random import TOKEN, GeneratorDraws
 from test_acceptance_support import single_thread  # noqa: F401  (autouse fixture)
 
 INF = float("inf")
@@ -78,10 +79,10 @@ def test_capped_ratio_conventions():
     assert capped_ratio(torch.tensor([1.0]), torch.tensor([1e-45])).item() == 1.0  # overflow -> 1
 
 
-def test_sample_rows_law_and_zero_weights():
+def test_generator_draws_sample_law_and_zero_weights():
     g = torch.Generator().manual_seed(0)
     w = torch.tensor([0.0, 1.0, 0.0, 3.0, 0.0]).repeat(100_000, 1)
-    s = sample_rows(w, g)
+    s = GeneratorDraws(g, w.shape[0], "cpu").sample(w, TOKEN)
     assert set(s.unique().tolist()) <= {1, 3}
     freq = (s == 3).double().mean().item()
     assert abs(freq - 0.75) <= 5 * math.sqrt(0.75 * 0.25 / 1e5)

@@ -203,13 +203,6 @@ def _cdf_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64  # mps has no float64
 
 
-def sample_rows(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One index per row of non-negative `weights` [R, V] (unnormalised is fine), by inverse CDF
-    with one uniform per row from `generator`: same law as torch.multinomial, ~4x faster on CPU."""
-    u = torch.rand((weights.shape[0],), generator=generator, device=weights.device, dtype=_cdf_dtype(weights.device))
-    return sample_with_uniform(weights, u)
-
-
 def sample_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
                   u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(index [R], processed probabilities [R, V]) of logits [R, V] (settings checked, not greedy): the rows

@@ -174,7 +174,7 @@ class GeneratorDraws(Draws):
 
     def uniform53(self, purpose, offset=0):
         return torch.rand((self.batch_size,), generator=self.generator, device=self.device,
-                          dtype=_cdf_dtype(self.device))  # (sample_rows' draw: the same stream in call order)
+                          dtype=_cdf_dtype(self.device))
 
 
 def _round_lanes(width: int) -> list[tuple[int, int, int]]:
