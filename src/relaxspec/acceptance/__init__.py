@@ -47,7 +47,6 @@ from relaxspec.acceptance.processing import (
     jsd,
     process_logits,
     process_logits_unchecked,
-    sample_logits,
     total_variation,
 )
 from relaxspec.acceptance.random import DRAFT, TOKEN, Draws, SequenceSeeds, derive_seed
@@ -65,7 +64,6 @@ __all__ = [
     "GREEDY_MODES",
     "process_logits",
     "process_logits_unchecked",
-    "sample_logits",
     "entropy",
     "jsd",
     "total_variation",

@@ -412,9 +412,7 @@ def process(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: 
 
 def sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """[R] int64: one index per row of float32 CPU weights [R, V] by inverse CDF at CPU uniforms u [R]."""
-    w = weights.contiguous()
-    if u.dtype is not torch.float64 or not u.is_contiguous():
-        u = u.to(torch.float64).contiguous()
+    w, u = weights.contiguous(), _float64(u)
     index = torch.empty_like(u, dtype=torch.int64)
     if _lib.rs_sample(w.data_ptr(), u.data_ptr(), index.data_ptr(), w.shape[0], w.shape[-1]) != 0:
         raise MemoryError("relaxspec sampler: out of memory sampling")
@@ -436,6 +434,11 @@ def round_table(low, high, start, width: int, columns) -> torch.Tensor:
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """t with unit stride along its last dimension (its rows read in place through t.stride(0))."""
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _float64(u: torch.Tensor) -> torch.Tensor:
+    """Uniforms u as the kernels read them: contiguous float64."""
+    return u if u.dtype is torch.float64 and u.is_contiguous() else u.to(torch.float64).contiguous()
 
 
 def _counts(num_drafts: torch.Tensor | None) -> torch.Tensor | None:
@@ -468,7 +471,7 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
     """The verify loop's finish (float32 CPU rows [B, V], CPU u float64 [B], drafts int64 [B, N]): (tokens
     [B, N+1], last [B]), as verify's torch path gives them (the same sample: `sample_row`, as `sample`)."""
     residual, p, bonus, drafts = _rows(residual), _rows(p), _rows(bonus), _rows(drafts)
-    u = u if u.dtype is torch.float64 and u.is_contiguous() else u.to(torch.float64).contiguous()
+    u = _float64(u)
     B, N = drafts.shape
     tokens = torch.empty((B, N + 1), dtype=torch.int64, device=drafts.device)
     last = torch.empty((B,), dtype=torch.int64, device=drafts.device)
@@ -484,9 +487,7 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
 def at_tokens(probs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """probs [A, V] or [A, B, V] (float32 CPU, unit stride along V) at int64 CPU tokens x [A] or [A, B]: float32
     [A] or [A, B], what probs.gather(-1, x[..., None])[..., 0] gives; ValueError for a token outside [0, V)."""
-    x = x.contiguous()
-    if probs.stride(-1) != 1:
-        probs = probs.contiguous()
+    x, probs = x.contiguous(), _rows(probs)
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     two = probs.dim() == 3
     if _lib.rs_at_tokens(probs.data_ptr(), probs.stride(0), probs.stride(1) if two else 0, probs.shape[-1],

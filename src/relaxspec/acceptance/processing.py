@@ -203,18 +203,6 @@ def _cdf_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64  # mps has no float64
 
 
-def sample_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-                  u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index [R], processed probabilities [R, V]) of logits [R, V] (settings checked, not greedy): the rows
-    processed (`process_logits_unchecked`), then sampled at uniforms u [R] (`sample_with_uniform`). The
-    engine's draft and AR steps; on a CPU two C calls straight after each other."""
-    if fused.serves(logits) and logits.dim() == 2 and u.is_cpu:
-        probs = fused.process(logits, temperature, top_k, top_p)
-        return fused.sample(probs, u), probs
-    probs = process_logits_unchecked(logits, temperature, top_k, top_p)
-    return sample_with_uniform(probs, u), probs
-
-
 def sample_with_uniform(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF: index i with cdf[i-1] <= u * total < cdf[i] in each row of weights [R, V]
     (unnormalised is fine; a zero-weight index is never returned). u [R] in [0, 1)."""

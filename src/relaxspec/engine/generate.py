@@ -42,7 +42,7 @@ from relaxspec.acceptance import (
     derive_seed,
     get_rule,
     is_greedy,
-    sample_logits,
+    process_logits_unchecked,
 )
 from relaxspec.acceptance.verify import VerifyStep
 from relaxspec.engine.phase import PhaseTracker, check_phase, parse_phase
@@ -91,7 +91,8 @@ def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int
     a one-hot row (and draws nothing), and returns None for the distribution."""
     if is_greedy(temperature):
         return logits.argmax(dim=-1), None
-    return sample_logits(logits, temperature, top_k, top_p, draws.uniform53(purpose, offset))  # (checked by generate)
+    probs = process_logits_unchecked(logits, temperature, top_k, top_p)  # settings checked once by generate
+    return draws.sample(probs, purpose, offset), probs
 
 
 class _Book:
