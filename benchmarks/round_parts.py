@@ -147,7 +147,7 @@ def main():
         print(f"    per round: forwards {1e6 * total['round forwards'] / rounds:.0f} us; " +
               "; ".join(f"{k} {1e6 * total[k] / rounds:.0f}" for k in named) +
               (f"; these parts {1e6 * sum(total[k] for k in named) / rounds:.0f}" if n else
-               f" (AR: feed and sample not split out)"))
+               " (AR: feed and sample not split out)"))
         print(f"    per call: {1e3 * total['time'] / total['calls']:.2f} ms in all, of which prefill forwards "
               f"{1e3 * (total['all forwards'] - total['round forwards']) / total['calls']:.2f} ms")
 

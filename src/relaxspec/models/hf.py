@@ -125,7 +125,7 @@ class CausalLM:
         tuple of blocks, their hidden states concatenated in that order [B, T, k * H].
         Inputs live on the model's device (`self.device`); attention_mask [B, past + T] (1: a real slot) or None
         when every slot is real."""
-        layers = () if hidden_layer is None else hidden_blocks(hidden_layer, self.num_layers)
+        layers = hidden_blocks(hidden_layer, self.num_layers)
         if self.fast is not None:
             logits, hidden = self.fast.forward(input_ids, cache, attention_mask, position_ids, layers)
         else:
