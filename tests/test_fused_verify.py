@@ -44,7 +44,7 @@ def _kernel_loaded():
 @pytest.fixture
 def calls(monkeypatch):
     """Counts of the two kernels' calls (so that a test sees the C path taken, not two torch runs)."""
-    counts = {"first_rejection": 0, "finish": 0}
+    counts = {"first_rejection": 0, "finish": 0, "finish_default": 0}
     for name in counts:
         kernel = getattr(fused, name)
 
@@ -109,7 +109,10 @@ def test_every_rule_c_path_equals_torch_path(name, calls):
         seen["relaxed_only"] += int(c.relaxed_only.sum())
         seen["looser"] += int((c.accept_prob > c.strict_accept_prob + 0.1).sum())
     greedy_blocks = (k + 1) // len(SAMPLINGS) if rule.greedy_closed_form else 0  # (closed form: no loop)
-    assert calls["first_rejection"] == calls["finish"] == k + 1 - greedy_blocks  # the C path served every loop once
+    loops = k + 1 - greedy_blocks
+    # The C path served every loop once: strict's residual and bonus read from the block, the rule's own rows else.
+    assert calls["first_rejection"] == loops
+    assert (calls["finish_default"], calls["finish"]) == ((loops, 0) if step.default_rows else (0, loops))
     assert seen["n=0"] and seen["n=N"] and seen["between"], seen
     if seen["looser"] > 50:  # a rule that loosens strict's test at its defaults keeps drafts strict rejects
         assert seen["relaxed_only"], seen
@@ -163,6 +166,39 @@ def test_finish_on_crafted_rows():
         assert torch.equal(tokens.gather(1, kept_n.unsqueeze(1)).squeeze(1), last)
 
 
+def test_finish_default_on_crafted_blocks():
+    # Strict's residual and bonus read from the blocks: a row whose residual has no mass (q = p there) falls back to
+    # p, num_drafts moves the bonus row, p and q read through strided views; the same tokens as the rows computed
+    # (Rule.residual, Rule.bonus) and handed to `finish`.
+    B, N, V = 5, 3, 11
+    g = torch.Generator().manual_seed(8)
+    p_wide = torch.rand(B, N + 1, V + 2, generator=g)
+    p_wide /= p_wide.sum(-1, keepdim=True)
+    p = p_wide[..., 1:V + 1]
+    q = torch.rand(B, N, V, generator=g).transpose(0, 1).contiguous().transpose(0, 1)
+    q[1, 0] = p[1, 0]  # row 1 stops at 0 with a residual of zero mass
+    q[2, 1, :] = 0.0
+    q[2, 1, 4] = 1.0  # row 2: a residual with one zero column
+    assert not p.is_contiguous() and not q.is_contiguous()
+    drafts = torch.randint(0, V, (B, N), generator=g)
+    n = torch.tensor([0, 0, 1, 3, 2])
+    for num_drafts, kind in itertools.product((None, torch.tensor([2, 3, 3, 3, 2])), ("generator", "counter")):
+        got = verify_module._finish_default(draws(kind, B, N, 4), n, num_drafts, verify_module.VerifyContext(
+            p=p, q=q, target_logits=p, draft_logits=q, draft_tokens=drafts))
+        rows = torch.arange(B)
+        at = n.clamp(max=N - 1)
+        bonus_at = torch.full((B,), N) if num_drafts is None else num_drafts
+        residual = (p[rows, at] - q[rows, at]).clamp_min(0.0)
+        kept = torch.arange(N) < n.unsqueeze(1)
+        ref = verify_module._finish(draws(kind, B, N, 4), n, kept, num_drafts, residual, p[rows, at], p[rows, bonus_at],
+                                    drafts)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+        assert got[1][3] == got[0][3, 3]  # row 3 took every draft: the bonus at its bonus position
+    with fused.loop_disabled():  # set aside with the loop's other kernels
+        assert verify_module._finish_default(draws("counter", B, N, 4), n, None, verify_module.VerifyContext(
+            p=p, q=q, target_logits=p, draft_logits=q, draft_tokens=drafts)) is None
+
+
 def test_the_generator_advances_alike():
     # The C path draws its token uniforms from a generator with the same calls as the torch path: the next draw
     # after a block is the same.
@@ -184,7 +220,7 @@ def test_other_dtypes_and_draw_sources_take_the_torch_path(calls):
     target, draft, drafts = block(2, 3, 30, "sampled", g)
     step = verify_module.VerifyStep("strict", temperature=1.0)
     step(target.double(), draft.double(), drafts, generator=torch.Generator().manual_seed(1))
-    assert calls == {"first_rejection": 0, "finish": 0}
+    assert calls == {"first_rejection": 0, "finish": 0, "finish_default": 0}
 
     class Plain(verify_module.Draws):
         def __init__(self, inner):
@@ -198,7 +234,7 @@ def test_other_dtypes_and_draw_sources_take_the_torch_path(calls):
 
     inner = draws("counter", 2, 3, 0)
     got = step(target, draft, drafts, random=Plain(inner))
-    assert calls == {"first_rejection": 1, "finish": 0}
+    assert calls == {"first_rejection": 1, "finish": 0, "finish_default": 0}
     assert_same(got, step(target, draft, drafts, random=draws("counter", 2, 3, 0)))
 
 
@@ -211,7 +247,7 @@ def test_generate_token_ids_identical(builtin_pair, method, calls):
     prompts = [e.prompt for e in synthetic.examples("arithmetic", "test", 3)]
     kw = dict(method=method, draft_length=3, max_new_tokens=24, temperature=0.7, top_p=0.95, seed=11)
     c = generate(verifier, drafter, prompts, **kw)
-    assert calls["finish"] > 0
+    assert calls["finish"] + calls["finish_default"] > 0
     with fused.loop_disabled():
         ref = generate(verifier, drafter, prompts, **kw)
     with fused.disabled():  # every kernel set aside: probabilities may differ in the last bits, samples do not here

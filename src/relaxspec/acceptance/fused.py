@@ -23,7 +23,8 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
 * `first_rejection` and `finish`: the shared verify loop's bookkeeping (acceptance/verify.py), one call each: the
   acceptance tests up to each row's first rejection, then the emitted token (the residual, p where the residual has
   no mass, or the bonus, sampled as `sample` does) and the row of output tokens; the same results as the loop's torch
-  ops, bit for bit (`loop_disabled()` sets these two aside alone, for tests and benchmarks).
+  ops, bit for bit (`loop_disabled()` sets these aside alone, for tests and benchmarks). `finish_default` is `finish`
+  for a rule that keeps strict's residual and bonus: it reads them from the blocks p and q itself.
 """
 
 from __future__ import annotations
@@ -254,6 +255,12 @@ void rs_first_rejection(const double *u, int64_t su, const float *ap, int64_t sa
     }
 }
 
+/* Row b's output: tokens[b, :N+1] = its n[b] kept drafts, last[b], then -1. */
+static void emit(int64_t b, int64_t N, int64_t n, const int64_t *drafts, int64_t sd, int64_t last, int64_t *tokens) {
+    int64_t *t = tokens + b * (N + 1);
+    for (int64_t i = 0; i <= N; i++) t[i] = i < n ? drafts[b * sd + i] : i == n ? last : -1;
+}
+
 /* The verify loop's finish on B rows: row b emits last[b], sampled (sample_row at u[b]) from its residual row
    where it stopped at a rejection (n[b] < num_drafts[b], or N where num_drafts is NULL), from its p row there
    when the residual has no mass (a sum that is not > 0: the weights are >= 0, so the same test as the float32
@@ -272,11 +279,42 @@ int rs_finish(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N,
             if (!(sum(row, V) > 0.0)) row = p + b * sp;
         }
         last[b] = sample_row(row, u[b], cdf, V);
-        int64_t *t = tokens + b * (N + 1);
-        for (int64_t i = 0; i <= N; i++) t[i] = i < n[b] ? drafts[b * sd + i] : i == n[b] ? last[b] : -1;
+        emit(b, N, n[b], drafts, sd, last[b], tokens);
     }
     free(cdf);
     return 0;
+}
+
+/* rs_finish for a rule that keeps strict's residual and bonus (Rule.residual, Rule.bonus), read from the blocks:
+   the residual of a row stopped at a rejection is (p - q)+ at its position n[b] (float32, as torch's
+   (p - q).clamp_min_(0)), with p there where it has no mass; the bonus is p at the row's bonus position
+   (num_drafts[b], or N). p [B, N+1, V] and q [B, N, V] float32 with strides (sp0, sp1) and (sq0, sq1), unit along V. */
+int rs_finish_default(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N, int64_t V, const float *p,
+                      int64_t sp0, int64_t sp1, const float *q, int64_t sq0, int64_t sq1, const double *u,
+                      const int64_t *drafts, int64_t sd, int64_t *tokens, int64_t *last) {
+    double *cdf = malloc(V * sizeof(double));
+    float *residual = malloc(V * sizeof(float));
+    int status = -1;
+    if (!cdf || !residual) goto done;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t proposed = num_drafts ? num_drafts[b] : N;
+        const float *row = p + b * sp0 + proposed * sp1;
+        if (n[b] < proposed) {
+            const float *pr = p + b * sp0 + n[b] * sp1, *qr = q + b * sq0 + n[b] * sq1;
+            for (int64_t i = 0; i < V; i++) {
+                const float r = pr[i] - qr[i];
+                residual[i] = r < 0.0f ? 0.0f : r;
+            }
+            row = sum(residual, V) > 0.0 ? residual : pr;
+        }
+        last[b] = sample_row(row, u[b], cdf, V);
+        emit(b, N, n[b], drafts, sd, last[b], tokens);
+    }
+    status = 0;
+done:
+    free(residual);
+    free(cdf);
+    return status;
 }
 
 /* The counter streams' 32 bits (random.py's definition): lowbias32(lowbias32(key_low ^ position) ^ key_high). */
@@ -346,6 +384,7 @@ SIGNATURES = (
     ("rs_round_table", None, (_P, _P, _I, _P, _I, _I, _P, _P)),
     ("rs_first_rejection", None, (_P, _I, _P, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P)),
     ("rs_finish", ctypes.c_int, (_P, _P, _I, _I, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _P, _P)),
+    ("rs_finish_default", ctypes.c_int, (_P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _P, _P, _I, _P, _P)),
     ("rs_at_tokens", ctypes.c_int, (_P, _I, _I, _I, _P, _I, _I, _P)),
     ("rs_capped_ratio", None, (_P, _P, _P, _I)),
 )
@@ -480,6 +519,24 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
                       residual.data_ptr(), residual.stride(0), p.data_ptr(), p.stride(0), bonus.data_ptr(),
                       bonus.stride(0), u.data_ptr(), drafts.data_ptr(), drafts.stride(0), tokens.data_ptr(),
                       last.data_ptr()) != 0:
+        raise MemoryError("relaxspec sampler: out of memory sampling")
+    return tokens, last
+
+
+def finish_default(n: torch.Tensor, num_drafts: torch.Tensor | None, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor,
+                   drafts: torch.Tensor):
+    """`finish` for a rule that keeps strict's residual and bonus, read from the blocks p [B, N+1, V] and q [B, N, V]
+    (float32 CPU; the residual (p - q)+ at each stopped row's position, the bonus p at its bonus position): the same
+    (tokens, last) as computing those rows and calling `finish`, bit for bit."""
+    p, q, drafts, u = _rows(p), _rows(q), _rows(drafts), _float64(u)
+    B, N = drafts.shape
+    tokens = torch.empty((B, N + 1), dtype=torch.int64, device=drafts.device)
+    last = torch.empty((B,), dtype=torch.int64, device=drafts.device)
+    num_drafts = _counts(num_drafts)
+    if _lib.rs_finish_default(n.data_ptr(), None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
+                              p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1),
+                              u.data_ptr(), drafts.data_ptr(), drafts.stride(0), tokens.data_ptr(),
+                              last.data_ptr()) != 0:
         raise MemoryError("relaxspec sampler: out of memory sampling")
     return tokens, last
 

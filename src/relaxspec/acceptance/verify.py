@@ -224,6 +224,9 @@ class VerifyStep:
         self.params = {name: checked[name] for name in self.rule.params}
         self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         self.closed_form = is_greedy(temperature) and (self.rule.greedy_closed_form or greedy == "strict")
+        # A rule that keeps strict's residual and bonus (whatever `relax` says, those are strict's): on float32 CPU
+        # blocks the finish reads them from p and q.
+        self.default_rows = type(self.rule).residual is Rule.residual and type(self.rule).bonus is Rule.bonus
 
     def __call__(self, target_logits, draft_logits, draft_tokens, *, generator=None, random: Draws | None = None,
                  draft_probs=None, num_drafts: torch.Tensor | None = None, relax: torch.Tensor | None = None,
@@ -253,20 +256,24 @@ class VerifyStep:
         accepted, kept, n, relaxed_only = _first_rejection(u, accept_prob, strict_accept_prob if own_test else None,
                                                            num_drafts)
 
-        # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
-        # accepted sequences, which take the bonus instead). Weights need not be normalised to be
-        # sampled; a residual without mass falls back to p at that position.
-        # (One sequence on the CPU: its n is on the host, and its row is read in place.)
-        at_row = (ctx.row(min(int(n), N - 1)) if B == 1 and n.is_cpu
-                  else ctx.rows(cached_arange(B, n.device), n.clamp(max=N - 1)))
-        residual = rule.residual(at_row, **params)
-        bonus_ctx = ctx if num_drafts is None else _at_bonus(ctx, num_drafts)
-        bonus = rule.bonus(bonus_ctx, **params)
-        if relax is not None:  # strict's residual / bonus where the rule may not relax
-            at_bonus = torch.full_like(n, N) if num_drafts is None else num_drafts
-            residual = torch.where(relax.gather(1, n.unsqueeze(1)), residual, STRICT.residual(at_row))
-            bonus = torch.where(relax.gather(1, at_bonus.unsqueeze(1)), bonus, STRICT.bonus(bonus_ctx))
-        tokens, last = _finish(random, n, kept, num_drafts, residual, at_row.p, bonus, ctx.draft_tokens)
+        # Strict's residual and bonus (a rule that keeps both): one C call computes and samples them from the block.
+        finished = _finish_default(random, n, num_drafts, ctx) if self.default_rows else None
+        if finished is None:
+            # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
+            # accepted sequences, which take the bonus instead). Weights need not be normalised to be
+            # sampled; a residual without mass falls back to p at that position.
+            # (One sequence on the CPU: its n is on the host, and its row is read in place.)
+            at_row = (ctx.row(min(int(n), N - 1)) if B == 1 and n.is_cpu
+                      else ctx.rows(cached_arange(B, n.device), n.clamp(max=N - 1)))
+            residual = rule.residual(at_row, **params)
+            bonus_ctx = ctx if num_drafts is None else _at_bonus(ctx, num_drafts)
+            bonus = rule.bonus(bonus_ctx, **params)
+            if relax is not None:  # strict's residual / bonus where the rule may not relax
+                at_bonus = torch.full_like(n, N) if num_drafts is None else num_drafts
+                residual = torch.where(relax.gather(1, n.unsqueeze(1)), residual, STRICT.residual(at_row))
+                bonus = torch.where(relax.gather(1, at_bonus.unsqueeze(1)), bonus, STRICT.bonus(bonus_ctx))
+            finished = _finish(random, n, kept, num_drafts, residual, at_row.p, bonus, ctx.draft_tokens)
+        tokens, last = finished
 
         return VerifyResult(
             num_accepted=n,
@@ -322,6 +329,16 @@ def _finish(random: Draws, n, kept, num_drafts, residual, p, bonus, drafts):
     tokens = torch.nn.functional.pad(torch.where(kept, drafts, -1), (0, 1), value=-1)
     tokens.scatter_(1, at, last.unsqueeze(1))  # the kept drafts, then `last` at position n, then -1
     return tokens, last
+
+
+def _finish_default(random: Draws, n, num_drafts, ctx: VerifyContext):
+    """`_finish` of a rule with strict's residual and bonus, by `fused.finish_default` from the blocks p and q, or
+    None where it does not serve (the rows are then computed, and `_finish` runs)."""
+    if fused.serves_loop(ctx.p, ctx.q) and ctx.p.stride(-1) == 1 and ctx.q.stride(-1) == 1:
+        u = _token_uniform(random, n)
+        if u is not None:
+            return fused.finish_default(n, num_drafts, ctx.p, ctx.q, u, ctx.draft_tokens)
+    return None
 
 
 def _token_uniform(random: Draws, n: torch.Tensor) -> torch.Tensor | None:
