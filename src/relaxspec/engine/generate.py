@@ -157,7 +157,9 @@ class _Book:
             if pad:  # a fixed layout, so that the log is one array at the end: [n, tokens, drafts, relaxed] padded to N
                 filler = tokens.new_zeros((tokens.shape[0], pad))
                 parts = parts[:2] + [filler] + parts[2:3] + [filler] + parts[3:] + [filler]
-            host = torch.cat(parts, dim=1).cpu().numpy()  # the round's one copy to the host
+            # the round's one copy to the host (CPU tensors: their numpy views, concatenated there)
+            host = (np.concatenate([part.numpy() for part in parts], axis=1, dtype=np.int64) if tokens.is_cpu
+                    else torch.cat(parts, dim=1).cpu().numpy())
         rows, n, tokens = self.live, host[:, 0], host[:, 1:width + 2]
         appended = emitted = n + 1  # (a row drafts at most its room minus one: its n + 1 tokens fit the length limit)
         stop = None
