@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from relaxspec.pivot.features import SCALAR_FEATURES, candidate_features
 
@@ -80,7 +81,10 @@ class PivotClassifier(nn.Module):
     def pivot_fn(self, verifier=None, drafter=None, force: bool = False):
         """The callable the engine calls each round: fn(hidden [B,N,H], target_logits [B,N,V],
         draft_logits [B,N,V], draft_tokens [B,N]) -> P(pivot) [B,N] on the logits' device;
-        `fn.hidden_layer` tells the engine which verifier layer to hand over.
+        `fn.hidden_layer` tells the engine which verifier layer to hand over. It gives exactly `predict_proba`'s
+        values at a fraction of its cost per round: the module's eval forward as functional calls
+        (`_pivot_prob`) on the weights copied once per device (`inference_weights`, as they are now), the
+        hidden size checked only when a call fails.
         Given the verifier (and drafter), a pair other than the one the classifier was trained with
         (`check_models`) is a ValueError unless `force`."""
         problems = self.check_models(verifier, drafter) if verifier is not None else []
@@ -88,21 +92,41 @@ class PivotClassifier(nn.Module):
             raise ValueError("the pivot classifier was trained for another pair: " + "; ".join(problems)
                              + " (force=True / --force uses it anyway)")
         self.eval()
-        clf = self
+        weights = {}  # device -> the folded inference weights there (`inference_weights`), made on first use
+        size = self.hidden_mean.shape[0]
 
         def fn(hidden, target_logits, draft_logits, draft_tokens):
             if hidden is None:
                 raise ValueError("the pivot classifier needs the verifier's hidden states")
-            if hidden.shape[-1] != clf.hidden_mean.shape[0]:
-                raise ValueError(f"pivot classifier expects hidden size {clf.hidden_mean.shape[0]} "
-                                 f"(verifier {clf.spec.get('verifier')!r}), got {hidden.shape[-1]}")
-            if clf.hidden_mean.device != hidden.device:
-                clf.to(hidden.device)
-            return clf.predict_proba(hidden, target_logits, draft_logits, draft_tokens).to(target_logits.device)
+            device = target_logits.device
+            w = weights.get(device)
+            if w is None:
+                w = weights[device] = self.inference_weights(device)
+            if hidden.device != device:
+                hidden = hidden.to(device)
+            try:
+                h, s = candidate_features(hidden, target_logits, draft_logits, draft_tokens)
+                return _pivot_prob(w, h, s)
+            except RuntimeError:  # a hidden size the weights do not take: checked here, not on every call
+                if hidden.shape[-1] != size:
+                    raise ValueError(f"pivot classifier expects hidden size {size} (verifier "
+                                     f"{self.spec.get('verifier')!r}), got {hidden.shape[-1]}") from None
+                raise
 
         fn.hidden_layer = self.hidden_layer
         fn.classifier = self
         return fn
+
+    @torch.no_grad()
+    def inference_weights(self, device: torch.device | str | None = None) -> tuple[torch.Tensor, ...]:
+        """The eval-mode classifier's tensors on `device` (default: its own) in the order `_pivot_prob` takes
+        them: copies, so later changes to the classifier do not reach a pivot_fn made before them."""
+        device = self.hidden_mean.device if device is None else device
+        first, head = self.mlp[1], self.mlp[3]  # mlp[0] is Dropout, the identity in eval; mlp[2] the ReLU
+        return tuple(t.detach().to(device=device, dtype=torch.float32, copy=True) for t in (
+            self.hidden_mean, self.hidden_std, self.hidden_proj.weight, self.hidden_proj.bias,
+            self.scalar_mean, self.scalar_std, self.scalar_proj.weight, self.scalar_proj.bias,
+            first.weight, first.bias, head.weight, head.bias))
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -110,6 +134,16 @@ class PivotClassifier(nn.Module):
         state = {k: v.detach().clone() for k, v in self.state_dict().items()}  # float32: ~80 kB for H=128
         torch.save(dict(format=FORMAT, spec=self.spec, threshold=self.threshold, metrics=self.metrics,
                         n_scalars=self.scalar_mean.shape[0], state_dict=state), path)
+
+
+def _pivot_prob(weights: tuple[torch.Tensor, ...], hidden: torch.Tensor, scalars: torch.Tensor) -> torch.Tensor:
+    """P(pivot) [...] from float32 features hidden [..., H] and scalars [..., 6] by `inference_weights`: the
+    module's eval forward op for op (so bit-identical to it), without module calls."""
+    h_mean, h_std, h_weight, h_bias, s_mean, s_std, s_weight, s_bias, weight, bias, head_weight, head_bias = weights
+    h = F.linear((hidden - h_mean) / h_std, h_weight, h_bias)
+    s = F.linear((scalars - s_mean) / s_std, s_weight, s_bias)
+    inner = F.linear(torch.cat([h, s], dim=-1), weight, bias).relu_()
+    return torch.sigmoid(F.linear(inner, head_weight, head_bias).squeeze(-1))
 
 
 def load_classifier(path: str | Path) -> PivotClassifier:
