@@ -136,6 +136,31 @@ class PivotClassifier(nn.Module):
                         n_scalars=self.scalar_mean.shape[0], state_dict=state), path)
 
 
+def pivot_timer(pivot_fn, verifier, n: int, context: int = 32):
+    """A step for `models.measure_step_latencies`: each call times one `pivot_fn` call on an n-draft block (the
+    inputs a round of draft length n hands it: the verifier's hidden states of the classifier's layer and its
+    logits, from one untimed forward made here) on the clock it is given; seconds per call."""
+    from relaxspec.models.hf import synchronize
+
+    device = verifier.device
+    ids = torch.randint(2, verifier.vocab_size, (1, context + n + 1), device=device)
+    positions = torch.arange(context + n + 1, device=device)[None]
+    logits, hidden = verifier.forward(ids, verifier.new_cache(), None, positions,
+                                      hidden_layer=getattr(pivot_fn, "hidden_layer", -1))
+    block = slice(context, context + n)  # the drafts' rows: hidden after each draft, the logits that predict it
+    args = (hidden[:, context + 1:], logits[:, block], logits[:, block].flip(-1).contiguous(), ids[:, context + 1:])
+
+    def timer(clock) -> float:
+        with torch.inference_mode():  # as the engine calls it (generate runs in inference mode)
+            synchronize(device)
+            t = clock()
+            pivot_fn(*args)
+            synchronize(device)
+            return clock() - t
+
+    return timer
+
+
 def _pivot_prob(weights: tuple[torch.Tensor, ...], hidden: torch.Tensor, scalars: torch.Tensor) -> torch.Tensor:
     """P(pivot) [...] from float32 features hidden [..., H] and scalars [..., 6] by `inference_weights`: the
     module's eval forward op for op (so bit-identical to it), without module calls."""
