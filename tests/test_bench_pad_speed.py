@@ -95,3 +95,12 @@ def test_a_store_without_c_pivot_still_reads(stored):
         rows = build_rows(store)
     assert all(math.isnan(r["c_pivot_measured"]) for r in rows)
     assert "nan" not in format_report(rows, max_drop=0.1)
+
+
+def test_tune_prices_a_round_with_the_same_cost():
+    from relaxspec.tune.objective import speed_interval
+
+    rows = {(i, 0): Row(i, 0, "p", "r", "x", 1.0, 12, {"mean_acceptance_length": 3.0}) for i in range(4)}
+    with_pivot = speed_interval("modelled", rows, None, 3, 0, 0.2, 1.4, 0.95, c_pivot=0.4)
+    assert with_pivot.mean == pytest.approx(block_aware_speedup(3.0, 3, 0.2, 1.4, c_pivot=0.4))
+    assert speed_interval("modelled", rows, None, 3, 1, 0.2, 1.4, 0.95).mean == pytest.approx(3.0 / (4 * 0.2 + 1.4))
