@@ -32,12 +32,12 @@ def candidate_features(hidden: torch.Tensor, target_logits: torch.Tensor, draft_
     if hidden.shape[:-1] != target_logits.shape[:-1] or tokens.shape != target_logits.shape[:-1]:
         raise ValueError(f"leading shapes differ: hidden {list(hidden.shape)}, logits "
                          f"{list(target_logits.shape)}, tokens {list(tokens.shape)}")
+    # [..., 1] pieces (keepdim), joined along the last dimension: no squeeze per piece
     logs = torch.log_softmax(torch.stack([target_logits, draft_logits]).float(), dim=-1)  # [2, ..., V]: log p, log q
-    at_x = logs.gather(-1, tokens.long().unsqueeze(-1).expand(logs.shape[:-1] + (1,)))  # [2, ..., 1]
-    p_x, q_x = at_x.squeeze(-1).exp().unbind()
-    entropy_p, entropy_q = (logs.exp() * logs).sum(dim=-1).neg_().unbind()
     logp = logs[0]
-    p_top = logp.amax(dim=-1).exp()
-    rank = (logp > at_x[0]).sum(dim=-1, dtype=torch.float32)  # tokens with p strictly above p(x)
-    scalars = torch.stack([p_x, q_x, p_top, entropy_p, entropy_q, torch.log1p(rank)], dim=-1)
-    return hidden.float(), scalars
+    at_x = logs.gather(-1, tokens.long().unsqueeze(-1).expand(logs.shape[:-1] + (1,)))  # [2, ..., 1]
+    p_x, q_x = at_x.exp()
+    entropy_p, entropy_q = (logs.exp() * logs).sum(dim=-1, keepdim=True).neg_()
+    p_top = logp.amax(dim=-1, keepdim=True).exp()
+    rank = (logp > at_x[0]).sum(dim=-1, keepdim=True, dtype=torch.float32)  # tokens with p strictly above p(x)
+    return hidden.float(), torch.cat([p_x, q_x, p_top, entropy_p, entropy_q, torch.log1p(rank)], dim=-1)
