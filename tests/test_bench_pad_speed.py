@@ -104,3 +104,30 @@ def test_tune_prices_a_round_with_the_same_cost():
     with_pivot = speed_interval("modelled", rows, None, 3, 0, 0.2, 1.4, 0.95, c_pivot=0.4)
     assert with_pivot.mean == pytest.approx(block_aware_speedup(3.0, 3, 0.2, 1.4, c_pivot=0.4))
     assert speed_interval("modelled", rows, None, 3, 1, 0.2, 1.4, 0.95).mean == pytest.approx(3.0 / (4 * 0.2 + 1.4))
+
+
+def test_speed_constants_time_the_classifier_only_where_a_rule_reads_it():
+    from relaxspec.bench.cell import CellSpec, speed_constants
+    from relaxspec.models import load_model
+    from relaxspec.pivot import builtin_classifier_path, load_classifier, pivot_timer
+    from relaxspec.models.hf import step_clock
+
+    models = {"verifier": load_model("verifier"), "drafter-weak": load_model("drafter-weak")}
+    fn = load_classifier(builtin_classifier_path()).pivot_fn()
+    calls = []
+
+    def counted(*inputs):
+        calls.append(tuple(t.shape for t in inputs))
+        return fn(*inputs)
+
+    counted.hidden_layer = fn.hidden_layer
+    timer = pivot_timer(counted, models["verifier"], 4)
+    assert 0 < timer(step_clock(torch.device("cpu"))) < 0.1
+    assert calls[-1] == ((1, 4, 128), (1, 4, 714), (1, 4, 714), (1, 4))  # an N-draft block of the verifier's
+    cells = [CellSpec("verifier", "drafter-weak", "arithmetic", m, {}, n, 0) for m, n in (("strict", 2), ("pad", 3))]
+    calls.clear()
+    got = speed_constants(models, cells, rounds=3, pivot_fn=counted)
+    assert "c_pivot_measured" not in got[("verifier", "drafter-weak", 2)]
+    assert got[("verifier", "drafter-weak", 3)]["c_pivot_measured"] > 0
+    assert calls and all(shapes[0] == (1, 3, 128) for shapes in calls)  # timed on the PAD cell's N only
+    assert all("c_pivot_measured" not in c for c in speed_constants(models, cells, rounds=3).values())
