@@ -113,6 +113,31 @@ def test_pad_decisions_on_the_engine_are_those_of_predict_proba(pair, temperatur
     assert fast.stats.drafts_accepted == slow.stats.drafts_accepted
 
 
+def test_forward_is_the_modules_composition_in_training_and_eval():
+    """forward's functional calls are the modules' own: Linear projections, Dropout (same draws), ReLU, Linear."""
+    clf = _trained_with_dropout(16)
+    g = torch.Generator().manual_seed(2)
+    hidden, scalars = torch.randn(5, 16, generator=g), torch.rand(5, 6, generator=g)
+
+    def composed():
+        h = clf.hidden_proj((hidden - clf.hidden_mean) / clf.hidden_std)
+        s = clf.scalar_proj((scalars - clf.scalar_mean) / clf.scalar_std)
+        return clf.mlp(torch.cat([h, s], dim=-1)).squeeze(-1)
+
+    for training in (True, False):
+        clf.train(training)
+        torch.manual_seed(5)
+        got = clf(hidden, scalars)
+        torch.manual_seed(5)
+        assert torch.equal(got, composed())
+    clf.train()
+    torch.manual_seed(5)
+    a = clf(hidden, scalars)
+    assert not torch.equal(a, clf(hidden, scalars))  # dropout draws in training
+    a.sum().backward()
+    assert clf.hidden_proj.weight.grad is not None and clf.mlp[1].weight.grad.abs().sum() > 0
+
+
 def test_pivot_fn_errors_are_one_line():
     clf = _trained_with_dropout(16)
     fn = clf.pivot_fn()

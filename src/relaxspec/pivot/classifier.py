@@ -44,10 +44,16 @@ class PivotClassifier(nn.Module):
         self.scalar_std.copy_(scalars.std(0).clamp_min(1e-6))
 
     def forward(self, hidden: torch.Tensor, scalars: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H], scalars [..., 6] -> pivot logit [...]."""
-        h = self.hidden_proj((hidden.float() - self.hidden_mean) / self.hidden_std)
-        s = self.scalar_proj((scalars.float() - self.scalar_mean) / self.scalar_std)
-        return self.mlp(torch.cat([h, s], dim=-1)).squeeze(-1)
+        """hidden [..., H], scalars [..., 6] -> pivot logit [...] (`_pivot_logit` on the live parameters: the
+        modules hold them, and their names in the state dict)."""
+        return _pivot_logit(self._tensors(), hidden.float(), scalars.float(), self.mlp[0].p, self.training)
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        """The classifier's parameters and statistics in the order `_pivot_logit` takes them."""
+        first, head = self.mlp[1], self.mlp[3]  # mlp[0] is the Dropout, mlp[2] the ReLU
+        return (self.hidden_mean, self.hidden_std, self.hidden_proj.weight, self.hidden_proj.bias,
+                self.scalar_mean, self.scalar_std, self.scalar_proj.weight, self.scalar_proj.bias,
+                first.weight, first.bias, head.weight, head.bias)
 
     @torch.no_grad()
     def predict_proba(self, hidden, target_logits, draft_logits, tokens) -> torch.Tensor:
@@ -83,7 +89,7 @@ class PivotClassifier(nn.Module):
         draft_logits [B,N,V], draft_tokens [B,N]) -> P(pivot) [B,N] on the logits' device;
         `fn.hidden_layer` tells the engine which verifier layer to hand over. It gives exactly `predict_proba`'s
         values at a fraction of its cost per round: the module's eval forward as functional calls
-        (`_pivot_prob`) on the weights copied once per device (`inference_weights`, as they are now), the
+        (`_pivot_logit`) on the weights copied once per device (`inference_weights`, as they are now), the
         hidden size checked only when a call fails.
         Given the verifier (and drafter), a pair other than the one the classifier was trained with
         (`check_models`) is a ValueError unless `force`."""
@@ -92,7 +98,7 @@ class PivotClassifier(nn.Module):
             raise ValueError("the pivot classifier was trained for another pair: " + "; ".join(problems)
                              + " (force=True / --force uses it anyway)")
         self.eval()
-        weights = {}  # device -> the folded inference weights there (`inference_weights`), made on first use
+        weights = {}  # device -> the classifier's tensors there (`inference_weights`), copied on first use
         size = self.hidden_mean.shape[0]
 
         def fn(hidden, target_logits, draft_logits, draft_tokens):
@@ -106,7 +112,7 @@ class PivotClassifier(nn.Module):
                 hidden = hidden.to(device)
             try:
                 h, s = candidate_features(hidden, target_logits, draft_logits, draft_tokens)
-                return _pivot_prob(w, h, s)
+                return torch.sigmoid(_pivot_logit(w, h, s))
             except RuntimeError:  # a hidden size the weights do not take: checked here, not on every call
                 if hidden.shape[-1] != size:
                     raise ValueError(f"pivot classifier expects hidden size {size} (verifier "
@@ -119,14 +125,10 @@ class PivotClassifier(nn.Module):
 
     @torch.no_grad()
     def inference_weights(self, device: torch.device | str | None = None) -> tuple[torch.Tensor, ...]:
-        """The eval-mode classifier's tensors on `device` (default: its own) in the order `_pivot_prob` takes
-        them: copies, so later changes to the classifier do not reach a pivot_fn made before them."""
+        """The classifier's tensors (`_tensors`) copied to `device` (default: its own) for eval calls of
+        `_pivot_logit`: later changes to the classifier do not reach a pivot_fn made before them."""
         device = self.hidden_mean.device if device is None else device
-        first, head = self.mlp[1], self.mlp[3]  # mlp[0] is Dropout, the identity in eval; mlp[2] the ReLU
-        return tuple(t.detach().to(device=device, dtype=torch.float32, copy=True) for t in (
-            self.hidden_mean, self.hidden_std, self.hidden_proj.weight, self.hidden_proj.bias,
-            self.scalar_mean, self.scalar_std, self.scalar_proj.weight, self.scalar_proj.bias,
-            first.weight, first.bias, head.weight, head.bias))
+        return tuple(t.detach().to(device=device, dtype=torch.float32, copy=True) for t in self._tensors())
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -161,14 +163,19 @@ def pivot_timer(pivot_fn, verifier, n: int, context: int = 32):
     return timer
 
 
-def _pivot_prob(weights: tuple[torch.Tensor, ...], hidden: torch.Tensor, scalars: torch.Tensor) -> torch.Tensor:
-    """P(pivot) [...] from float32 features hidden [..., H] and scalars [..., 6] by `inference_weights`: the
-    module's eval forward op for op (so bit-identical to it), without module calls."""
-    h_mean, h_std, h_weight, h_bias, s_mean, s_std, s_weight, s_bias, weight, bias, head_weight, head_bias = weights
+def _pivot_logit(tensors: tuple[torch.Tensor, ...], hidden: torch.Tensor, scalars: torch.Tensor,
+                 dropout: float = 0.0, training: bool = False) -> torch.Tensor:
+    """The classifier as functional calls (no module calls: what the engine pays once per round): float32
+    features hidden [..., H] and scalars [..., 6], standardised, projected to 64 and 16, concatenated, dropout
+    (training only), Linear(80, 128), ReLU, Linear(128, 1) -> pivot logit [...]. `tensors`: `_tensors()` (the
+    module's forward, training included) or their copies (`inference_weights`, pivot_fn)."""
+    h_mean, h_std, h_weight, h_bias, s_mean, s_std, s_weight, s_bias, weight, bias, head_weight, head_bias = tensors
     h = F.linear((hidden - h_mean) / h_std, h_weight, h_bias)
     s = F.linear((scalars - s_mean) / s_std, s_weight, s_bias)
-    inner = F.linear(torch.cat([h, s], dim=-1), weight, bias).relu_()
-    return torch.sigmoid(F.linear(inner, head_weight, head_bias).squeeze(-1))
+    joined = torch.cat([h, s], dim=-1)
+    if training:
+        joined = F.dropout(joined, dropout, training)
+    return F.linear(F.relu(F.linear(joined, weight, bias)), head_weight, head_bias).squeeze(-1)
 
 
 def load_classifier(path: str | Path) -> PivotClassifier:
