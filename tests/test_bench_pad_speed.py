@@ -79,7 +79,7 @@ def test_a_bench_run_measures_c_pivot_for_the_pad_cell_only(stored, tmp_path):
         data = {d["method"]: d for d in reader}
     assert reader.fieldnames == CSV_COLUMNS
     assert CSV_COLUMNS.index("c_pivot_measured") == CSV_COLUMNS.index("c_block_measured") + 1
-    assert float(data["pad"]["c_pivot_measured"]) == pytest.approx(pad["c_pivot_measured"])
+    assert float(data["pad"]["c_pivot_measured"]) == pytest.approx(pad["c_pivot_measured"], rel=1e-4)  # 6 digits
     assert float(data["strict"]["c_pivot_measured"]) == 0.0
     assert "c_block+c_pivot" in format_report(rows, max_drop=0.1)
 
@@ -131,3 +131,25 @@ def test_speed_constants_time_the_classifier_only_where_a_rule_reads_it():
     assert got[("verifier", "drafter-weak", 3)]["c_pivot_measured"] > 0
     assert calls and all(shapes[0] == (1, 3, 128) for shapes in calls)  # timed on the PAD cell's N only
     assert all("c_pivot_measured" not in c for c in speed_constants(models, cells, rounds=3).values())
+
+
+def test_tune_vs_grid_prices_pad_with_the_stores_c_pivot():
+    from relaxspec.tune.compare import StoreCell, score, stored_pivot
+    from relaxspec.tune.space import make_config
+
+    def cell(method, params, n, tau, c_pivot=None):
+        rows = {(i, 0): Row(i, 0, "p", "r", "x", 1.0, 12, {"mean_acceptance_length": tau}) for i in range(4)}
+        metrics = {} if c_pivot is None else {"c_pivot_measured": c_pivot}
+        return StoreCell(None if method == "ar" else make_config(method, params, n), {"draft_confidence": None},
+                         False, rows, metrics)
+
+    cells = [cell("ar", {}, 0, 1.0), cell("strict", {}, 3, 3.0, 0.0), cell("pad", {"threshold": 0.5}, 3, 3.0, 0.4),
+             cell("pad", {"threshold": 0.7}, 3, 3.0, 0.5)]
+    assert stored_pivot(cells) == {3: pytest.approx(0.45)}  # the median over the classifier's cells at N=3
+    got = {s.config.method + str(s.config.params_dict): s.speed.mean
+           for s in score(cells, {3: (0.2, 1.4)}, stored_pivot(cells)).values()}
+    assert got["strict{}"] == pytest.approx(block_aware_speedup(3.0, 3, 0.2, 1.4))
+    assert got["pad{'threshold': 0.5}"] == pytest.approx(block_aware_speedup(3.0, 3, 0.2, 1.4, c_pivot=0.45))
+    no_pivot = score(cells, {3: (0.2, 1.4)})  # a store from before c_pivot: the model as it was
+    assert len(no_pivot) == 3
+    assert all(s.speed.mean == pytest.approx(block_aware_speedup(3.0, 3, 0.2, 1.4)) for s in no_pivot.values())
