@@ -10,12 +10,14 @@ samples). measured / model is the figure issue 27 targets (>= 0.9; strict N=3 >=
 constants' rounds (c_piv: one call on an N-draft block / verifier step; 0 for the other cells) and priced in S_blk;
 S_blk-c_piv is the model without it. --pivot-call module runs the classifier through the module's forward each
 round (`predict_proba`: module calls, standardisation, Dropout, device moves), the call path before pivot_fn's
-inference closure; its features are the shared `candidate_features` either way.
+inference closure; its features are the shared `candidate_features` either way. A tree from before c_pivot, run
+with PYTHONPATH=OLD/src for a before figure, measures no c_piv (0: its S_blk left the classifier out).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 
 import torch
 
@@ -45,7 +47,8 @@ def main():
     specs = [CellSpec(DEFAULT_VERIFIER, DEFAULT_DRAFTER, "arithmetic", method, params, n, 0)
              for n in args.draft_lengths for method, params in cells]
     pivot_fn = _pivot_fn(args.pivot_call) if args.pad else None
-    constants = speed_constants(models, specs, pivot_fn=pivot_fn)
+    measures_pivot = "pivot_fn" in inspect.signature(speed_constants).parameters  # not in a tree from before
+    constants = speed_constants(models, specs, **({"pivot_fn": pivot_fn} if measures_pivot else {}))
     pair = lambda s: (models[DEFAULT_VERIFIER], models[DEFAULT_DRAFTER])  # noqa: E731
     timed = time_batch1_cells(specs, task, pair, config, pivot_fn)
     print(f"{'cell':<28} {'tau':>5} {'c_rel':>6} {'c_blk':>6} {'c_piv':>6} {'S_blk':>6} {'x b1':>6} {'meas/model':>10} "
@@ -58,7 +61,8 @@ def main():
         tau = (s.sequence_rounds + s.drafts_accepted) / s.sequence_rounds
         c = constants[(spec.verifier, spec.drafter, spec.draft_length)]
         c_pivot = c.get("c_pivot_measured", 0.0) if needs_classifier(spec.method) else 0.0
-        model = block_aware_speedup(tau, spec.draft_length, c["c_rel_measured"], c["c_block_measured"], c_pivot=c_pivot)
+        model = block_aware_speedup(tau, spec.draft_length, c["c_rel_measured"], c["c_block_measured"],
+                                    **({"c_pivot": c_pivot} if c_pivot else {}))
         without = block_aware_speedup(tau, spec.draft_length, c["c_rel_measured"], c["c_block_measured"])
         x = b1["measured_speedup_batch1"]
         label = f"{spec.method}{spec.params or ''} N={spec.draft_length}"
