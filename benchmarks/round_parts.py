@@ -7,10 +7,10 @@ Per cell: per-token time and x b1 (ratio of medians against AR, as the bench's `
 S_blk at this run's speed constants and x b1 / S_blk (issue 27's figure); per round: the models' forwards (FastLlama
 .forward) and the rest, split into the round's parts by timing the engine's own calls (the uniforms
 `SequenceSeeds.at`, `drafter.propose` less its forwards, the verifier's feed less its forward, `VerifyStep.__call__`,
-the book's `record`, the rollbacks, a PAD cell's classifier call (the built-in classifier's pivot_fn; c_pivot in S_blk,
-measured by the speed constants); the verifier's feed is the time from the proposal to verify less the verifier's
-forward and the classifier); per call: the time in all and the prefills' forwards. The wrappers add about a microsecond per timed call
-(a few per round), so the parts read a little high.
+the book's `record`, the rollbacks, a PAD cell's classifier call (the built-in classifier's pivot_fn; c_pivot in
+S_blk, measured by the speed constants); the verifier's feed is the time from the proposal to verify less the
+verifier's forward and the classifier); per call: the time in all and the prefills' forwards. The wrappers add about
+a microsecond per timed call (a few per round), so the parts read a little high.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import time
 
 import torch
 
-CELLS = {"strict": {}, "typical": {"epsilon": 0.09, "delta": 0.3}, "mentored": {"alpha": 0.3}, "pad": {"threshold": 0.5}}
+CELLS = {"strict": {}, "typical": {"epsilon": 0.09, "delta": 0.3}, "mentored": {"alpha": 0.3},
+         "pad": {"threshold": 0.5}}
 
 
 def main():

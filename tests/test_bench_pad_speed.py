@@ -31,8 +31,9 @@ def test_block_aware_model_with_the_classifier_cost():
 
 
 def _stats(rounds: int, accepted: int, drafts: int) -> GenerationStats:
-    return GenerationStats(draft_length=3 if drafts else 0, generated_tokens=rounds + accepted, sequence_rounds=rounds, verifier_forwards=rounds,
-                           drafts_proposed=drafts, drafts_accepted=accepted, time_total_s=1.0)
+    return GenerationStats(draft_length=3 if drafts else 0, generated_tokens=rounds + accepted, sequence_rounds=rounds,
+                           verifier_forwards=rounds, drafts_proposed=drafts, drafts_accepted=accepted,
+                           time_total_s=1.0)
 
 
 def test_cell_metrics_count_c_pivot_only_for_a_rule_that_reads_a_classifier():

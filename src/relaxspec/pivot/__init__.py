@@ -30,4 +30,5 @@ def builtin_classifier_path() -> Path:
 
 
 __all__ = ["label_pivots", "train_classifier", "load_classifier", "PivotClassifier", "candidate_features",
-           "builtin_classifier_path", "is_pivot", "rollout_utilities", "roc_auc", "label_stats", "SCALAR_FEATURES", "pivot_timer"]
+           "builtin_classifier_path", "is_pivot", "rollout_utilities", "roc_auc", "label_stats", "SCALAR_FEATURES",
+           "pivot_timer"]
