@@ -1,15 +1,16 @@
 """Where a batch-1 round's time goes, per part, beside AR: the default job's cells (built-in pair, arithmetic, T=0.7,
 top-p 0.95, 160 new tokens, one thread, thread CPU time), AR and the methods taking turns prompt by prompt.
 
-    python benchmarks/round_parts.py [--prompts 24] [--cells strict:3 typical:3 strict:5 typical:5]
+    python benchmarks/round_parts.py [--prompts 24] [--cells strict:3 typical:3 strict:5 typical:5 pad:3]
 
 Per cell: per-token time and x b1 (ratio of medians against AR, as the bench's `x b1`), tau, the block-aware model
 S_blk at this run's speed constants and x b1 / S_blk (issue 27's figure); per round: the models' forwards (FastLlama
 .forward) and the rest, split into the round's parts by timing the engine's own calls (the uniforms
 `SequenceSeeds.at`, `drafter.propose` less its forwards, the verifier's feed less its forward, `VerifyStep.__call__`,
-the book's `record`, the rollbacks; the verifier's feed is the time from the proposal to verify less the verifier's
-forward); per call: the time in all and the prefills' forwards. The wrappers add about a microsecond per timed call
-(a few per round), so the parts read a little high.
+the book's `record`, the rollbacks, a PAD cell's classifier call (the built-in classifier's pivot_fn; c_pivot in
+S_blk, measured by the speed constants); the verifier's feed is the time from the proposal to verify less the
+verifier's forward and the classifier); per call: the time in all and the prefills' forwards. The wrappers add about
+a microsecond per timed call (a few per round), so the parts read a little high.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import time
 
 import torch
 
-CELLS = {"strict": {}, "typical": {"epsilon": 0.09, "delta": 0.3}, "mentored": {"alpha": 0.3}}
+CELLS = {"strict": {}, "typical": {"epsilon": 0.09, "delta": 0.3}, "mentored": {"alpha": 0.3},
+         "pad": {"threshold": 0.5}}
 
 
 def main():
@@ -35,7 +37,7 @@ def main():
     from relaxspec.acceptance.random import SequenceSeeds
     from relaxspec.acceptance.verify import VerifyStep
     from relaxspec.bench.cell import CellSpec, generate_samples, speed_constants
-    from relaxspec.bench.config import BenchConfig
+    from relaxspec.bench.config import BenchConfig, needs_classifier
     from relaxspec.bench.speedup import block_aware_speedup
     from relaxspec.drafters.base import LMDrafter
     from relaxspec.engine import derive_seed
@@ -107,7 +109,22 @@ def main():
     verifier, drafter = models[DEFAULT_VERIFIER], models[DEFAULT_DRAFTER]
     cells = [("ar", {}, 0)] + [(m, CELLS[m], int(n)) for m, n in (c.split(":") for c in args.cells)]
     specs = [CellSpec(DEFAULT_VERIFIER, DEFAULT_DRAFTER if n else None, "arithmetic", m, p, n, 0) for m, p, n in cells]
-    constants = speed_constants(models, [s for s in specs if s.draft_length])
+    pivot_fn = classifier = None
+    if any(needs_classifier(s.method) for s in specs):
+        from relaxspec.pivot import builtin_classifier_path, load_classifier
+        classifier = load_classifier(builtin_classifier_path()).pivot_fn()
+
+        def pivot_fn(*inputs):  # timed as the round's "classifier" part, out of the verifier's feed
+            t = clock()
+            try:
+                return classifier(*inputs)
+            finally:
+                spent = clock() - t
+                parts["classifier"] += spent
+                if state["mark"] is not None:
+                    state["mark"] = (state["mark"][0] + spent, state["mark"][1])
+        pivot_fn.hidden_layer = classifier.hidden_layer
+    constants = speed_constants(models, [s for s in specs if s.draft_length], pivot_fn=classifier)
     totals = [collections.defaultdict(float) for _ in cells]
     per_token = [[] for _ in cells]
     for repeat in range(2):  # the first pass warms up
@@ -117,7 +134,7 @@ def main():
                 state.update(forward=0.0, round=0.0, in_round=False, prefill=False, mark=None)
                 t = clock()
                 out = generate_samples(specs[j], [task.examples[i].prompt], [derive_seed(0, i, 0)], verifier,
-                                       drafter if cells[j][2] else None, config, None)
+                                       drafter if cells[j][2] else None, config, pivot_fn)
                 spent = clock() - t
                 if repeat == 0:
                     continue
@@ -139,11 +156,14 @@ def main():
         if n:
             tau = (rounds + total["accepted"]) / rounds
             c = constants[(spec.verifier, spec.drafter, n)]
-            model = block_aware_speedup(tau, n, c["c_rel_measured"], c["c_block_measured"])
+            c_pivot = c.get("c_pivot_measured", 0.0) if needs_classifier(method) else 0.0
+            model = block_aware_speedup(tau, n, c["c_rel_measured"], c["c_block_measured"], c_pivot=c_pivot)
             line += (f", tau {tau:.2f}, S_blk {model:.3f} (c_rel {c['c_rel_measured']:.3f}, c_block "
-                     f"{c['c_block_measured']:.2f}), x b1 / S_blk {ar / statistics.median(times) / model:.3f}")
+                     f"{c['c_block_measured']:.2f}" + (f", c_pivot {c_pivot:.3f}" if c_pivot else "") +
+                     f"), x b1 / S_blk {ar / statistics.median(times) / model:.3f}")
         print(line)
-        named = [k for k in ("uniforms", "drafter loop", "verifier feed", "verify", "record", "rollback") if k in total]
+        named = [k for k in ("uniforms", "drafter loop", "verifier feed", "classifier", "verify", "record", "rollback")
+                 if k in total]
         print(f"    per round: forwards {1e6 * total['round forwards'] / rounds:.0f} us; " +
               "; ".join(f"{k} {1e6 * total[k] / rounds:.0f}" for k in named) +
               (f"; these parts {1e6 * sum(total[k] for k in named) / rounds:.0f}" if n else

@@ -308,7 +308,7 @@ def block_widths(n, dynamic: bool = False) -> list[int]:
 
 
 def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROUNDS,
-                    drafters: dict | None = None, dynamic: bool = False) -> dict:
+                    drafters: dict | None = None, dynamic: bool = False, pivot_fn=None) -> dict:
     """c_rel (drafter / verifier one-token step) and c_block (verifier (N+1)-token block / one-token step) per
     speculative cell's (verifier, drafter, N), measured once before any cell runs (N "auto", or `dynamic`: a
     confidence stop, also c_block_widths, [[width, c_block], ...] at `block_widths`): every forward they need
@@ -317,7 +317,9 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
     `drafters` maps (verifier, drafter) to a loaded Drafter (CellRunner.drafters); without it every drafter is
     an LM in `models`. An LM drafter's step is its one-token forward; a drafter of another kind (MTP head,
     prompt lookup) is timed per drafted token through the drafter protocol (`draft_timer`, as `relaxspec
-    models list` does), in the same rounds."""
+    models list` does), in the same rounds. With `pivot_fn`, a (verifier, drafter, N) of a cell whose rule reads a
+    pivot classifier also gets c_pivot_measured: one pivot_fn call on an N-draft block (`pivot.pivot_timer`;
+    N "auto": its most drafts) / one-token step, in the same rounds (bench.metrics counts it for those rules only)."""
     import statistics
 
     from relaxspec.models import measure_step_latencies, relative_costs
@@ -325,6 +327,10 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
     keys = list(dict.fromkeys((c.verifier, c.drafter, c.draft_length) for c in cells if c.method != AR))
     if not keys:
         return {}
+    classified = set() if pivot_fn is None else \
+        {(c.verifier, c.drafter, c.draft_length) for c in cells if needs_classifier(c.method)}
+    if classified:
+        from relaxspec.pivot import pivot_timer
     labels, steps = [], []
 
     def add(label, step):
@@ -338,6 +344,8 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
             add((v, width), (models[v], width))
         lm = models[d] if drafters is None else getattr(drafters[(v, d)], "lm", None)
         add((v, d), (lm, 1) if lm is not None else lambda v=v, d=d: draft_timer(drafters[(v, d)], models[v]))
+        if (v, d, n) in classified:
+            add((v, "pivot", n), lambda v=v, n=n: pivot_timer(pivot_fn, models[v], block_widths(n)[-1] - 1))
     times = measure_step_latencies(steps, rounds=rounds)
     out = {}
     for v, d, n in keys:
@@ -347,6 +355,8 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
         out[(v, d, n)] = {"c_rel_measured": costs[i_d], "c_block_measured": costs[ib],
                           "latency_verifier_s": statistics.median(t[iv] for t in times),
                           "latency_drafter_s": statistics.median(t[i_d] for t in times)}
+        if (v, d, n) in classified:
+            out[(v, d, n)]["c_pivot_measured"] = costs[labels.index((v, "pivot", n))]
         if len(widths) > 1:
             out[(v, d, n)]["c_block_widths"] = [[w, costs[labels.index((v, w))]] for w in widths]
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from relaxspec.bench.config import needs_classifier
 from relaxspec.bench.names import AR, AUTO
 from relaxspec.bench.speedup import C_REL_GRID, block_aware_speedup, modelled_speedup
 from relaxspec.bench.stats import Interval, paired_diff_interval, utility_interval
@@ -42,7 +43,8 @@ def c_block_at(widths: list, width: float) -> float:
 def cell_metrics(method: str, draft_length, extra_passes: int, rows: list, stats, speed: dict,
                  dynamic: bool = False) -> dict:
     """Metrics of a cell from all its rows and its merged engine stats (tau read from the engine).
-    `speed`: c_rel_measured, c_block_measured, latencies, batch-1 timing (see runner).
+    `speed`: c_rel_measured, c_block_measured, c_pivot_measured, latencies, batch-1 timing (see runner); the
+    classifier's c_pivot counts only for a rule that reads a pivot classifier (`needs_classifier`; 0 for the others).
     A cell whose drafts per round vary (N "auto", or `dynamic`: a confidence stop) is modelled at its measured
     mean drafts per round (`model_draft_length`): the drafter's cost, and c_block interpolated at that mean + 1
     between the block widths measured for it (speed's c_block_widths); a fixed N is modelled at N."""
@@ -51,6 +53,7 @@ def cell_metrics(method: str, draft_length, extra_passes: int, rows: list, stats
     tau = stats.mean_acceptance_length
     n = draft_length
     c_rel, c_block = speed.get("c_rel_measured"), speed.get("c_block_measured")
+    c_pivot = (speed.get("c_pivot_measured") or 0.0) if needs_classifier(method) else 0.0
     if method != AR and (n == AUTO or dynamic):
         n = stats.drafts_proposed / stats.sequence_rounds if stats.sequence_rounds else 0.0
         if c_block and speed.get("c_block_widths"):
@@ -66,11 +69,12 @@ def cell_metrics(method: str, draft_length, extra_passes: int, rows: list, stats
         "extra_draft_passes": extra_passes,
         "model_draft_length": n, "model_c_block": c_block,
         "tokens_per_s": stats.generated_tokens / stats.time_total_s if stats.time_total_s else math.nan,
-        **speed,
+        **speed, **({"c_pivot_measured": c_pivot} if method != AR else {}),
         "modelled_speedup_measured_c_rel": 1.0 if method == AR else
         (modelled_speedup(tau, n, c_rel, extra_passes) if c_rel is not None else math.nan),
         "block_aware_speedup_measured": 1.0 if method == AR else
-        (block_aware_speedup(tau, n, c_rel, c_block, extra_passes) if c_rel is not None and c_block else math.nan),
+        (block_aware_speedup(tau, n, c_rel, c_block, extra_passes, c_pivot) if c_rel is not None and c_block
+         else math.nan),
         **{f"modelled_speedup_c{c:g}": modelled_speedup(tau, n, c, extra_passes) for c in C_REL_GRID},
     }
     return metrics

@@ -27,7 +27,7 @@ CSV_COLUMNS = [
     "outputs_identical_to_strict", "vs_strict_confidence", "vs_strict_decision", "vs_strict_samples_needed",
     "utility_diff_vs_ar", "utility_diff_ci_low", "utility_diff_ci_high",
     "acceptance_rate", "acceptance_rate_per_position", "mean_acceptance_length", "extra_draft_passes",
-    "mean_response_length", "c_rel_measured", "c_block_measured", "model_draft_length",
+    "mean_response_length", "c_rel_measured", "c_block_measured", "c_pivot_measured", "model_draft_length",
     "measured_speedup_batch1", "batch1_prompts", "measured_speedup_batched", "tokens_per_s",
     "modelled_speedup_measured_c_rel", *[f"modelled_speedup_c{c:g}" for c in C_REL_GRID],
     "block_aware_speedup_measured",
@@ -94,7 +94,7 @@ def _group_rows(store: Store, cells: list, index: int, settings: dict) -> list[d
             **{k: m.get(k, math.nan) for k in (
                 "n_prompts", "n_samples", "utility", "utility_ci_low", "utility_ci_high", "acceptance_rate",
                 "mean_acceptance_length", "extra_draft_passes", "mean_response_length", "c_rel_measured",
-                "c_block_measured", "measured_speedup_batch1", "batch1_prompts", "tokens_per_s",
+                "c_block_measured", "c_pivot_measured", "measured_speedup_batch1", "batch1_prompts", "tokens_per_s",
                 "modelled_speedup_measured_c_rel", "block_aware_speedup_measured", "truncated_fraction",
                 *[f"modelled_speedup_c{c:g}" for c in C_REL_GRID])},
             "acceptance_rate_per_position": json.dumps([round(x, 4) for x in m.get("acceptance_rate_per_position", [])]),
@@ -293,7 +293,9 @@ def _format_group(rows: list[dict], max_drop: float) -> list[str]:
         "narrow = half-width <= budget, OPEN = straddles it (± is the half-width); vs AR: paired, 95%.",
         "acc: acceptance rate; tau: tokens per sequence round (bonus included); len: mean response tokens; "
         "S: tau/(1+(N+extra)c_rel) at the measured c_rel (extra: the rule's declared extra drafter passes);",
-        "S_blk: block-aware tau/((N+extra)c_rel+c_block), c_block measured; Slen.2: length-adjusted S at c_rel 0.2; "
+        "S_blk: block-aware tau/((N+extra)c_rel+c_block+c_pivot), c_block measured, c_pivot: a pivot classifier's "
+        "call per round / verifier step, measured, for rules that read one (0 for the others); "
+        "Slen.2: length-adjusted S at c_rel 0.2; "
         "N=auto (and any N with --draft-confidence): N in S and S_blk is the cell's measured mean drafts per round, "
         "c_block interpolated at that mean + 1 between block widths measured for it; "
         "x b1: measured speed-up at batch 1 (latency; median per-token time, AR and method taking turns prompt "

@@ -99,7 +99,7 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     strict_key = {k: key_of.get(c.strict.identity) for c, k in keyed if c.method not in (AR, STRICT)}
     phase_start = time.time()
     speed = speed_constants(worker.models, cells, drafters=worker.drafters,
-                            dynamic=config.draft_confidence is not None)
+                            dynamic=config.draft_confidence is not None, pivot_fn=pivot_fn)
     summary.phases["speed constants"] = (phase_start, time.time())
     # Batch-1 timing of the speculative cells new in this run, here in the driver, with the speed constants'
     # torch threads and before any worker starts (a quiet machine, as the speed constants had).

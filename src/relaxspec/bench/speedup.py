@@ -2,8 +2,9 @@
 a round costs beyond N, as the acceptance rule declares them; c_rel: drafter step / verifier step latency).
 
 * modelled (Leviathan)  S = tau / (1 + (N + extra) * c_rel)   -- a verify block priced as one verifier step
-* block-aware           S_block = tau / ((N + extra) * c_rel + c_block), c_block = verifier latency of the
-                        (N+1)-token block / one-token step, measured for the pair
+* block-aware           S_block = tau / ((N + extra) * c_rel + c_block + c_pivot), c_block = verifier latency of
+                        the (N+1)-token block / one-token step, measured for the pair; c_pivot = a pivot
+                        classifier's call on the round's N drafts / one-token step (0 for a rule that reads none)
 * length-adjusted       S_len = S * L_AR / L_method (L: mean response length in tokens)
 """
 
@@ -24,12 +25,21 @@ def modelled_speedup(tau: float, draft_length: int, c_rel: float, extra: int = 0
     return tau / (1.0 + (draft_length + extra) * c_rel)
 
 
-def block_aware_speedup(tau: float, draft_length: int, c_rel: float, c_block: float, extra: int = 0) -> float:
-    """S_block = tau / ((N + extra) * c_rel + c_block); c_block = 1 gives the Leviathan model."""
+def round_cost(draft_length: float, c_rel: float, c_block: float, extra: int = 0, c_pivot: float = 0.0) -> float:
+    """A speculative round's cost in verifier one-token steps: (N + extra) * c_rel + c_block + c_pivot."""
     _check(draft_length, c_rel, extra)
     if c_block <= 0:
         raise ValueError(f"c_block must be > 0, got {c_block}")
-    return tau / ((draft_length + extra) * c_rel + c_block)
+    if c_pivot < 0:
+        raise ValueError(f"c_pivot must be >= 0, got {c_pivot}")
+    return (draft_length + extra) * c_rel + c_block + c_pivot
+
+
+def block_aware_speedup(tau: float, draft_length: float, c_rel: float, c_block: float, extra: int = 0,
+                        c_pivot: float = 0.0) -> float:
+    """S_block = tau / ((N + extra) * c_rel + c_block + c_pivot); c_block = 1 and c_pivot = 0 give the Leviathan
+    model."""
+    return tau / round_cost(draft_length, c_rel, c_block, extra, c_pivot)
 
 
 def length_adjusted_speedup(speedup: float, length_ar: float, length_method: float) -> float:

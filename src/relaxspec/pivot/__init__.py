@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relaxspec.pivot.classifier import PivotClassifier, load_classifier, roc_auc, train_classifier
+from relaxspec.pivot.classifier import PivotClassifier, load_classifier, pivot_timer, roc_auc, train_classifier
 from relaxspec.pivot.features import SCALAR_FEATURES, candidate_features
 from relaxspec.pivot.label import is_pivot, label_pivots, label_stats, rollout_utilities
 
@@ -30,4 +30,5 @@ def builtin_classifier_path() -> Path:
 
 
 __all__ = ["label_pivots", "train_classifier", "load_classifier", "PivotClassifier", "candidate_features",
-           "builtin_classifier_path", "is_pivot", "rollout_utilities", "roc_auc", "label_stats", "SCALAR_FEATURES"]
+           "builtin_classifier_path", "is_pivot", "rollout_utilities", "roc_auc", "label_stats", "SCALAR_FEATURES",
+           "pivot_timer"]

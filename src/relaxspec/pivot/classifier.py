@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from relaxspec.pivot.features import SCALAR_FEATURES, candidate_features
 
@@ -43,10 +44,16 @@ class PivotClassifier(nn.Module):
         self.scalar_std.copy_(scalars.std(0).clamp_min(1e-6))
 
     def forward(self, hidden: torch.Tensor, scalars: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H], scalars [..., 6] -> pivot logit [...]."""
-        h = self.hidden_proj((hidden.float() - self.hidden_mean) / self.hidden_std)
-        s = self.scalar_proj((scalars.float() - self.scalar_mean) / self.scalar_std)
-        return self.mlp(torch.cat([h, s], dim=-1)).squeeze(-1)
+        """hidden [..., H], scalars [..., 6] -> pivot logit [...] (`_pivot_logit` on the live parameters: the
+        modules hold them, and their names in the state dict)."""
+        return _pivot_logit(self._tensors(), hidden.float(), scalars.float(), self.mlp[0].p, self.training)
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        """The classifier's parameters and statistics in the order `_pivot_logit` takes them."""
+        first, head = self.mlp[1], self.mlp[3]  # mlp[0] is the Dropout, mlp[2] the ReLU
+        return (self.hidden_mean, self.hidden_std, self.hidden_proj.weight, self.hidden_proj.bias,
+                self.scalar_mean, self.scalar_std, self.scalar_proj.weight, self.scalar_proj.bias,
+                first.weight, first.bias, head.weight, head.bias)
 
     @torch.no_grad()
     def predict_proba(self, hidden, target_logits, draft_logits, tokens) -> torch.Tensor:
@@ -80,7 +87,10 @@ class PivotClassifier(nn.Module):
     def pivot_fn(self, verifier=None, drafter=None, force: bool = False):
         """The callable the engine calls each round: fn(hidden [B,N,H], target_logits [B,N,V],
         draft_logits [B,N,V], draft_tokens [B,N]) -> P(pivot) [B,N] on the logits' device;
-        `fn.hidden_layer` tells the engine which verifier layer to hand over.
+        `fn.hidden_layer` tells the engine which verifier layer to hand over. It gives exactly `predict_proba`'s
+        values at a fraction of its cost per round: the module's eval forward as functional calls
+        (`_pivot_logit`) on the weights copied once per device (`inference_weights`, as they are now), the
+        hidden size checked only when a call fails.
         Given the verifier (and drafter), a pair other than the one the classifier was trained with
         (`check_models`) is a ValueError unless `force`."""
         problems = self.check_models(verifier, drafter) if verifier is not None else []
@@ -88,21 +98,37 @@ class PivotClassifier(nn.Module):
             raise ValueError("the pivot classifier was trained for another pair: " + "; ".join(problems)
                              + " (force=True / --force uses it anyway)")
         self.eval()
-        clf = self
+        weights = {}  # device -> the classifier's tensors there (`inference_weights`), copied on first use
+        size = self.hidden_mean.shape[0]
 
         def fn(hidden, target_logits, draft_logits, draft_tokens):
             if hidden is None:
                 raise ValueError("the pivot classifier needs the verifier's hidden states")
-            if hidden.shape[-1] != clf.hidden_mean.shape[0]:
-                raise ValueError(f"pivot classifier expects hidden size {clf.hidden_mean.shape[0]} "
-                                 f"(verifier {clf.spec.get('verifier')!r}), got {hidden.shape[-1]}")
-            if clf.hidden_mean.device != hidden.device:
-                clf.to(hidden.device)
-            return clf.predict_proba(hidden, target_logits, draft_logits, draft_tokens).to(target_logits.device)
+            device = target_logits.device
+            w = weights.get(device)
+            if w is None:
+                w = weights[device] = self.inference_weights(device)
+            if hidden.device != device:
+                hidden = hidden.to(device)
+            try:
+                h, s = candidate_features(hidden, target_logits, draft_logits, draft_tokens)
+                return torch.sigmoid(_pivot_logit(w, h, s))
+            except RuntimeError:  # a hidden size the weights do not take: checked here, not on every call
+                if hidden.shape[-1] != size:
+                    raise ValueError(f"pivot classifier expects hidden size {size} (verifier "
+                                     f"{self.spec.get('verifier')!r}), got {hidden.shape[-1]}") from None
+                raise
 
         fn.hidden_layer = self.hidden_layer
         fn.classifier = self
         return fn
+
+    @torch.no_grad()
+    def inference_weights(self, device: torch.device | str | None = None) -> tuple[torch.Tensor, ...]:
+        """The classifier's tensors (`_tensors`) copied to `device` (default: its own) for eval calls of
+        `_pivot_logit`: later changes to the classifier do not reach a pivot_fn made before them."""
+        device = self.hidden_mean.device if device is None else device
+        return tuple(t.detach().to(device=device, dtype=torch.float32, copy=True) for t in self._tensors())
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -110,6 +136,46 @@ class PivotClassifier(nn.Module):
         state = {k: v.detach().clone() for k, v in self.state_dict().items()}  # float32: ~80 kB for H=128
         torch.save(dict(format=FORMAT, spec=self.spec, threshold=self.threshold, metrics=self.metrics,
                         n_scalars=self.scalar_mean.shape[0], state_dict=state), path)
+
+
+def pivot_timer(pivot_fn, verifier, n: int, context: int = 32):
+    """A step for `models.measure_step_latencies`: each call times one `pivot_fn` call on an n-draft block (the
+    inputs a round of draft length n hands it: the verifier's hidden states of the classifier's layer and its
+    logits, from one untimed forward made here) on the clock it is given; seconds per call."""
+    from relaxspec.models.hf import synchronize
+
+    device = verifier.device
+    ids = torch.randint(2, verifier.vocab_size, (1, context + n + 1), device=device)
+    positions = torch.arange(context + n + 1, device=device)[None]
+    logits, hidden = verifier.forward(ids, verifier.new_cache(), None, positions,
+                                      hidden_layer=getattr(pivot_fn, "hidden_layer", -1))
+    block = slice(context, context + n)  # the drafts' rows: hidden after each draft, the logits that predict it
+    args = (hidden[:, context + 1:], logits[:, block], logits[:, block].flip(-1).contiguous(), ids[:, context + 1:])
+
+    def timer(clock) -> float:
+        with torch.inference_mode():  # as the engine calls it (generate runs in inference mode)
+            synchronize(device)
+            t = clock()
+            pivot_fn(*args)
+            synchronize(device)
+            return clock() - t
+
+    return timer
+
+
+def _pivot_logit(tensors: tuple[torch.Tensor, ...], hidden: torch.Tensor, scalars: torch.Tensor,
+                 dropout: float = 0.0, training: bool = False) -> torch.Tensor:
+    """The classifier as functional calls (no module calls: what the engine pays once per round): float32
+    features hidden [..., H] and scalars [..., 6], standardised, projected to 64 and 16, concatenated, dropout
+    (training only), Linear(80, 128), ReLU, Linear(128, 1) -> pivot logit [...]. `tensors`: `_tensors()` (the
+    module's forward, training included) or their copies (`inference_weights`, pivot_fn)."""
+    h_mean, h_std, h_weight, h_bias, s_mean, s_std, s_weight, s_bias, weight, bias, head_weight, head_bias = tensors
+    h = F.linear((hidden - h_mean) / h_std, h_weight, h_bias)
+    s = F.linear((scalars - s_mean) / s_std, s_weight, s_bias)
+    joined = torch.cat([h, s], dim=-1)
+    if training:
+        joined = F.dropout(joined, dropout, training)
+    return F.linear(F.relu(F.linear(joined, weight, bias)), head_weight, head_bias).squeeze(-1)
 
 
 def load_classifier(path: str | Path) -> PivotClassifier:

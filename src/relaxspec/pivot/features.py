@@ -19,28 +19,25 @@ import torch
 SCALAR_FEATURES = ("p_x", "q_x", "p_top", "entropy_p", "entropy_q", "log1p_rank_p")
 
 
-def _entropy(logp: torch.Tensor) -> torch.Tensor:
-    return -(logp.exp() * logp).sum(dim=-1)
-
-
-@torch.no_grad()
 def candidate_features(hidden: torch.Tensor, target_logits: torch.Tensor, draft_logits: torch.Tensor,
                        tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden [..., H], target_logits [..., V], draft_logits [..., V], tokens [...] (long) ->
-    (hidden [..., H] float32, scalars [..., 6] float32 in the order of SCALAR_FEATURES)."""
+    (hidden [..., H] float32, scalars [..., 6] float32 in the order of SCALAR_FEATURES).
+    Both distributions go through each op together (one log_softmax, exp, gather and sum over [2, ..., V]: the
+    same values as one at a time, in half the calls, which the classifier pays once per round). No autograd
+    graph unless an input requires grad (callers run under inference_mode / no_grad, or pass model outputs)."""
     if target_logits.shape != draft_logits.shape:
         raise ValueError(f"target_logits {list(target_logits.shape)} and draft_logits "
                          f"{list(draft_logits.shape)} must have the same shape")
     if hidden.shape[:-1] != target_logits.shape[:-1] or tokens.shape != target_logits.shape[:-1]:
         raise ValueError(f"leading shapes differ: hidden {list(hidden.shape)}, logits "
                          f"{list(target_logits.shape)}, tokens {list(tokens.shape)}")
-    logp = torch.log_softmax(target_logits.float(), dim=-1)
-    logq = torch.log_softmax(draft_logits.float(), dim=-1)
-    idx = tokens.long().unsqueeze(-1)
-    logp_x = logp.gather(-1, idx)
-    p_x = logp_x.squeeze(-1).exp()
-    q_x = logq.gather(-1, idx).squeeze(-1).exp()
-    p_top = logp.max(dim=-1).values.exp()
-    rank = (logp > logp_x).sum(dim=-1).float()
-    scalars = torch.stack([p_x, q_x, p_top, _entropy(logp), _entropy(logq), torch.log1p(rank)], dim=-1)
-    return hidden.float(), scalars
+    # [..., 1] pieces (keepdim), joined along the last dimension: no squeeze per piece
+    logs = torch.log_softmax(torch.stack([target_logits, draft_logits]).float(), dim=-1)  # [2, ..., V]: log p, log q
+    logp = logs[0]
+    at_x = logs.gather(-1, tokens.long().unsqueeze(-1).expand(logs.shape[:-1] + (1,)))  # [2, ..., 1]
+    p_x, q_x = at_x.exp()
+    entropy_p, entropy_q = (logs.exp() * logs).sum(dim=-1, keepdim=True).neg_()
+    p_top = logp.amax(dim=-1, keepdim=True).exp()
+    rank = (logp > at_x[0]).sum(dim=-1, keepdim=True, dtype=torch.float32)  # tokens with p strictly above p(x)
+    return hidden.float(), torch.cat([p_x, q_x, p_top, entropy_p, entropy_q, torch.log1p(rank)], dim=-1)

@@ -78,6 +78,7 @@ class Cells:
             self.pad_fits = self.pivot_fn is not None and pad_applies(probe, spec, bool(config.pad_classifier))
             if self.pad_fits:
                 self.versions["pad_classifier"] = info
+        self.classifier_rule = classifier_rules[0] if self.pad_fits else None  # whose cells c_pivot is measured for
         self.store = Store(config.out)
         self.grid = CellRunner(bench, self.pivot_fn)  # the bench's models and tasks of one process
         self.cache = {"runner_key": SampleJob.cache_key(bench, self.pad_fits), "runner": self.grid}  # SampleJob's, here
@@ -175,14 +176,19 @@ class Cells:
 
     def speed(self, spec: CellSpec) -> dict:
         """The bench's measured c_rel / c_block of the cell's (verifier, drafter, N), measured once, with every
-        N of the search (one c_rel for all of them)."""
+        N of the search (one c_rel for all of them); with c_pivot_measured when the search has a rule that reads
+        the pivot classifier."""
         if spec.method == AR:
             return {}
         key = (spec.verifier, spec.drafter, spec.draft_length)
         if key not in self._speed:  # every N of the search (and this one) in one interleaved measurement
             lengths = dict.fromkeys([*self.config.draft_lengths, spec.draft_length])
-            self._speed.update(speed_constants(self.grid.models, [replace(spec, draft_length=n) for n in lengths],
-                                               drafters=self.grid.drafters, dynamic=self.dynamic))
+            cells, pivot_fn = [replace(spec, draft_length=n) for n in lengths], None
+            if self.classifier_rule is not None:  # and the classifier's call (c_pivot) in the same rounds
+                cells += [replace(c, method=self.classifier_rule, params={}) for c in cells]
+                pivot_fn = self.pivot_fn
+            self._speed.update(speed_constants(self.grid.models, cells, drafters=self.grid.drafters,
+                                               dynamic=self.dynamic, pivot_fn=pivot_fn))
         return self._speed[key]
 
     @property
@@ -195,6 +201,13 @@ class Cells:
         measured = self.speed(self.spec(config))
         return (self.config.c_rel or measured["c_rel_measured"],
                 self.config.c_block or measured["c_block_measured"])
+
+    def c_pivot(self, config: Config) -> float:
+        """The pivot classifier's call per round / verifier step at the configuration's N, measured with the
+        other constants, for a rule that reads a classifier; 0 for the others."""
+        if not needs_classifier(config.method):
+            return 0.0
+        return self.speed(self.spec(config)).get("c_pivot_measured", 0.0)
 
     def priced_round(self, config: Config, heldout: bool) -> tuple[float, float, float]:
         """(drafts, c_rel, c_block) the speed objectives price a round of the configuration at (objective.priced_round:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from relaxspec.bench.config import extra_draft_passes, parse_method
+from relaxspec.bench.config import extra_draft_passes, needs_classifier, parse_method
 from relaxspec.bench.names import AR, STRICT, draft_length_order
 from relaxspec.bench.stats import Interval, paired_diff_interval
 from relaxspec.bench.store import Store
@@ -84,9 +84,21 @@ def stored_constants(cells: list[StoreCell]) -> dict[int, tuple[float, float]]:
     return {n: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for n, v in per_n.items()}
 
 
-def score(cells: list[StoreCell], constants: dict[int, tuple[float, float]]) -> dict[Config, Scored]:
+def stored_pivot(cells: list[StoreCell]) -> dict[int, float]:
+    """{N: c_pivot} the store measured for the rules that read a pivot classifier: at each N, the median over
+    their cells (bench.cell.speed_constants; absent in stores written before it was measured)."""
+    per_n: dict[int, list] = {}
+    for cell in cells:
+        if cell.config is not None and needs_classifier(cell.config.method) and cell.metrics.get("c_pivot_measured"):
+            per_n.setdefault(cell.config.draft_length, []).append(cell.metrics["c_pivot_measured"])
+    return {n: statistics.median(v) for n, v in per_n.items()}
+
+
+def score(cells: list[StoreCell], constants: dict[int, tuple[float, float]],
+          pivot: dict[int, float] | None = None) -> dict[Config, Scored]:
     """Every configuration of the cells (one part: search or held-out) with its objective and its paired
-    difference vs strict at the same N (those with a strict reference and speed constants at their N)."""
+    difference vs strict at the same N (those with a strict reference and speed constants at their N); a rule
+    that reads a pivot classifier also pays `pivot`'s c_pivot at its N per round (0 where none was measured)."""
     ar = [c for c in cells if c.config is None]
     if not ar:
         raise ValueError("tune vs grid: no AR cell (the length-adjusted objective needs AR's samples)")
@@ -99,9 +111,10 @@ def score(cells: list[StoreCell], constants: dict[int, tuple[float, float]]) -> 
         if strict is None or n not in constants:
             continue  # no reference or no speed constants: cannot be judged
         c_rel, c_block = constants[n]
+        c_pivot = (pivot or {}).get(n, 0.0) if needs_classifier(config.method) else 0.0
         n, c_block = priced_round(n, cell.metrics, c_block, cell.settings.get("draft_confidence") is not None)
         speed = speed_interval("length-adjusted", cell.rows, ar_rows, n, extra_draft_passes(config.method), c_rel,
-                               c_block, CONFIDENCE)
+                               c_block, CONFIDENCE, c_pivot=c_pivot)
         if config.is_strict:
             diff = Interval(0.0, 0.0, 0.0, len(cell.rows), CONFIDENCE)
         else:
@@ -141,6 +154,7 @@ class Comparison:
     grid_best: Scored | None
     choice_on_grid: Scored | None  # tune's choice on the grid's samples, when the grid has it
     grid_best_on_tune: Scored | None  # the grid's best on tune's search samples, when tune sampled it
+    pivot: dict = field(default_factory=dict)  # {N: c_pivot} used for both (rules that read a pivot classifier)
 
     @property
     def token_ratio(self) -> float:
@@ -205,15 +219,19 @@ def compare(grid_dir: str | Path, tune_dir: str | Path, max_drop: float = 0.02, 
     source = ("measured now" if constants == "measured" else constants + " store's measured")
     source += "" if c_rel is None else f", c_rel {c_rel:g} given"
     source += "" if c_block is None else f", c_block {c_block:g} given"
-    tune_scored = score(search, table)
-    grid_scored = score(grid, table)
-    heldout_scored = score(heldout, table) if heldout else {}
+    # c_pivot: the store's whose constants are used (the tune store's with constants measured now)
+    pivot = stored_pivot(grid if constants == "grid" else search)
+    source += f"; c_pivot: the {'grid' if constants == 'grid' else 'tune'} store's, for rules that read a pivot " \
+              "classifier" if pivot else ""
+    tune_scored = score(search, table, pivot)
+    grid_scored = score(grid, table, pivot)
+    heldout_scored = score(heldout, table, pivot) if heldout else {}
     if choice not in tune_scored:
         raise ValueError(f"tune vs grid: no speed constants for N={choice.draft_length} (tune's choice)")
     best = best_feasible(grid_scored, max_drop)
     return Comparison(max_drop, table, source, tokens(grid), sum(len(c.rows) for c in grid), tokens(search),
                       tokens(heldout), tune_scored[choice], heldout_scored.get(choice), best,
-                      grid_scored.get(choice), tune_scored.get(best.config) if best else None)
+                      grid_scored.get(choice), tune_scored.get(best.config) if best else None, pivot)
 
 
 def _ci(iv: Interval) -> str:
@@ -234,7 +252,8 @@ def format_comparison(c: Comparison) -> str:
     total = c.search_tokens + c.confirm_tokens
     lines = [f"tune vs grid, max drop {c.max_drop:g} (upper 95% bound vs strict at the same N), objective "
              f"length-adjusted block-aware modelled speed-up vs AR (95% CI)",
-             f"speed constants ({c.constants_source}) c_rel/c_block: {consts}",
+             f"speed constants ({c.constants_source}) c_rel/c_block: {consts}"
+             + "".join(f"; c_pivot N={n}: {v:.3f}" for n, v in c.pivot.items()),
              f"generated tokens: grid {c.grid_tokens} ({c.grid_samples} samples, every look); tune {total} "
              f"(search {c.search_tokens} + confirmation {c.confirm_tokens}); ratio {c.token_ratio:.3f} "
              f"(search alone {c.search_tokens / c.grid_tokens:.3f}); budget 1/3: "

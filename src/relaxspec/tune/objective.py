@@ -2,7 +2,9 @@
 
 All are ratios of AR's cost to the configuration's cost, in verifier one-token steps; a sample's rounds are
 its tokens / its mean acceptance length (bonus included). For a round of draft length N of a rule with
-`extra` drafter passes, at drafter / verifier step cost c_rel and verifier (N+1)-block / one-token cost c_block:
+`extra` drafter passes, at drafter / verifier step cost c_rel, verifier (N+1)-block / one-token cost c_block and,
+for a rule that reads a pivot classifier, its call per round / one-token cost c_pivot (0 for the others; the cost
+below is then (N + extra) c_rel + c_block + c_pivot, bench.speedup.round_cost, as the bench's S_blk):
 * length-adjusted (default): S_len = mean_i(AR tokens_i) / mean_i(rounds_i * ((N + extra) c_rel + c_block)),
   paired by (prompt, repeat) with AR's sample: the block-aware modelled speed-up tau / ((N+extra) c_rel +
   c_block) times L_AR / L_method (docs/design.md, "Metrics");
@@ -17,15 +19,10 @@ from __future__ import annotations
 import math
 
 from relaxspec.bench.names import AUTO
-from relaxspec.bench.speedup import rounds
+from relaxspec.bench.speedup import round_cost, rounds
 from relaxspec.bench.stats import Interval, cluster_of, ratio_interval
 
 OBJECTIVES = ("length-adjusted", "modelled", "measured-bs1")
-
-
-def round_cost(draft_length: int, extra: int, c_rel: float, c_block: float) -> float:
-    """Verifier one-token steps a speculative round costs: (N + extra) drafter steps and one verify block."""
-    return (draft_length + extra) * c_rel + c_block
 
 
 def priced_round(draft_length, metrics: dict, c_block: float, dynamic: bool = False) -> tuple[float, float]:
@@ -38,13 +35,13 @@ def priced_round(draft_length, metrics: dict, c_block: float, dynamic: bool = Fa
 
 
 def speed_interval(objective: str, rows: dict, ar_rows: dict | None, draft_length: int, extra: int, c_rel: float,
-                   c_block: float, confidence: float, batch1: float | None = None) -> Interval:
+                   c_block: float, confidence: float, batch1: float | None = None, c_pivot: float = 0.0) -> Interval:
     """The objective of one configuration from its rows ({(prompt, repeat): Row}); AR's rows for the
     length-adjusted objective (only the samples both have count); `batch1` the measured batch-1 speed-up."""
     if objective == "measured-bs1":
         value = math.nan if batch1 is None else batch1
         return Interval(value, math.nan, math.nan, len(rows), confidence)
-    cost = round_cost(draft_length, extra, c_rel, c_block)
+    cost = round_cost(draft_length, c_rel, c_block, extra, c_pivot)
     if objective == "modelled":
         keys = sorted(rows)
         return ratio_interval([rows[k].tokens for k in keys], [rounds(rows[k]) * cost for k in keys], confidence,

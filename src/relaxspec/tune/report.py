@@ -66,7 +66,8 @@ def format_report(result) -> str:
         lines.append(f"confirmation on {conf.samples} held-out samples ({cfg.heldout_prompts} prompts disjoint "
                      f"from the {cfg.search_prompts} search prompts x {cfg.heldout_repeats} repeats):")
         lines.append(f"  speed constants at N={race.choice.draft_length}: c_rel {arm.c_rel:.3f}, c_block {arm.c_block:.3f} "
-                     f"({'given' if cfg.c_rel else 'measured'} / {'given' if cfg.c_block else 'measured'} now)")
+                     f"({'given' if cfg.c_rel else 'measured'} / {'given' if cfg.c_block else 'measured'} now)"
+                     + (f", c_pivot {arm.c_pivot:.3f} (the pivot classifier, measured now)" if arm.c_pivot else ""))
         lines.append(f"  {race.choice.label}: speed-up {_ci(arm.speed(1 - ALPHA))}, utility diff vs strict "
                      f"{_ci(arm.diff(1 - ALPHA))}, outputs identical to strict "
                      f"{'-' if math.isnan(arm.identical()) else format(arm.identical(), '.0%')}")

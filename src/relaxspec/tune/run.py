@@ -124,6 +124,7 @@ class CellArm:
         if self.ar_rows is not None:
             self.ar_rows = {k: v for k, v in self.ar_rows.items() if k in wanted}
         self.draft_length, self.c_rel, self.c_block = cells.priced_round(config, heldout)
+        self.c_pivot = cells.c_pivot(config)
         self.extra = extra_draft_passes(config.method)
         self.objective = tc.objective
         self.batch1 = cells.batch1_speedup(cells.spec(config), heldout) if tc.objective == "measured-bs1" else None
@@ -136,7 +137,7 @@ class CellArm:
 
     def speed(self, confidence: float) -> Interval:
         return speed_interval(self.objective, self.rows, self.ar_rows, self.draft_length, self.extra,
-                              self.c_rel, self.c_block, confidence, self.batch1)
+                              self.c_rel, self.c_block, confidence, self.batch1, self.c_pivot)
 
     def identical(self) -> float:
         keys = set(self.rows) & set(self.strict_rows)
