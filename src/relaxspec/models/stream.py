@@ -143,6 +143,8 @@ class Stream:
         longest row's. Positions are unchanged (they were applied when the slots were written)."""
         slack = self.slack if slack is None else slack
         self._checked = self.length
+        if self.dense:  # no slot in use is masked: nothing to drop, and no device read to find it out
+            return
         valid = self.mask
         longest = int(valid.sum(dim=1).max())
         if self.length - longest <= slack or not can_gather_cache(self.cache):
