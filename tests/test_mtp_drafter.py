@@ -35,13 +35,16 @@ def _reference(drafter, verifier, entries):
     return out[0, -1], out[0, -1] @ head_rows(head, lm_head).t()
 
 
-@pytest.mark.parametrize("longest", [True, False])
-def test_rounds_on_a_ragged_batch_equal_the_heads_forward_row_by_row(builtin_pair, longest):
+@pytest.mark.parametrize("longest, native", [(True, True), (False, True), (True, False)])
+def test_rounds_on_a_ragged_batch_equal_the_heads_forward_row_by_row(builtin_pair, longest, native):
     """Three left-padded prompts, four rounds with ragged acceptance (none, some, all), the bonus row once, a row
     leaving the batch: every proposed row of logits equals the head's forward over that row's entries alone
-    (the accepted drafts' entries with the verifier's features, the round's guesses with the head's own)."""
+    (the accepted drafts' entries with the verifier's features, the round's guesses with the head's own). With
+    `longest` from the host or not; through the native kernels or torch's ops (native=False: the path off a CPU)."""
     verifier, _ = builtin_pair
     drafter = load_drafter("drafter-mtp", verifier)
+    if not native:
+        drafter.fast._native = None
     rows = [verifier.tokenizer(p)["input_ids"] for p in _prompts(2) + _prompts(1, "sorting")]
     rows[1] = rows[1][:9]  # a short one: more padding
     ids, mask, hidden = _verifier_prefix_hidden(verifier, [r[:-1] for r in rows])

@@ -18,12 +18,19 @@ Rollback: the head's cache keeps only entries made from the verifier's features;
 step the accepted drafts' entries are re-fed with the verifier's features of that block (its
 guesses are dropped), so the state equals that of a fresh run on the accepted prefix (tested).
 
+Inference (`HeadLayers`): the head's decoder layer is a Llama layer, so drafting runs it through FastLlama's layer
+step (`models.fast_llama.DecoderLayers`: a KV buffer per layer with a length pointer, on a float32 CPU one native
+call each for RMSNorm, RoPE with the cache write, and attention), fed by a `Stream` (the per-row mask in a buffer,
+none while every slot is real, as at batch 1): a draft step copies nothing of the past, dropping the guesses is a
+pointer move, and a round reads nothing back from the device beyond the engine's `longest`. `MTPHead.forward` (the
+training path) is the same math in plain torch ops; the drafter's logits equal it within float32 rounding (tested).
+
 LM head: the verifier's full one, or a truncated vocabulary (FR-Spec; `HeadConfig.draft_vocab` = K):
 the K tokens most frequent in the verifier's own training answers, whose ids are stored with the
 weights (their rows still come from the verifier at load time); q is exactly zero outside them, so
 strict stays lossless (a token the head cannot propose is reached through the residual). The
 built-in `drafter-mtp` keeps the full head: on its verifier (vocab 714, hidden 128) the LM-head
-matmul is ~12 us of a ~0.5 ms draft step (~2%, per-op overhead bound). `smollm2-drafter` truncates:
+matmul is ~12 us of a ~0.3 ms draft step (~4%, per-op overhead bound). `smollm2-drafter` truncates:
 SmolLM2's 49152 x 576 head costs more than the decoder layer itself; see its config.json for the
 measured cost and coverage behind K.
 

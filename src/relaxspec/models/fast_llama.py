@@ -22,6 +22,9 @@ drafter is almost all per-op overhead, so every op per layer counts:
   composite of ~8 operations, and sdpa plus the transpose of its output cost 2x the kernel at a decode step),
   and the embedding and RoPE table are read by index_select: a small model's step is made of few operations.
 
+The decoder layers and their per-layer step are `DecoderLayers` (FastLlama adds the embedding, final norm and LM
+head); an MTP drafter head's layer is the same layer and drafts through it (drafters/mtp.py).
+
 Every tensor it makes (KV buffers, the RoPE table, masks) lives on the weights' device. On a CPU it computes
 in float32 whatever the weights' format (norms, RoPE, attention, the residual stream and the logits are
 float32; the bfloat16 and int4 kernels round a linear layer's input to bfloat16). Elsewhere it computes in
