@@ -172,6 +172,8 @@ def test_every_model_kind_runs_in_the_format_and_strict_greedy_equals_ar_greedy(
     assert verifier.weight_format == lm_drafter.lm.weight_format == fmt
     assert verifier.dtype == {"float32": torch.float32, "bfloat16": torch.bfloat16, "int4": torch.quint4x2}[fmt]
     assert mtp.lm_head.format == fmt
+    if fmt != "float32":
+        assert isinstance(mtp.head.layers[0].qkv, FormatLinear)
     # the MTP head drafts through its lean layers (drafters/mtp.py HeadLayers), whose matrices are in the format
     assert [w.format for layer in mtp.fast.layers for w in layer if isinstance(w, Linear)] == [fmt] * 4
     for lm in (verifier, lm_drafter.lm):  # one copy in every format: FastLlama's

@@ -51,7 +51,7 @@ from relaxspec.drafters.base import Drafter, Proposal
 from relaxspec.models.family import BUILTIN_HEADS, KIND, head_directory, is_mtp  # noqa: F401 - a head's file format
 from relaxspec.models.fast_llama import DecoderLayers
 from relaxspec.models.hf import CausalLM
-from relaxspec.models.quant import Linear, check_format
+from relaxspec.models.quant import Linear, check_format, convert_linears
 from relaxspec.models.stream import Stream
 
 
@@ -274,8 +274,12 @@ class MTPDrafter(Drafter):
         self.vocab_size = lm_head.shape[0]
         self.draft_vocab = head.draft_vocab.to(self.embed.device) if head.cfg.draft_vocab else None
         self.head.to(device=self.embed.device, dtype=self.embed.dtype)
-        check_format(self.head.layers, verifier.weight_format, f"MTP drafter {name!r}")
-        self.fast = HeadLayers(self.head, self.embed, verifier.weight_format)
+        what = f"MTP drafter {name!r}"
+        check_format(self.head.layers, verifier.weight_format, what)  # (one line, before any copy)
+        self.fast = HeadLayers(self.head, self.embed, verifier.weight_format)  # what drafts
+        # The head module keeps its layers too, in the same format, for `MTPHead.forward` on the drafter's head
+        # (teacher-forced measurements: benchmarks/mtp_agreement.py); a small second copy.
+        convert_linears(self.head.layers, verifier.weight_format, what)
         self.stream = None
 
     @torch.inference_mode()
