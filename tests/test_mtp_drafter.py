@@ -35,12 +35,14 @@ def _reference(drafter, verifier, entries):
     return out[0, -1], out[0, -1] @ head_rows(head, lm_head).t()
 
 
-@pytest.mark.parametrize("longest, native", [(True, True), (False, True), (True, False)])
-def test_rounds_on_a_ragged_batch_equal_the_heads_forward_row_by_row(builtin_pair, longest, native):
+@pytest.mark.parametrize("longest, native, slack", [(True, True, None), (False, True, None), (True, False, None),
+                                                    (True, True, 2)])
+def test_rounds_on_a_ragged_batch_equal_the_heads_forward_row_by_row(builtin_pair, longest, native, slack):
     """Three left-padded prompts, four rounds with ragged acceptance (none, some, all), the bonus row once, a row
     leaving the batch: every proposed row of logits equals the head's forward over that row's entries alone
     (the accepted drafts' entries with the verifier's features, the round's guesses with the head's own). With
-    `longest` from the host or not; through the native kernels or torch's ops (native=False: the path off a CPU)."""
+    `longest` from the host or not; through the native kernels or torch's ops (native=False: the path off a CPU);
+    with the stream's dead slots compacted away every few slots (slack 2)."""
     verifier, _ = builtin_pair
     drafter = load_drafter("drafter-mtp", verifier)
     if not native:
@@ -49,6 +51,8 @@ def test_rounds_on_a_ragged_batch_equal_the_heads_forward_row_by_row(builtin_pai
     rows[1] = rows[1][:9]  # a short one: more padding
     ids, mask, hidden = _verifier_prefix_hidden(verifier, [r[:-1] for r in rows])
     drafter.prefill(ids, mask, hidden)
+    if slack is not None:
+        drafter.stream.slack = slack
     # per row (by its original index): the entries in the drafter's cache, and those still to feed
     committed, pending = {}, {}
     for b, r in enumerate(rows):
@@ -83,6 +87,7 @@ def test_rounds_on_a_ragged_batch_equal_the_heads_forward_row_by_row(builtin_pai
             keep = torch.tensor([0, 2])
             drafter.select(keep)
             live, last = [0, 2], last[keep]
+    assert (drafter.stream.compactions > 0) == (slack is not None)
 
 
 def test_a_batch_proposes_what_each_row_proposes_alone(builtin_pair):

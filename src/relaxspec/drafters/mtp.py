@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from relaxspec.drafters.base import Drafter, Proposal
 from relaxspec.models.family import BUILTIN_HEADS, KIND, head_directory, is_mtp  # noqa: F401 - a head's file format
+from relaxspec.models.device import inference
 from relaxspec.models.fast_llama import DecoderLayers
 from relaxspec.models.hf import CausalLM
 from relaxspec.models.quant import Linear, check_format, convert_linears
@@ -282,7 +283,7 @@ class MTPDrafter(Drafter):
         convert_linears(self.head.layers, verifier.weight_format, what)
         self.stream = None
 
-    @torch.inference_mode()
+    @inference
     def prefill(self, ids, mask, hidden=None) -> None:
         B, H = ids.shape[0], self.embed.shape[1]
         self.stream = Stream(self.fast)
@@ -299,7 +300,7 @@ class MTPDrafter(Drafter):
         self.pending_tokens = ids[:, :0]  # the tokens of the pending entries before `last`'s
         self.pending_valid = None  # [B, width] which pending entries are real (None: all)
 
-    @torch.inference_mode()
+    @inference
     def propose(self, last, n, extra, sample, stop=None) -> Proposal:
         tokens_in = torch.cat([self.pending_tokens, last[:, None]], dim=1) if self.pending_tokens.shape[1] else \
             last[:, None]
@@ -331,6 +332,7 @@ class MTPDrafter(Drafter):
         full = torch.full((logits.shape[0], self.vocab_size), float("-inf"), device=logits.device)
         return full.index_copy_(1, self.draft_vocab, logits)
 
+    @inference
     def rollback(self, accepted, hidden=None, longest=None) -> None:
         # Drop the entries made from the head's guesses (a pointer move); queue the accepted drafts' entries with
         # the verifier's features (hidden [B, n+1, k H] of [last, x_1..x_n]) plus the next `last`'s entry,
@@ -350,6 +352,7 @@ class MTPDrafter(Drafter):
         self.pending = hidden.gather(1, entry[..., None].expand(-1, -1, hidden.shape[-1]))
         self.pending_tokens = self._drafts.gather(1, entry[:, :-1])
 
+    @inference
     def select(self, rows) -> None:
         rows = rows.to(self.stream.device)
         self.stream.select(rows)
