@@ -302,8 +302,9 @@ class MTPDrafter(Drafter):
 
     @inference
     def propose(self, last, n, extra, sample, stop=None) -> Proposal:
-        tokens_in = torch.cat([self.pending_tokens, last[:, None]], dim=1) if self.pending_tokens.shape[1] else \
-            last[:, None]
+        tokens_in = last[:, None]
+        if self.pending_tokens.shape[1]:  # the accepted drafts' tokens come before it
+            tokens_in = torch.cat([self.pending_tokens, tokens_in], dim=1)
         feature = self.stream.feed(self.fast.entries(self.pending, tokens_in), self.pending_valid)[0][:, -1]
         tokens, logits_rows, probs = [], [], []
         i = 0
