@@ -1,7 +1,7 @@
 """Engine bookkeeping per round: tensor ops outside the models' forwards, and time against another source tree.
 
     python benchmarks/round_ops.py [--settings 0.7:3 0.0:3 0.7:0 0.0:0] [--prompts 4] [--top 25] [--batch 1]
-    python benchmarks/round_ops.py --against OTHER/src [--prompts 16] [--repeats 3]
+    python benchmarks/round_ops.py --against OTHER/src [--prompts 16] [--repeats 3] [--drafter drafter-mtp]
 
 Built-in pair, strict, batch 1 (one prompt at a time), one thread; a setting is TEMPERATURE:N (top-p 0.95 when
 sampling; N = 0 is AR, a round is one token). Default: per setting, the tensor ops per round dispatched outside
@@ -12,7 +12,9 @@ exported with `git archive COMMIT src | tar -x -C /tmp/base`), each in its own w
 prompt by prompt; prints ms per round of each, in all and outside the models' forwards (FastLlama.forward timed),
 and their ratios (totals over the prompts, medians over repeats). Times are the worker thread's CPU time (one
 torch thread), which other processes' load inflates less than wall time (cache and memory contention still do). Same outputs are checked on the way (identical
-token ids).
+token ids). Also per tree: the drafter's time per draft step (its propose and rollback calls over its forward passes,
+the round's bookkeeping for it included) and the engine's tokens per second (CPU time). --drafter: any drafter name
+(`load_drafter`: an LM, an MTP head such as drafter-mtp, ngram) instead of drafter-weak.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 WORKER = r"""
 import json, sys, time, torch
 torch.set_num_threads(1)
+from relaxspec.drafters import load_drafter
 from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.models import fast_llama
@@ -45,18 +48,30 @@ def timed_forward(self, *args, **kwargs):
     finally:
         inside[0] += time.thread_time() - t
 fast_llama.FastLlama.forward = timed_forward
-v, d = load_model("verifier"), load_model("drafter-weak")
+v = load_model("verifier")
+d = load_drafter(sys.argv[2], v)
+drafting = [0.0]
+def timed(call):
+    def run(*args, **kwargs):
+        t = time.thread_time()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            drafting[0] += time.thread_time() - t
+    return run
+d.propose, d.rollback = timed(d.propose), timed(d.rollback)
 prompts = synthetic_task("arithmetic", "test", int(sys.argv[1])).prompts
 generate(v, d, prompts[:1], method="strict", draft_length=3, max_new_tokens=8)
 print("ready", flush=True)
 for line in sys.stdin:
     T, n, i, m = json.loads(line)
-    inside[0] = 0.0
+    inside[0] = drafting[0] = 0.0
     t = time.thread_time()
     o = generate(v, d if n else None, [prompts[i]], method="strict" if n else "ar", draft_length=max(n, 1),
                  max_new_tokens=m, temperature=T, top_p=0.95 if T else None, seed=i)
     s = time.thread_time() - t
-    print(json.dumps([s, s - inside[0], o.stats.verifier_forwards, o.results[0].token_ids]), flush=True)
+    print(json.dumps([s, s - inside[0], o.stats.verifier_forwards, o.results[0].token_ids, drafting[0],
+                      o.stats.drafter_forwards]), flush=True)
 """
 
 
@@ -111,26 +126,28 @@ def count_ops(settings, prompts, max_new_tokens, top, batch=1):
         fast_llama.FastLlama.forward = forward
 
 
-def against(settings, other_src, n_prompts, max_new_tokens, repeats):
+def against(settings, other_src, n_prompts, max_new_tokens, repeats, drafter="drafter-weak"):
     import relaxspec
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(relaxspec.__file__)))
     workers = {}
     for name, src in (("this", here), ("other", os.path.abspath(other_src))):
         env = dict(os.environ, PYTHONPATH=src)
-        workers[name] = subprocess.Popen([sys.executable, "-c", WORKER, str(n_prompts)], env=env, text=True,
+        workers[name] = subprocess.Popen([sys.executable, "-c", WORKER, str(n_prompts), drafter], env=env, text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     for w in workers.values():
         assert w.stdout.readline().strip() == "ready"
-    print(f"this tree: {here}; other: {other_src}; {n_prompts} prompts, batch 1, 1 thread, "
+    print(f"this tree: {here}; other: {other_src}; drafter {drafter}; {n_prompts} prompts, batch 1, 1 thread, "
           f"medians of {repeats} repeats (the trees take turns prompt by prompt)")
-    print(f"{'':9} {'ms per round':>33} {'outside the forwards':>35}")
-    print(f"{'temp':>5} {'N':>3} {'this':>10} {'other':>10} {'this/other':>11} {'this':>10} {'other':>10} "
-          f"{'this/other':>11} {'same ids':>9}")
+    print(f"{'':9} {'ms per round':>33} {'outside the forwards':>35} {'ms per draft step':>35} "
+          f"{'tokens/s':>35}")
+    print(f"{'temp':>5} {'N':>3}" + f" {'this':>10} {'other':>10} {'this/other':>11}" * 4 + f" {'same ids':>9}")
     try:
         for temperature, n in settings:
             per_round = {"this": [], "other": []}
             outside = {"this": [], "other": []}
+            step = {"this": [], "other": []}
+            speed = {"this": [], "other": []}
             same = True
             for _ in range(repeats):
                 times = {"this": [], "other": []}
@@ -140,17 +157,21 @@ def against(settings, other_src, n_prompts, max_new_tokens, repeats):
                     for name in order:
                         workers[name].stdin.write(json.dumps([temperature, n, i, max_new_tokens]) + "\n")
                         workers[name].stdin.flush()
-                        seconds, bookkeeping, rounds, ids[name] = json.loads(workers[name].stdout.readline())
-                        times[name].append((seconds, bookkeeping, rounds))
+                        seconds, bookkeeping, rounds, ids[name], drafting, forwards = json.loads(
+                            workers[name].stdout.readline())
+                        times[name].append((seconds, bookkeeping, rounds, drafting, forwards, len(ids[name])))
                     same &= ids["this"] == ids["other"]
                 for name, runs in times.items():
-                    rounds = sum(r for _, _, r in runs)
-                    per_round[name].append(sum(s for s, _, _ in runs) / rounds)
-                    outside[name].append(sum(b for _, b, _ in runs) / rounds)
-            a, b = statistics.median(per_round["this"]), statistics.median(per_round["other"])
-            c, d = statistics.median(outside["this"]), statistics.median(outside["other"])
-            print(f"{temperature:5.1f} {n:3d} {1e3 * a:10.3f} {1e3 * b:10.3f} {a / b:11.3f} {1e3 * c:10.3f} "
-                  f"{1e3 * d:10.3f} {c / d:11.3f} {str(same):>9}", flush=True)
+                    rounds = sum(r[2] for r in runs)
+                    per_round[name].append(sum(r[0] for r in runs) / rounds)
+                    outside[name].append(sum(r[1] for r in runs) / rounds)
+                    step[name].append(sum(r[3] for r in runs) / max(1, sum(r[4] for r in runs)))
+                    speed[name].append(sum(r[5] for r in runs) / sum(r[0] for r in runs))
+            line = f"{temperature:5.1f} {n:3d}"
+            for values, scale in ((per_round, 1e3), (outside, 1e3), (step, 1e3), (speed, 1)):
+                a, b = statistics.median(values["this"]), statistics.median(values["other"])
+                line += f" {scale * a:10.3f} {scale * b:10.3f} {a / b if b else float('nan'):11.3f}"
+            print(f"{line} {str(same):>9}", flush=True)
     finally:
         for w in workers.values():
             w.stdin.close()
@@ -167,11 +188,12 @@ def main():
     ap.add_argument("--against", metavar="SRC", help="time this tree against another source tree instead")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1, help="op counts: prompts per generate call")
+    ap.add_argument("--drafter", default="drafter-weak", help="--against: the drafter (a name load_drafter takes)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     settings = parse_settings(args.settings)
     if args.against:
-        against(settings, args.against, args.prompts, args.max_new_tokens, args.repeats)
+        against(settings, args.against, args.prompts, args.max_new_tokens, args.repeats, args.drafter)
         return
     from relaxspec.tasks.synthetic import synthetic_task
 

@@ -158,11 +158,12 @@ def _verifier_prefix_hidden(verifier, rows, layers=-1):
     return ids, mask, hidden
 
 
+@pytest.mark.parametrize("longest", [None, 4])
 @pytest.mark.parametrize("kind", ["mtp", "mtp-fused", "lm"])
-def test_rollback_gives_the_draft_of_a_fresh_run_on_the_accepted_prefix(builtin_pair, heads, kind):
+def test_rollback_gives_the_draft_of_a_fresh_run_on_the_accepted_prefix(builtin_pair, heads, kind, longest):
     """One round by hand on a ragged batch: row 0 accepts nothing, row 1 all four drafts (the LM
     drafter's catch-up path). The next proposal equals that of a fresh drafter prefilled on the
-    accepted prefix."""
+    accepted prefix; with `longest` (the engine's host copy of accepted.max()) or without."""
     verifier, drafter_lm = builtin_pair
     prompts = [verifier.tokenizer(p)["input_ids"] for p in (_prompts(1)[0], _prompts(1, "sorting")[0])]
     drafter = _drafter(kind, verifier, drafter_lm, heads)
@@ -173,7 +174,7 @@ def test_rollback_gives_the_draft_of_a_fresh_run_on_the_accepted_prefix(builtin_
     drafts = drafter.propose(last, 4, 0, GREEDY).tokens
     accepted = torch.tensor([0, 4])
     _, _, block_hidden = _verifier_prefix_hidden(verifier, [p + d for p, d in zip(prompts, drafts.tolist())], layers)
-    drafter.rollback(accepted, block_hidden[:, -5:])  # the verifier's features of [last, x_1..x_4]
+    drafter.rollback(accepted, block_hidden[:, -5:], longest=longest)  # the verifier's features of [last, x_1..x_4]
     nxt = torch.tensor([11, 12])
     rolled = drafter.propose(nxt, 3, 0, GREEDY)
     for b in range(2):

@@ -174,6 +174,8 @@ def test_every_model_kind_runs_in_the_format_and_strict_greedy_equals_ar_greedy(
     assert mtp.lm_head.format == fmt
     if fmt != "float32":
         assert isinstance(mtp.head.layers[0].qkv, FormatLinear)
+    # the MTP head drafts through its lean layers (drafters/mtp.py HeadLayers), whose matrices are in the format
+    assert [w.format for layer in mtp.fast.layers for w in layer if isinstance(w, Linear)] == [fmt] * 4
     for lm in (verifier, lm_drafter.lm):  # one copy in every format: FastLlama's
         assert lm.model.model.layers[0].mlp.down_proj.weight.numel() == 0
     prompts = _prompts(3) + _prompts(2, "sorting")

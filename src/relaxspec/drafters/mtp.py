@@ -18,12 +18,19 @@ Rollback: the head's cache keeps only entries made from the verifier's features;
 step the accepted drafts' entries are re-fed with the verifier's features of that block (its
 guesses are dropped), so the state equals that of a fresh run on the accepted prefix (tested).
 
+Inference (`HeadLayers`): the head's decoder layer is a Llama layer, so drafting runs it through FastLlama's layer
+step (`models.fast_llama.DecoderLayers`: a KV buffer per layer with a length pointer, on a float32 CPU one native
+call each for RMSNorm, RoPE with the cache write, and attention), fed by a `Stream` (the per-row mask in a buffer,
+none while every slot is real, as at batch 1): a draft step copies nothing of the past, dropping the guesses is a
+pointer move, and a round reads nothing back from the device beyond the engine's `longest`. `MTPHead.forward` (the
+training path) is the same math in plain torch ops; the drafter's logits equal it within float32 rounding (tested).
+
 LM head: the verifier's full one, or a truncated vocabulary (FR-Spec; `HeadConfig.draft_vocab` = K):
 the K tokens most frequent in the verifier's own training answers, whose ids are stored with the
 weights (their rows still come from the verifier at load time); q is exactly zero outside them, so
 strict stays lossless (a token the head cannot propose is reached through the residual). The
 built-in `drafter-mtp` keeps the full head: on its verifier (vocab 714, hidden 128) the LM-head
-matmul is ~12 us of a ~0.5 ms draft step (~2%, per-op overhead bound). `smollm2-drafter` truncates:
+matmul is ~12 us of a ~0.3 ms draft step (~4%, per-op overhead bound). `smollm2-drafter` truncates:
 SmolLM2's 49152 x 576 head costs more than the decoder layer itself; see its config.json for the
 measured cost and coverage behind K.
 
@@ -42,8 +49,11 @@ import torch.nn.functional as F
 
 from relaxspec.drafters.base import Drafter, Proposal
 from relaxspec.models.family import BUILTIN_HEADS, KIND, head_directory, is_mtp  # noqa: F401 - a head's file format
+from relaxspec.models.device import inference
+from relaxspec.models.fast_llama import DecoderLayers
 from relaxspec.models.hf import CausalLM
-from relaxspec.models.quant import Linear, convert_linears
+from relaxspec.models.quant import Linear, check_format, convert_linears
+from relaxspec.models.stream import Stream
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,12 @@ def _apply(linear, x):
     return F.linear(x, linear.weight) if isinstance(linear, torch.nn.Linear) else linear.forward(x)
 
 
+def _inv_freq(cfg: HeadConfig, device: torch.device) -> torch.Tensor:
+    """RoPE's frequencies [D/2] (float32) of a head of dimension D = hidden / heads."""
+    head_dim = cfg.hidden // cfg.heads
+    return 1.0 / cfg.rope_theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+
+
 def _rotate(x, rotation):
     """RoPE on x [B, T, heads, D] with rotation (cos, sin) [B, T, 1, D/2] (half-split pairs)."""
     cos, sin = rotation
@@ -126,9 +142,7 @@ class MTPHead(torch.nn.Module):
         self.fc = torch.nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
         self.layers = torch.nn.ModuleList(_DecoderLayer(cfg) for _ in range(cfg.layers))
         self.norm_out = torch.nn.Parameter(torch.ones(cfg.hidden))
-        head_dim = cfg.hidden // cfg.heads
-        self.register_buffer("inv_freq", 1.0 / cfg.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim),
-                             persistent=False)
+        self.register_buffer("inv_freq", _inv_freq(cfg, torch.device("cpu")), persistent=False)
         if cfg.draft_vocab:  # the kept token ids (stored with the weights; their LM-head rows are the verifier's)
             self.register_buffer("draft_vocab", torch.zeros(cfg.draft_vocab, dtype=torch.long))
 
@@ -202,10 +216,51 @@ def verifier_fingerprint(verifier: CausalLM) -> str:
 # ---------------------------------------------------------------- drafting
 
 
+class HeadLayers(DecoderLayers):
+    """The head's inference path: its decoder layers run as FastLlama runs its own (`DecoderLayers`: a KV buffer
+    per layer with a length pointer, the q/k rows interleaved for RoPE, on a float32 CPU one native call each for
+    RMSNorm, RoPE with the cache write and attention), then its output norm. Its input is the head's entries
+    (`entries`), so that a `Stream` feeds it as it feeds a causal LM: the per-row mask over the slots (a buffer
+    grown by doubling, none while every slot is real), each row's next position, rollback as a pointer move.
+    Same math as `MTPHead.forward` (tested)."""
+
+    max_position_embeddings = None  # (read by Stream: RoPE positions are not capped)
+
+    def __init__(self, head: MTPHead, embed: torch.Tensor, weight_format: str):
+        cfg = head.cfg
+        H, device = cfg.hidden, embed.device
+        layers = [(layer.attn_norm, *layer.qkv.weight.split(H), layer.o.weight, layer.mlp_norm,
+                   *layer.gate_up.weight.split(cfg.ffn), layer.down.weight) for layer in head.layers]
+        super().__init__(layers, cfg.heads, cfg.heads, H // cfg.heads, cfg.eps, _inv_freq(cfg, device), 1.0, device,
+                         embed.dtype, weight_format)
+        self.norm_out = head.norm_out.detach().to(self.dtype)
+        # `MTPHead.entries` split in two (same math): the embedding half a per-token table, the feature half one
+        # matmul with its norm weight folded in (kept in float32 on a CPU, as the table), the table's row added to it.
+        with torch.no_grad():
+            fc = head.fc.weight.detach()
+            self.entry_table = (F.rms_norm(embed, (H,), head.norm_embed, cfg.eps) @ fc[:, H:].t()).to(self.dtype)
+            self.feature_proj = Linear(fc[:, :H] * head.norm_feature,
+                                       "float32" if self.dtype == torch.float32 else self.weight_format)
+        self.unit = torch.ones(H, dtype=self.dtype, device=device)  # the feature norm's weight (folded in above)
+
+    def entries(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The entries [B, T, H] of (features [B, T, H] in the verifier's final space, tokens [B, T])."""
+        B, T, H = features.shape
+        x = self._rms_norm(features.reshape(B * T, H).to(self.dtype), self.unit)
+        return self.feature_proj(x, residual=self.entry_table.index_select(0, tokens.reshape(-1))).view(B, T, H)
+
+    def forward(self, entries, cache, attention_mask, position_ids, hidden_layer=None):
+        """The output features [B, T, H] of entries [B, T, H] (a Stream's call; no hidden states: None)."""
+        B, T, H = entries.shape
+        x, _ = self.run_layers(entries.view(B * T, H), cache, attention_mask, position_ids)
+        return self._rms_norm(x, self.norm_out).view(B, T, H), None
+
+
 class MTPDrafter(Drafter):
     """Drafting state per row: the head's cache over the entries of the accepted prefix (all made with
-    the verifier's own features), and the entries still to feed: those of the tokens accepted last
-    round (with their true features, replacing the head's guesses) and the one of `last`."""
+    the verifier's own features; a `Stream` over `HeadLayers`), and the entries still to feed: those of the
+    tokens accepted last round (with their true features, replacing the head's guesses) and the one of `last`.
+    A round allocates nothing that grows with the context and reads nothing back from the device."""
 
     kind = KIND
 
@@ -220,52 +275,42 @@ class MTPDrafter(Drafter):
         self.vocab_size = lm_head.shape[0]
         self.draft_vocab = head.draft_vocab.to(self.embed.device) if head.cfg.draft_vocab else None
         self.head.to(device=self.embed.device, dtype=self.embed.dtype)
-        convert_linears(self.head.layers, verifier.weight_format, f"MTP drafter {name!r}")
-        # `head.entries` split in two (same math): the embedding half becomes a per-token table, the
-        # feature half one matmul with the norm weight folded in. A draft step is op-count bound.
-        H, eps = head.cfg.hidden, head.cfg.eps
-        with torch.no_grad():
-            fc = head.fc.weight.detach()
-            self.entry_table = F.rms_norm(self.embed, (H,), head.norm_embed, eps) @ fc[:, H:].t()  # [V, H]
-            self.feature_proj_t = (fc[:, :H] * head.norm_feature).t().contiguous()  # [H, H]
+        what = f"MTP drafter {name!r}"
+        check_format(self.head.layers, verifier.weight_format, what)  # (one line, before any copy)
+        self.fast = HeadLayers(self.head, self.embed, verifier.weight_format)  # what drafts
+        # The head module keeps its layers too, in the same format, for `MTPHead.forward` on the drafter's head
+        # (teacher-forced measurements: benchmarks/mtp_agreement.py); a small second copy.
+        convert_linears(self.head.layers, verifier.weight_format, what)
+        self.stream = None
 
-    def _feed(self, features, tokens, valid):
-        """Append entries (features [B, T, H], tokens [B, T]) where valid [B, T]; their output features."""
-        positions = self.mask.sum(dim=1, keepdim=True)  # a row's next position: its real entries so far
-        if tokens.shape[1] > 1:
-            positions = positions + valid.cumsum(dim=1) - valid  # real entries get consecutive positions
-        self.mask = torch.cat([self.mask, valid], dim=1)
-        H, eps = self.head.cfg.hidden, self.head.cfg.eps
-        x = F.embedding(tokens, self.entry_table) + F.rms_norm(features, (H,), None, eps) @ self.feature_proj_t
-        out, self.cache = self.head(x, self.mask, positions, self.cache)
-        return out
-
-    @torch.inference_mode()
+    @inference
     def prefill(self, ids, mask, hidden=None) -> None:
         B, H = ids.shape[0], self.embed.shape[1]
-        self.mask = torch.zeros((B, 0), dtype=torch.long, device=ids.device)
-        self.cache = None
+        self.stream = Stream(self.fast)
         if hidden is not None:
             hidden = self.head.verifier_features(hidden.to(self.embed.dtype))
         if hidden is not None and ids.shape[1] >= 2:  # entries (f_{k-1}, t_k) of the prompt
-            self._feed(hidden[:, :-1], ids[:, 1:], mask[:, 1:] * mask[:, :-1])
+            self.stream.prefill(self.fast.entries(hidden[:, :-1], ids[:, 1:]), mask[:, 1:] * mask[:, :-1])
+        else:
+            self.stream.prefill(ids[:, :0], mask[:, :0])  # no entry yet
         if hidden is None or ids.shape[1] == 0:  # a one-token prompt: no feature before `last`
             self.pending = torch.zeros((B, 1, H), dtype=self.embed.dtype, device=ids.device)
         else:
             self.pending = hidden[:, -1:] * mask[:, -1:, None]
-        self.pending_tokens = torch.zeros((B, 1), dtype=torch.long, device=ids.device)
-        self.pending_valid = torch.ones((B, 1), dtype=torch.long, device=ids.device)
+        self.pending_tokens = ids[:, :0]  # the tokens of the pending entries before `last`'s
+        self.pending_valid = None  # [B, width] which pending entries are real (None: all)
 
-    @torch.inference_mode()
+    @inference
     def propose(self, last, n, extra, sample, stop=None) -> Proposal:
-        tokens_in = torch.cat([self.pending_tokens[:, :-1], last[:, None]], dim=1)
-        feature = self._feed(self.pending, tokens_in, self.pending_valid)[:, -1]
-        ones = torch.ones_like(last)[:, None]
+        tokens_in = last[:, None]
+        if self.pending_tokens.shape[1]:  # the accepted drafts' tokens come before it
+            tokens_in = torch.cat([self.pending_tokens, tokens_in], dim=1)
+        feature = self.stream.feed(self.fast.entries(self.pending, tokens_in), self.pending_valid)[0][:, -1]
         tokens, logits_rows, probs = [], [], []
         i = 0
         while i < n + extra:
             if i:  # the head's own feature stands in for the verifier's
-                feature = self._feed(feature[:, None], token[:, None], ones)[:, 0]
+                feature = self.stream.feed(self.fast.entries(feature[:, None], token[:, None]))[0][:, 0]
             logits = self._logits(feature)
             logits_rows.append(logits)
             if i < n:
@@ -288,27 +333,33 @@ class MTPDrafter(Drafter):
         full = torch.full((logits.shape[0], self.vocab_size), float("-inf"), device=logits.device)
         return full.index_copy_(1, self.draft_vocab, logits)
 
+    @inference
     def rollback(self, accepted, hidden=None, longest=None) -> None:
-        # Drop the entries made from the head's guesses; queue the accepted drafts' entries with the
-        # verifier's features (hidden [B, n+1, k H] of [last, x_1..x_n]) plus the next `last`'s entry,
+        # Drop the entries made from the head's guesses (a pointer move); queue the accepted drafts' entries with
+        # the verifier's features (hidden [B, n+1, k H] of [last, x_1..x_n]) plus the next `last`'s entry,
         # right-aligned so every row's entry for `last` is in the final column.
         hidden = self.head.verifier_features(hidden.to(self.embed.dtype))
         if self._guessed:
-            self.mask = self.mask[:, :-self._guessed]
-            self.cache = [(k[:, :, :-self._guessed], v[:, :, :-self._guessed]) for k, v in self.cache]
-        accepted = accepted.to(self.mask.device)
+            self.stream.invalidate_tail(None, self._guessed, longest=0)
+        if longest is not None and accepted.shape[0] == 1:  # one row: entries 0..longest, every one real
+            self.pending, self.pending_tokens, self.pending_valid = (
+                hidden[:, :longest + 1], self._drafts[:, :longest], None)
+            return
+        accepted = accepted.to(self.stream.device)
         width = (int(accepted.max()) if longest is None else longest) + 1  # (the engine's host copy: no sync)
         entry = torch.arange(width, device=accepted.device)[None, :] - (width - 1 - accepted)[:, None]
         self.pending_valid = (entry >= 0).long()
         entry = entry.clamp(min=0)  # entry e: (feature of [last, x_1..][e], x_{e+1}); the last one's token comes later
         self.pending = hidden.gather(1, entry[..., None].expand(-1, -1, hidden.shape[-1]))
-        self.pending_tokens = self._drafts.gather(1, entry.clamp(max=self._drafts.shape[1] - 1))
+        self.pending_tokens = self._drafts.gather(1, entry[:, :-1])
 
+    @inference
     def select(self, rows) -> None:
-        rows = rows.to(self.mask.device)
-        self.mask, self.pending, self.pending_tokens, self.pending_valid = (
-            t[rows] for t in (self.mask, self.pending, self.pending_tokens, self.pending_valid))
-        self.cache = None if self.cache is None else [(k[rows], v[rows]) for k, v in self.cache]
+        rows = rows.to(self.stream.device)
+        self.stream.select(rows)
+        self.pending, self.pending_tokens = self.pending[rows], self.pending_tokens[rows]
+        if self.pending_valid is not None:
+            self.pending_valid = self.pending_valid[rows]
 
 
 # ---------------------------------------------------------------- files

@@ -22,6 +22,9 @@ drafter is almost all per-op overhead, so every op per layer counts:
   composite of ~8 operations, and sdpa plus the transpose of its output cost 2x the kernel at a decode step),
   and the embedding and RoPE table are read by index_select: a small model's step is made of few operations.
 
+The decoder layers and their per-layer step are `DecoderLayers` (FastLlama adds the embedding, final norm and LM
+head); an MTP drafter head's layer is the same layer and drafts through it (drafters/mtp.py).
+
 Every tensor it makes (KV buffers, the RoPE table, masks) lives on the weights' device. On a CPU it computes
 in float32 whatever the weights' format (norms, RoPE, attention, the residual stream and the logits are
 float32; the bfloat16 and int4 kernels round a linear layer's input to bfloat16). Elsewhere it computes in
@@ -89,95 +92,42 @@ def _interleave_rope_pairs(weight: torch.Tensor, heads: int, head_dim: int, inve
     return per_head.reshape(heads * head_dim, -1)
 
 
-class FastLlama:
-    SUPPORTED = ("LlamaForCausalLM",)
+class DecoderLayers:
+    """Llama decoder layers run lean over a `KVCache` (pre-norm attention with RoPE, SwiGLU MLP; the module
+    docstring's choices): FastLlama's layers, and those of the MTP drafter head (drafters/mtp.py), which are the
+    same layer fed the head's own entries. On a CPU it computes in float32 whatever the weights' format; elsewhere
+    in the weights' dtype."""
+
     linear_options: dict = {}  # passed to every quant.Linear (a subclass may ask for another layout)
 
-    def __init__(self, model, weight_format: str = "float32"):
-        """`weight_format` (float32, bfloat16, int4) applies on a CPU; elsewhere the weights keep their dtype.
-        The transformers model's linear weights are copied (its own stay usable: `release_weights` drops them,
-        `linear_weights` reads them back)."""
-        cfg = model.config
-        self.num_layers = cfg.num_hidden_layers
-        self.heads = cfg.num_attention_heads
-        self.kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.eps = cfg.rms_norm_eps
-        inner = model.model
-        rotary = inner.rotary_emb
-        self.embed = inner.embed_tokens.weight
-        self.device = self.embed.device
-        self.dtype = torch.float32 if self.device.type == "cpu" else self.embed.dtype  # compute dtype
-        self.weight_format = weight_format if self.device.type == "cpu" else str(self.dtype).removeprefix("torch.")
-        self.num_parameters = sum(p.numel() for p in model.parameters())
-        self.inv_freq = rotary.inv_freq.float().to(self.device)
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self._rotations = torch.empty((0, self.head_dim // 2), dtype=torch.complex64, device=self.device)
+    def __init__(self, layers, heads: int, kv_heads: int, head_dim: int, eps: float, inv_freq: torch.Tensor,
+                 rope_scale: float, device: torch.device, weights_dtype: torch.dtype, weight_format: str = "float32"):
+        """`layers`: per layer the weights (input norm, q, k, v, o, post-attention norm, gate, up, down) in
+        transformers' layout (q and k rows half-split per head: interleaved here). `weight_format` applies on a
+        CPU; elsewhere the weights keep `weights_dtype`. Every matrix is copied into its format."""
+        self.num_layers = len(layers)
+        self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
+        self.device = device
+        self.dtype = torch.float32 if device.type == "cpu" else weights_dtype  # compute dtype
+        self.weight_format = weight_format if device.type == "cpu" else str(self.dtype).removeprefix("torch.")
+        self.inv_freq = inv_freq.float().to(device)
+        self.rope_scale = rope_scale
+        self._rotations = torch.empty((0, head_dim // 2), dtype=torch.complex64, device=device)
         self.masked = max(_MASKED, torch.finfo(self.dtype).min)
-        self._bias = torch.empty(0, dtype=self.dtype, device=self.device)  # storage of the attention bias
+        self._bias = torch.empty(0, dtype=self.dtype, device=device)  # storage of the attention bias
         self._future: dict[int, torch.Tensor] = {}  # T -> [T, T] True above the diagonal (a later query's slot)
-        self.final_norm = inner.norm.weight.detach().to(self.dtype)
         # RMSNorm, RoPE with the cache write, and attention in one native call each on a CPU (models/f32_kernels.py;
         # None: torch's ops)
-        self._native = f32_kernels.library() if self.dtype == torch.float32 and self.device.type == "cpu" else None
-        self._scratch = torch.empty(0, dtype=torch.float32, device=self.device)  # the attention kernel's scores
+        self._native = f32_kernels.library() if self.dtype == torch.float32 and device.type == "cpu" else None
+        self._scratch = torch.empty(0, dtype=torch.float32, device=device)  # the attention kernel's scores
         self.layers = []
-        for layer in inner.layers:
-            a, m = layer.self_attn, layer.mlp
-            if any(getattr(p, "bias", None) is not None for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj)):
-                raise ValueError("FastLlama does not support attention biases")
-            qkv = torch.cat([_interleave_rope_pairs(a.q_proj.weight, self.heads, self.head_dim),
-                             _interleave_rope_pairs(a.k_proj.weight, self.kv_heads, self.head_dim),
-                             a.v_proj.weight], dim=0)
-            gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight], dim=0)
-            dt, fmt, kw = self.dtype, self.weight_format, self.linear_options
-            self.layers.append((layer.input_layernorm.weight.detach().to(dt), Linear(qkv, fmt, **kw),
-                                Linear(a.o_proj.weight, fmt, **kw), layer.post_attention_layernorm.weight.detach().to(dt),
-                                Linear(gate_up, fmt, **kw), Linear(m.down_proj.weight, fmt, **kw)))
-        self.lm_head = Linear(model.lm_head.weight, self.weight_format, **self.linear_options)
-
-    _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                "mlp.up_proj", "mlp.down_proj")
-
-    @classmethod
-    def release_weights(cls, model) -> None:
-        """Drop the transformers model's decoder-layer linear weights once a FastLlama holds them in its
-        format (one resident copy, in every format); the model then runs only through FastLlama, and
-        `linear_weights` gives the dropped weights back on demand. Its embedding and LM head stay (the embedding
-        table is read by FastLlama; MTP heads borrow both)."""
-        for layer in model.model.layers:
-            for name in cls._LINEARS:
-                linear = layer.get_submodule(name)
-                linear.weight = torch.nn.Parameter(linear.weight.new_empty((0, linear.in_features)),
-                                                   requires_grad=False)
-
-    def linear_weights(self) -> dict[str, torch.Tensor]:
-        """The decoder layers' linear weights under the transformers model's state_dict names, in float32, read
-        back from the copies it multiplies by (`quant.Linear.dense`: exact in float32 and bfloat16)."""
-        out = {}
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        for i, (_, qkv, o, _, gate_up, down) in enumerate(self.layers):
-            w = qkv.dense()
-            gate, up = gate_up.dense().split(gate_up.shape[0] // 2)
-            weights = (_interleave_rope_pairs(w[:q], self.heads, self.head_dim, inverse=True),
-                       _interleave_rope_pairs(w[q:q + kv], self.kv_heads, self.head_dim, inverse=True),
-                       w[q + kv:], o.dense(), gate, up, down.dense())
-            out.update({f"model.layers.{i}.{name}.weight": t.contiguous() for name, t in zip(self._LINEARS, weights)})
-        return out
-
-    def weight_bytes(self) -> int:
-        """Bytes of the matrices it keeps (in their format), plus the norms and the embedding table."""
-        mats = [lin for layer in self.layers for lin in (layer[1], layer[2], layer[4], layer[5])] + [self.lm_head]
-        norms = [t for layer in self.layers for t in (layer[0], layer[3])] + [self.final_norm, self.embed]
-        return sum(lin.nbytes for lin in mats) + sum(t.numel() * t.element_size() for t in norms)
-
-    @classmethod
-    def supports(cls, model) -> bool:
-        cfg = model.config
-        return (type(model).__name__ in cls.SUPPORTED and getattr(cfg, "hidden_act", "silu") == "silu"
-                and (getattr(cfg, "rope_scaling", None) or {}).get("rope_type", "default") == "default"
-                and not getattr(cfg, "mlp_bias", False)
-                and getattr(cfg, "sliding_window", None) is None)
+        dt, fmt, kw = self.dtype, self.weight_format, self.linear_options
+        for w_in, q, k, v, o, w_post, gate, up, down in layers:
+            qkv = torch.cat([_interleave_rope_pairs(q, heads, head_dim), _interleave_rope_pairs(k, kv_heads, head_dim),
+                             v], dim=0)
+            self.layers.append((w_in.detach().to(dt), Linear(qkv, fmt, **kw), Linear(o, fmt, **kw),
+                                w_post.detach().to(dt), Linear(torch.cat([gate, up], dim=0), fmt, **kw),
+                                Linear(down, fmt, **kw)))
 
     def new_cache(self) -> KVCache:
         return KVCache(self.num_layers)
@@ -198,9 +148,9 @@ class FastLlama:
     def _attention_bias(self, attention_mask, past: int, B: int, T: int):
         """Additive mask [B, 1, T, L]: key j is visible to query t iff it is a real slot of the row and
         not in the future (by cache index); attention_mask None: every slot is real. None when a single new token
-        may see every slot. Written into a storage kept across calls (grown by doubling), so a call allocates no
-        [B, 1, T, L] tensor."""
-        if T == 1 and (attention_mask is None or bool(attention_mask.all())):
+        may see every slot, as known without a device sync (a mask off the CPU is not read: its bias is built).
+        Written into a storage kept across calls (grown by doubling), so a call allocates no [B, 1, T, L] tensor."""
+        if T == 1 and (attention_mask is None or (attention_mask.device.type == "cpu" and bool(attention_mask.all()))):
             return None
         L = past + T
         if self._bias.numel() < B * T * L:
@@ -246,14 +196,13 @@ class FastLlama:
                                            enable_gqa=KVH != H)
         return o.transpose(1, 2).reshape(B * T, H * D)
 
-    @inference
-    def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_blocks=()):
-        """Logits [B, T, V] and the hidden states after `hidden_blocks` (0-based; the last one after the
-        final norm) concatenated [B, T, k * H], or None when none is asked for. attention_mask [B, past + T]
-        (1: a real slot), or None when every slot is real."""
-        B, T = input_ids.shape
+    def run_layers(self, x: torch.Tensor, cache: KVCache, attention_mask, position_ids: torch.Tensor,
+                   hidden_blocks=()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """x [B * T, C] (compute dtype) through every layer, its keys and values appended to `cache` (positions
+        position_ids [B, T]; attention_mask [B, past + T], 1: a real slot, or None when every slot is real). Returns
+        the last layer's output [B * T, C] and {block: its output} for the blocks in `hidden_blocks`."""
+        B, T = position_ids.shape
         past = cache.get_seq_length()
-        x = self.embed.index_select(0, input_ids.reshape(-1)).to(self.dtype)  # [B*T, C]: every matmul is one mm
         rotation = self._rotation(position_ids, past + T)  # [B, T, 1, D/2], every head alike
         bias = self._attention_bias(attention_mask, past, B, T)
         hidden = {}
@@ -265,6 +214,87 @@ class FastLlama:
             if i in hidden_blocks:
                 hidden[i] = x
         cache.length = past + T
+        return x, hidden
+
+
+class FastLlama(DecoderLayers):
+    SUPPORTED = ("LlamaForCausalLM",)
+
+    def __init__(self, model, weight_format: str = "float32"):
+        """`weight_format` (float32, bfloat16, int4) applies on a CPU; elsewhere the weights keep their dtype.
+        The transformers model's linear weights are copied (its own stay usable: `release_weights` drops them,
+        `linear_weights` reads them back)."""
+        cfg = model.config
+        inner = model.model
+        rotary = inner.rotary_emb
+        self.embed = inner.embed_tokens.weight
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+        weights = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            if any(getattr(p, "bias", None) is not None for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj)):
+                raise ValueError("FastLlama does not support attention biases")
+            weights.append((layer.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight,
+                            a.o_proj.weight, layer.post_attention_layernorm.weight, m.gate_proj.weight,
+                            m.up_proj.weight, m.down_proj.weight))
+        super().__init__(weights, cfg.num_attention_heads, cfg.num_key_value_heads,
+                         getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+                         cfg.rms_norm_eps, rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)),
+                         self.embed.device, self.embed.dtype, weight_format)
+        self.final_norm = inner.norm.weight.detach().to(self.dtype)
+        self.lm_head = Linear(model.lm_head.weight, self.weight_format, **self.linear_options)
+
+    _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                "mlp.up_proj", "mlp.down_proj")
+
+    @classmethod
+    def release_weights(cls, model) -> None:
+        """Drop the transformers model's decoder-layer linear weights once a FastLlama holds them in its
+        format (one resident copy, in every format); the model then runs only through FastLlama, and
+        `linear_weights` gives the dropped weights back on demand. Its embedding and LM head stay (the embedding
+        table is read by FastLlama; MTP heads borrow both)."""
+        for layer in model.model.layers:
+            for name in cls._LINEARS:
+                linear = layer.get_submodule(name)
+                linear.weight = torch.nn.Parameter(linear.weight.new_empty((0, linear.in_features)),
+                                                   requires_grad=False)
+
+    def linear_weights(self) -> dict[str, torch.Tensor]:
+        """The decoder layers' linear weights under the transformers model's state_dict names, in float32, read
+        back from the copies it multiplies by (`quant.Linear.dense`: exact in float32 and bfloat16)."""
+        out = {}
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for i, (_, qkv, o, _, gate_up, down) in enumerate(self.layers):
+            w = qkv.dense()
+            gate, up = gate_up.dense().split(gate_up.shape[0] // 2)
+            weights = (_interleave_rope_pairs(w[:q], self.heads, self.head_dim, inverse=True),
+                       _interleave_rope_pairs(w[q:q + kv], self.kv_heads, self.head_dim, inverse=True),
+                       w[q + kv:], o.dense(), gate, up, down.dense())
+            out.update({f"model.layers.{i}.{name}.weight": t.contiguous() for name, t in zip(self._LINEARS, weights)})
+        return out
+
+    def weight_bytes(self) -> int:
+        """Bytes of the matrices it keeps (in their format), plus the norms and the embedding table."""
+        mats = [lin for layer in self.layers for lin in (layer[1], layer[2], layer[4], layer[5])] + [self.lm_head]
+        norms = [t for layer in self.layers for t in (layer[0], layer[3])] + [self.final_norm, self.embed]
+        return sum(lin.nbytes for lin in mats) + sum(t.numel() * t.element_size() for t in norms)
+
+    @classmethod
+    def supports(cls, model) -> bool:
+        cfg = model.config
+        return (type(model).__name__ in cls.SUPPORTED and getattr(cfg, "hidden_act", "silu") == "silu"
+                and (getattr(cfg, "rope_scaling", None) or {}).get("rope_type", "default") == "default"
+                and not getattr(cfg, "mlp_bias", False)
+                and getattr(cfg, "sliding_window", None) is None)
+
+    @inference
+    def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_blocks=()):
+        """Logits [B, T, V] and the hidden states after `hidden_blocks` (0-based; the last one after the
+        final norm) concatenated [B, T, k * H], or None when none is asked for. attention_mask [B, past + T]
+        (1: a real slot), or None when every slot is real."""
+        B, T = input_ids.shape
+        x = self.embed.index_select(0, input_ids.reshape(-1)).to(self.dtype)  # [B*T, C]: every matmul is one mm
+        x, hidden = self.run_layers(x, cache, attention_mask, position_ids, hidden_blocks)
         x = self._rms_norm(x, self.final_norm)
         hidden[self.num_layers - 1] = x  # as transformers reports it: the last hidden state is after the final norm
         logits = self.lm_head(x).view(B, T, -1)

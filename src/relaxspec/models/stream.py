@@ -78,7 +78,8 @@ class Stream:
 
     def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None):
         """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good;
-        None: all are). Returns float32 logits [B, T, V] and the hidden state asked for (or None)."""
+        None: all are). Returns float32 logits [B, T, V] and the hidden state asked for (or None). (The model may
+        take other inputs [B, T, ...] and return its own outputs: an MTP drafter head's entries and features.)"""
         T = ids.shape[1]
         if valid is None:  # consecutive positions (one token: the row's next position itself, no new tensor)
             positions = self.next_position if T == 1 else self.next_position + cached_arange(T, self.device)
@@ -143,6 +144,8 @@ class Stream:
         longest row's. Positions are unchanged (they were applied when the slots were written)."""
         slack = self.slack if slack is None else slack
         self._checked = self.length
+        if self.dense:  # no slot in use is masked: nothing to drop, and no device read to find it out
+            return
         valid = self.mask
         longest = int(valid.sum(dim=1).max())
         if self.length - longest <= slack or not can_gather_cache(self.cache):
