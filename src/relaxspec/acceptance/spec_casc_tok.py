@@ -9,14 +9,17 @@ keeps only the argmax in A; α = 1 gives π = q).
 import torch
 
 from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
-from relaxspec.acceptance.processing import capped_ratio
+from relaxspec.acceptance.processing import at_tokens, capped_ratio
 
 
-def casc_tok_target(pos: Positions, alpha: float) -> torch.Tensor:
-    p_tilde = pos.p_tilde
-    in_a = p_tilde >= (1.0 - alpha) * p_tilde.amax(dim=-1, keepdim=True)
-    eta = (pos.q * ~in_a).sum(dim=-1, keepdim=True)
-    return pos.q * in_a + eta * pos.p
+def top_set_floor(pos: Positions, alpha: float) -> torch.Tensor:
+    """[..., 1] (1-α)·max p̃: A = {v : p̃(v) >= this}."""
+    return (1.0 - alpha) * pos.p_tilde.amax(dim=-1, keepdim=True)
+
+
+def deferred_mass(q: torch.Tensor, in_a: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """η = Σ_{v∉A} q(v) (q zeroed on A: the same values, and so the same sum, as q·1[v∉A])."""
+    return q.masked_fill(in_a, 0.0).sum(dim=-1, keepdim=keepdim)
 
 
 @register
@@ -33,8 +36,13 @@ class SpecCascTokRule(Rule):
     at_greedy = "the drafter's argmax is accepted iff it is in A (from the untempered p̃), else strict"
 
     def accept_prob(self, pos: Positions, *, alpha: float) -> torch.Tensor:
-        pi = casc_tok_target(pos, alpha)
-        return capped_ratio(pi.gather(-1, pos.x.unsqueeze(-1)).squeeze(-1), pos.q_x)
+        # π(x) = q(x)·1[x∈A] + η·p(x): the same float operations as π's column x (residual).
+        floor = top_set_floor(pos, alpha)
+        in_a_x = at_tokens(pos.p_tilde, pos.x) >= floor.squeeze(-1)
+        pi_x = pos.q_x * in_a_x + deferred_mass(pos.q, pos.p_tilde >= floor) * pos.p_x
+        return capped_ratio(pi_x, pos.q_x)
 
     def residual(self, pos: Positions, *, alpha: float) -> torch.Tensor:
-        return (casc_tok_target(pos, alpha) - pos.q).clamp_min(0.0)
+        in_a = pos.p_tilde >= top_set_floor(pos, alpha)
+        pi = pos.q * in_a + deferred_mass(pos.q, in_a, keepdim=True) * pos.p
+        return pi.sub_(pos.q).clamp_min_(0.0)
