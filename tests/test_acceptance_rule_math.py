@@ -192,10 +192,12 @@ def _check(method, ctx, params):
     want = accept_ref(_fresh(ctx).drafts(), **params)
     assert _equal(got, want), f"{method} {params}: accept_prob differs\n{got}\n{want}"
     B, N = ctx.draft_tokens.shape
-    for i in range(N):  # one row per sequence, as the loop gathers it (B = 1 reads the row in place)
-        got = rule.residual(ctx.row(i), **params)
+    for i in range(N):  # one row per sequence, as the loop gathers it (B = 1 reads the row in place) ...
         want = residual_ref(_fresh(ctx).row(i), **params)
+        got = rule.residual(ctx.row(i), **params)  # (... its row of the drafts' shared work)
         assert _equal(got, want), f"{method} {params}: residual at row {i} differs"
+        got = rule.residual(_fresh(ctx).row(i), **params)  # (... computed on the row alone)
+        assert _equal(got, want), f"{method} {params}: residual at row {i} (alone) differs"
     b = torch.arange(B)
     i = torch.randint(0, N, (B,), generator=torch.Generator().manual_seed(1))
     assert _equal(rule.residual(ctx.rows(b, i), **params), residual_ref(_fresh(ctx).rows(b, i), **params))

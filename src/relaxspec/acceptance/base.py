@@ -150,12 +150,25 @@ class Positions:
     p_tilde: [..., V] verifier at temperature 1 without top-k / top-p.
     """
 
-    def __init__(self, sources: dict, select, temperature: float, top_k, top_p):
+    def __init__(self, sources: dict, select, temperature: float, top_k, top_p, drafts: Positions | None = None):
         self._sources = sources  # name -> tensor over the whole block
         self._select = select  # block tensor -> these positions
         self.temperature = temperature
         self.top_k = top_k
         self.top_p = top_p
+        self._drafts = drafts  # the block's draft positions [B, N, ...], when these are some of them
+        self._shared: dict = {}
+
+    def shared(self, key, compute):
+        """compute(self) (a tensor or a tuple of tensors, [..., ...] over these positions), once per key: positions
+        taken from the block's draft positions select it from what the drafts computed under the same key (the
+        shared loop's residual row reads its row of the rule's accept_prob work, not a second computation). The
+        key names the quantity and every parameter it depends on; the tensors are read-only."""
+        if key not in self._shared:
+            done = None if self._drafts is None else self._drafts._shared.get(key)
+            self._shared[key] = (compute(self) if done is None else
+                                 tuple(map(self._select, done)) if isinstance(done, tuple) else self._select(done))
+        return self._shared[key]
 
     @_lazy
     def p(self) -> torch.Tensor:
@@ -237,17 +250,17 @@ class VerifyContext:
 
     def rows(self, b: torch.Tensor, i: torch.Tensor) -> Positions:
         """Draft position i[r] of sequence b[r] for each r: [R, ...]."""
-        return self._positions(lambda t: t[b, i])
+        return self._positions(lambda t: t[b, i], self._drafts)
 
     def row(self, i: int) -> Positions:
         """Draft position i of every sequence: [B, ...], views of the block (no copy: rules never write into what
         they read)."""
-        return self._positions(lambda t: t[:, i])
+        return self._positions(lambda t: t[:, i], self._drafts)
 
-    def _positions(self, select) -> Positions:
+    def _positions(self, select, drafts: Positions | None = None) -> Positions:
         sources = dict(p=self.p, q=self.q, z_p=self.target_logits, z_q=self.draft_logits,
                        x=self.draft_tokens)
-        return Positions(sources, select, self.temperature, self.top_k, self.top_p)
+        return Positions(sources, select, self.temperature, self.top_k, self.top_p, drafts)
 
 
 # ---------------------------------------------------------------- rules

@@ -14,11 +14,13 @@ from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
 from relaxspec.acceptance.processing import capped_ratio
 
 
-def cactus_h(p_x: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, 1 - p(x)) at probabilities p_x in [0, 1] (processed: a probability never exceeds 1), where
-    2·δ·p(x)(1-p(x)) >= 0, so its square root needs no clamp at 0 (the same bits as with one)."""
-    rest = 1.0 - p_x
-    return (p_x + (2.0 * delta * p_x * rest).sqrt_()).clamp_(max=1.0), rest
+def cactus_h(pos: Positions, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, 1 - p(x)), once per block (`Positions.shared`). p(x) is in [0, 1] (processed: a probability never
+    exceeds 1), so 2·δ·p(x)(1-p(x)) >= 0 and its square root needs no clamp at 0 (the same bits as with one)."""
+    def compute(pos: Positions):
+        rest = 1.0 - pos.p_x
+        return (pos.p_x + (2.0 * delta * pos.p_x * rest).sqrt_()).clamp_(max=1.0), rest
+    return pos.shared(("cactus_h", delta), compute)
 
 
 @register
@@ -36,12 +38,12 @@ class CactusRule(Rule):
     at_greedy = "p one-hot, so h = p(x): exactly strict"
 
     def accept_prob(self, pos: Positions, *, delta: float) -> torch.Tensor:
-        h, _ = cactus_h(pos.p_x, delta)
+        h, _ = cactus_h(pos, delta)
         return capped_ratio(h, pos.q_x)
 
     def residual(self, pos: Positions, *, delta: float) -> torch.Tensor:
         # (H_x - q)+: the rest of p rescaled, (p·scale - q)+, and (h - q(x))+ at x.
-        h, rest = cactus_h(pos.p_x, delta)
+        h, rest = cactus_h(pos, delta)
         # p(x) = 1 leaves nothing to rescale (and h = 1): H_x = p, scale 1 where (1-h)/(1-p(x)) is 0/0.
         scale = ((1.0 - h) / rest).nan_to_num_(nan=1.0)
         H = (pos.p * scale.unsqueeze(-1)).scatter_(-1, pos.x.unsqueeze(-1), h.unsqueeze(-1))

@@ -12,14 +12,14 @@ from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
 from relaxspec.acceptance.processing import at_tokens, capped_ratio
 
 
-def top_set_floor(pos: Positions, alpha: float) -> torch.Tensor:
-    """[..., 1] (1-α)·max p̃: A = {v : p̃(v) >= this}."""
-    return (1.0 - alpha) * pos.p_tilde.amax(dim=-1, keepdim=True)
-
-
-def deferred_mass(q: torch.Tensor, in_a: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
-    """η = Σ_{v∉A} q(v) (q zeroed on A: the same values, and so the same sum, as q·1[v∉A])."""
-    return q.masked_fill(in_a, 0.0).sum(dim=-1, keepdim=keepdim)
+def top_set(pos: Positions, alpha: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(1[v∈A] [..., V], η = Σ_{v∉A} q(v) [..., 1], (1-α)·max p̃ [..., 1]: A = {v : p̃(v) >= this}), once per block
+    (`Positions.shared`). q zeroed on A has the same values, and so the same sum, as q·1[v∉A]."""
+    def compute(pos: Positions):
+        floor = (1.0 - alpha) * pos.p_tilde.amax(dim=-1, keepdim=True)
+        in_a = pos.p_tilde >= floor
+        return in_a, pos.q.masked_fill(in_a, 0.0).sum(dim=-1, keepdim=True), floor
+    return pos.shared(("spec-casc-tok", alpha), compute)
 
 
 @register
@@ -37,12 +37,10 @@ class SpecCascTokRule(Rule):
 
     def accept_prob(self, pos: Positions, *, alpha: float) -> torch.Tensor:
         # π(x) = q(x)·1[x∈A] + η·p(x): the same float operations as π's column x (residual).
-        floor = top_set_floor(pos, alpha)
+        _, eta, floor = top_set(pos, alpha)
         in_a_x = at_tokens(pos.p_tilde, pos.x) >= floor.squeeze(-1)
-        pi_x = pos.q_x * in_a_x + deferred_mass(pos.q, pos.p_tilde >= floor) * pos.p_x
-        return capped_ratio(pi_x, pos.q_x)
+        return capped_ratio(pos.q_x * in_a_x + eta.squeeze(-1) * pos.p_x, pos.q_x)
 
     def residual(self, pos: Positions, *, alpha: float) -> torch.Tensor:
-        in_a = pos.p_tilde >= top_set_floor(pos, alpha)
-        pi = pos.q * in_a + deferred_mass(pos.q, in_a, keepdim=True) * pos.p
-        return pi.sub_(pos.q).clamp_min_(0.0)
+        in_a, eta, _ = top_set(pos, alpha)
+        return (pos.q * in_a + eta * pos.p).sub_(pos.q).clamp_min_(0.0)

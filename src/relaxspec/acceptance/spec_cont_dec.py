@@ -65,7 +65,8 @@ class SpecContDecRule(Rule):
     at_greedy = "the support of p is its argmax, so π = p: exactly strict"
 
     def _target(self, pos: Positions, beta: float) -> torch.Tensor:
-        return contrastive_target(pos.z_p, pos.z_q, pos.p, beta, pos.temperature)
+        return pos.shared(("spec-cont-dec", beta),
+                          lambda pos: contrastive_target(pos.z_p, pos.z_q, pos.p, beta, pos.temperature))
 
     def accept_prob(self, pos: Positions, *, beta: float) -> torch.Tensor:
         return capped_ratio(at_tokens(self._target(pos, beta), pos.x), pos.q_x)
