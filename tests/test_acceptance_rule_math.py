@@ -179,7 +179,7 @@ def _equal(a, b):
 
 def _fresh(ctx):
     """The block's positions with nothing computed yet (the reference reads none of what the rule computed)."""
-    return dataclasses.replace(ctx, _drafts=None)
+    return dataclasses.replace(ctx, _drafts=None, _whole=None)
 
 
 def _check(method, ctx, params):
@@ -202,8 +202,9 @@ def _check(method, ctx, params):
     i = torch.randint(0, N, (B,), generator=torch.Generator().manual_seed(1))
     assert _equal(rule.residual(ctx.rows(b, i), **params), residual_ref(_fresh(ctx).rows(b, i), **params))
     assert _equal(rule.residual(drafts, **params), residual_ref(_fresh(ctx).drafts(), **params))
-    if bonus_ref is not None:
+    if bonus_ref is not None:  # read from the block's shared work, and computed alone
         assert _equal(rule.bonus(ctx, **params), bonus_ref(_fresh(ctx), **params)), f"{method} {params}: bonus"
+        assert _equal(rule.bonus(_fresh(ctx), **params), bonus_ref(_fresh(ctx), **params))
     # the rule wrote into nothing it read (its in-place ops act on its own temporaries)
     for a, b in zip(inputs, (ctx.p, ctx.q, ctx.target_logits, ctx.draft_logits, ctx.draft_tokens)):
         assert torch.equal(a, b)

@@ -65,8 +65,12 @@ class SpecContDecRule(Rule):
     at_greedy = "the support of p is its argmax, so π = p: exactly strict"
 
     def _target(self, pos: Positions, beta: float) -> torch.Tensor:
-        return pos.shared(("spec-cont-dec", beta),
-                          lambda pos: contrastive_target(pos.z_p, pos.z_q, pos.p, beta, pos.temperature))
+        # Once per block, over the positions the drafter gave logits for (the bonus position too, where it gave N+1
+        # rows): the residual row and the bonus read theirs.
+        def compute(pos: Positions) -> torch.Tensor:
+            rows = pos.z_q.shape[1]
+            return contrastive_target(pos.z_p[:, :rows], pos.z_q, pos.p[:, :rows], beta, pos.temperature)
+        return pos.shared(("spec-cont-dec", beta), compute, whole_block=True)
 
     def accept_prob(self, pos: Positions, *, beta: float) -> torch.Tensor:
         return capped_ratio(at_tokens(self._target(pos, beta), pos.x), pos.q_x)
@@ -75,6 +79,4 @@ class SpecContDecRule(Rule):
         return (self._target(pos, beta) - pos.q).clamp_min_(0.0)
 
     def bonus(self, ctx: VerifyContext, *, beta: float) -> torch.Tensor:
-        return contrastive_target(
-            ctx.target_logits[:, -1], ctx.draft_logits[:, -1], ctx.p[:, -1], beta, ctx.temperature
-        )
+        return self._target(ctx.whole(), beta)[:, ctx.p.shape[1] - 1]  # (the drafter's row there: validate checks)
