@@ -275,3 +275,36 @@ def test_spec_cont_dec_overflow_is_still_an_error():
             else:
                 assert _equal(rule.accept_prob(ctx.drafts(), beta=beta), REFERENCES["spec-cont-dec"][0](
                     ctx.drafts(), beta=beta))
+
+
+def test_positions_share_work_down_the_block():
+    """Positions.shared: computed once per key; the drafts select from the whole block, a row (or gathered rows) from
+    the drafts; positions with nothing above them compute their own; keys apart stay apart."""
+    target, draft, x = _blocks(2)
+    ctx = build_context(target, draft, x, temperature=0.7)  # the drafter's N+1 rows
+    B, N = x.shape
+    calls = []
+
+    def compute(pos):
+        calls.append(pos)
+        return pos.z_p * 2.0, pos.z_p + pos.z_q
+
+    whole = ctx.whole()
+    assert whole.z_p.shape[1] == N + 1
+    drafts = ctx.drafts()
+    a, b = drafts.shared("k", compute, whole_block=True)  # computed over every position, once
+    assert calls == [whole] and a.shape == (B, N, 40)
+    assert torch.equal(a, ctx.target_logits[:, :N] * 2.0)
+    assert torch.equal(b, (ctx.target_logits + ctx.draft_logits)[:, :N])
+    row = ctx.row(1)
+    assert torch.equal(row.shared("k", compute)[0], ctx.target_logits[:, 1] * 2.0) and len(calls) == 1
+    i = torch.randint(0, N, (B,), generator=torch.Generator().manual_seed(3))
+    got = ctx.rows(torch.arange(B), i).shared("k", compute, whole_block=True)[1]
+    assert torch.equal(got, (ctx.target_logits + ctx.draft_logits)[torch.arange(B), i]) and len(calls) == 1
+    assert torch.equal(whole.shared("k", compute)[0][:, -1], ctx.target_logits[:, -1] * 2.0) and len(calls) == 1
+    # another key: computed again, at the drafts (not the whole block) without whole_block
+    drafts.shared("other", compute)
+    assert len(calls) == 2 and calls[-1] is drafts
+    # a row of a fresh block: nothing above it computed, so it computes its own
+    fresh = _fresh(ctx).row(2)
+    assert torch.equal(fresh.shared("k", compute)[0], ctx.target_logits[:, 2] * 2.0) and calls[-1] is fresh

@@ -20,7 +20,7 @@ def cactus_h(pos: Positions, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
     def compute(pos: Positions):
         rest = 1.0 - pos.p_x
         return (pos.p_x + (2.0 * delta * pos.p_x * rest).sqrt_()).clamp_(max=1.0), rest
-    return pos.shared(("cactus_h", delta), compute)
+    return pos.shared(("cactus", delta), compute)
 
 
 @register

@@ -13,8 +13,8 @@ from relaxspec.acceptance.processing import at_tokens, capped_ratio
 
 
 def top_set(pos: Positions, alpha: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(1[v∈A] [..., V], η = Σ_{v∉A} q(v) [..., 1], (1-α)·max p̃ [..., 1]: A = {v : p̃(v) >= this}), once per block
-    (`Positions.shared`). q zeroed on A has the same values, and so the same sum, as q·1[v∉A]."""
+    """(1[v∈A] [..., V], η = Σ_{v∉A} q(v) [..., 1], (1-α)·max p̃ [..., 1]: A = {v : p̃(v) >= this}), once per
+    block (`Positions.shared`). q zeroed on A has the same values, and so the same sum, as q·1[v∉A]."""
     def compute(pos: Positions):
         floor = (1.0 - alpha) * pos.p_tilde.amax(dim=-1, keepdim=True)
         in_a = pos.p_tilde >= floor
