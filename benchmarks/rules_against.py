@@ -7,7 +7,8 @@ token ids end to end, the verify step's time and its tensor ops per call, per ru
 OTHER/src is a tree exported with `git archive COMMIT src | tar -x -C /tmp/base`. Each tree runs in its own worker
 process (one torch thread).
 * tokens: `generate` on the built-in pair (verifier, drafter-weak), T=0.7 top-p 0.95, N drafts, each arithmetic prompt
-  one at a time with each seed, in both trees: the token ids must be identical (exit status 1 otherwise).
+  one at a time with each seed, in both trees: the token ids must be identical (exit status 1 otherwise); the thread
+  CPU time of those runs per round is printed beside (one pass each: indicative only).
 * ops and time: `VerifyStep` alone on the blocks `verify_step.py` times (B=1, V=714, T=0.7, top-p 0.95, drafts from a
   noisy copy of the verifier, their processed distributions passed, a fresh round of counter draws per call made
   before the timing): aten ops per call (a TorchDispatchMode) and the median thread CPU time per call, the two trees
@@ -77,10 +78,13 @@ for line in sys.stdin:
             from relaxspec.tasks.synthetic import synthetic_task
             models = load_model("verifier"), load_model("drafter-weak")
             prompts = synthetic_task("arithmetic", "test", 64).prompts
+            generate(*models, prompts[-1:], method="strict", draft_length=3, max_new_tokens=8)  # warm-up
         prompt, seed, max_new = a, b, 48
+        t = time.thread_time()
         o = generate(*models, [prompts[prompt]], method=rule, draft_length=N, max_new_tokens=max_new, seed=seed,
                      **SAMPLING)
-        print(json.dumps([o.results[0].token_ids, o.stats.verifier_forwards]), flush=True)
+        t = time.thread_time() - t
+        print(json.dumps([o.results[0].token_ids, o.stats.verifier_forwards, t]), flush=True)
     elif kind == "ops":
         for step, target, draft, x, draws, inputs in calls(rule, N, 4):  # warm: lazy imports, caches
             step(target, draft, x, random=draws, **inputs)
@@ -131,20 +135,27 @@ def main() -> None:
         print(f"this tree: {trees['this']}; other: {trees['other']}")
         if not args.skip_tokens:
             print(f"token ids: built-in pair, T=0.7 top-p 0.95, {args.prompts} arithmetic prompts x seeds "
-                  f"{args.seeds}, max_new_tokens 48")
+                  f"{args.seeds}, max_new_tokens 48 (and the thread CPU time of generate per round, the trees taking "
+                  f"turns sequence by sequence: one pass, indicative)")
             for rule in args.rules:
                 for N in args.drafts:
                     tokens = rounds = same = 0
+                    seconds = {n: 0.0 for n in workers}
                     for prompt in range(args.prompts):
                         for seed in args.seeds:
-                            (ids, r), (other_ids, _) = (ask(n, "tokens", rule, N, prompt, seed) for n in workers)
+                            got = {}
+                            for n in (("this", "other") if (prompt + seed) % 2 == 0 else ("other", "this")):
+                                got[n] = ask(n, "tokens", rule, N, prompt, seed)
+                                seconds[n] += got[n][2]
+                            (ids, r, _), (other_ids, _, _) = got["this"], got["other"]
                             same += ids == other_ids
                             tokens, rounds = tokens + len(ids), rounds + r
                             if ids != other_ids:
                                 differ.append((rule, N, prompt, seed))
                     total = args.prompts * len(args.seeds)
-                    print(f"  {rule:<14} N={N}: {same}/{total} sequences identical ({tokens} tokens, {rounds} rounds)",
-                          flush=True)
+                    a, b = (1e3 * seconds[n] / rounds for n in ("this", "other"))
+                    print(f"  {rule:<14} N={N}: {same}/{total} sequences identical ({tokens} tokens, {rounds} rounds); "
+                          f"ms per round {a:.3f} here, {b:.3f} other ({a / b:.3f})", flush=True)
         if not args.skip_time:
             print(f"the step alone: B=1 V=714 T=0.7 top-p 0.95; aten ops per call; median us per call over "
                   f"{args.repeats} calls each (thread CPU time, the trees taking turns 50 calls at a time)")
