@@ -305,6 +305,9 @@ def test_positions_share_work_down_the_block():
     # another key: computed again, at the drafts (not the whole block) without whole_block
     drafts.shared("other", compute)
     assert len(calls) == 2 and calls[-1] is drafts
-    # a row of a fresh block: nothing above it computed, so it computes its own
+    # a row of a fresh block: nothing above it computed, so it computes its own (or the whole block, if asked)
     fresh = _fresh(ctx).row(2)
     assert torch.equal(fresh.shared("k", compute)[0], ctx.target_logits[:, 2] * 2.0) and calls[-1] is fresh
+    fresh = _fresh(ctx)
+    assert torch.equal(fresh.row(2).shared("k", compute, whole_block=True)[0], ctx.target_logits[:, 2] * 2.0)
+    assert calls[-1] is fresh.whole() and len(calls) == 4

@@ -273,12 +273,12 @@ class VerifyContext:
 
     def rows(self, b: torch.Tensor, i: torch.Tensor) -> Positions:
         """Draft position i[r] of sequence b[r] for each r: [R, ...]."""
-        return self._positions(lambda t: t[b, i], self._drafts)
+        return self._positions(lambda t: t[b, i], self.drafts())
 
     def row(self, i: int) -> Positions:
         """Draft position i of every sequence: [B, ...], views of the block (no copy: rules never write into what
         they read)."""
-        return self._positions(lambda t: t[:, i], self._drafts)
+        return self._positions(lambda t: t[:, i], self.drafts())
 
     def _positions(self, select, parent: Positions | None = None) -> Positions:
         sources = dict(p=self.p, q=self.q, z_p=self.target_logits, z_q=self.draft_logits,

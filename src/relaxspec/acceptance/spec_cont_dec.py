@@ -65,8 +65,8 @@ class SpecContDecRule(Rule):
     at_greedy = "the support of p is its argmax, so π = p: exactly strict"
 
     def _target(self, pos: Positions, beta: float) -> torch.Tensor:
-        # Once per block, over the positions the drafter gave logits for (the bonus position too, where it gave N+1
-        # rows): the residual row and the bonus read theirs.
+        # Once per block (the whole block's positions [B, N+1, ...]), over the positions the drafter gave logits for
+        # (the bonus position too, where it gave N+1 rows): the residual row and the bonus read theirs.
         def compute(pos: Positions) -> torch.Tensor:
             rows = pos.z_q.shape[1]
             return contrastive_target(pos.z_p[:, :rows], pos.z_q, pos.p[:, :rows], beta, pos.temperature)
