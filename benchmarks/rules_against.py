@@ -2,18 +2,20 @@
 token ids end to end, the verify step's time and its tensor ops per call, per rule.
 
     python benchmarks/rules_against.py --against OTHER/src [--rules cactus typical ...] [--drafts 3]
-        [--prompts 6] [--seeds 0 1] [--max-new-tokens 48] [--repeats 1000] [--skip-tokens] [--skip-time]
+        [--prompts 6] [--seeds 0 1] [--repeats 1000] [--passes 2] [--skip-tokens] [--skip-time]
 
 OTHER/src is a tree exported with `git archive COMMIT src | tar -x -C /tmp/base`. Each tree runs in its own worker
 process (one torch thread).
 * tokens: `generate` on the built-in pair (verifier, drafter-weak), T=0.7 top-p 0.95, N drafts, each arithmetic prompt
   one at a time with each seed, in both trees: the token ids must be identical (exit status 1 otherwise); the thread
-  CPU time of those runs per round is printed beside (one pass each: indicative only).
+  CPU time of those runs per round is printed beside (a few hundred rounds: indicative only).
 * ops and time: `VerifyStep` alone on the blocks `verify_step.py` times (B=1, V=714, T=0.7, top-p 0.95, drafts from a
   noisy copy of the verifier, their processed distributions passed, a fresh round of counter draws per call made
   before the timing): aten ops per call (a TorchDispatchMode) and the median thread CPU time per call, the two trees
   taking turns in chunks of 50 calls. Times are the worker thread's CPU time, which other processes' load inflates
-  less than wall time; on a shared machine compare the ratios, not the absolute figures.
+  less than wall time; on a shared machine compare the ratios, not the absolute figures. Against a copy of the same
+  tree the worker started first measured 2-3% slower, whichever tree it held: each of the --passes starts a fresh
+  pair in the other order, and the figures pool the passes (their ratio then reads about 1.00 for the same code).
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ def main() -> None:
     ap.add_argument("--drafts", nargs="+", type=int, default=[3])
     ap.add_argument("--prompts", type=int, default=6, help="arithmetic prompts per rule (tokens)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    ap.add_argument("--repeats", type=int, default=1000, help="timed calls per tree (the step alone)")
+    ap.add_argument("--repeats", type=int, default=1000, help="timed calls per tree and pass (the step alone)")
+    ap.add_argument("--passes", type=int, default=2, help="fresh worker pairs, started in turn order (default 2)")
     ap.add_argument("--skip-tokens", action="store_true")
     ap.add_argument("--skip-time", action="store_true")
     args = ap.parse_args()
@@ -119,62 +122,73 @@ def main() -> None:
     import relaxspec
     here = os.path.dirname(os.path.dirname(os.path.abspath(relaxspec.__file__)))
     trees = {"this": here, "other": os.path.abspath(args.against)}
-    workers = {name: subprocess.Popen([sys.executable, "-c", WORKER], env=dict(os.environ, PYTHONPATH=src),
-                                      text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-               for name, src in trees.items()}
-
-    def ask(name, *request):
-        workers[name].stdin.write(json.dumps(list(request)) + "\n")
-        workers[name].stdin.flush()
-        return json.loads(workers[name].stdout.readline())
-
+    cases = [(rule, N) for rule in args.rules for N in args.drafts]
+    same = {c: 0 for c in cases}
+    counts = {c: [0, 0] for c in cases}  # tokens, rounds (over the passes)
+    seconds = {c: {n: 0.0 for n in trees} for c in cases}
+    times = {c: {n: [] for n in trees} for c in cases}
+    ops = {}
     differ = []
-    try:
-        for w in workers.values():
-            assert w.stdout.readline().strip() == "ready"
-        print(f"this tree: {trees['this']}; other: {trees['other']}")
-        if not args.skip_tokens:
-            print(f"token ids: built-in pair, T=0.7 top-p 0.95, {args.prompts} arithmetic prompts x seeds "
-                  f"{args.seeds}, max_new_tokens 48 (and the thread CPU time of generate per round, the trees taking "
-                  f"turns sequence by sequence: one pass, indicative)")
-            for rule in args.rules:
-                for N in args.drafts:
-                    tokens = rounds = same = 0
-                    seconds = {n: 0.0 for n in workers}
-                    for prompt in range(args.prompts):
-                        for seed in args.seeds:
-                            got = {}
-                            for n in (("this", "other") if (prompt + seed) % 2 == 0 else ("other", "this")):
-                                got[n] = ask(n, "tokens", rule, N, prompt, seed)
-                                seconds[n] += got[n][2]
-                            (ids, r, _), (other_ids, _, _) = got["this"], got["other"]
-                            same += ids == other_ids
-                            tokens, rounds = tokens + len(ids), rounds + r
-                            if ids != other_ids:
-                                differ.append((rule, N, prompt, seed))
-                    total = args.prompts * len(args.seeds)
-                    a, b = (1e3 * seconds[n] / rounds for n in ("this", "other"))
-                    print(f"  {rule:<14} N={N}: {same}/{total} sequences identical ({tokens} tokens, {rounds} rounds); "
-                          f"ms per round {a:.3f} here, {b:.3f} other ({a / b:.3f})", flush=True)
-        if not args.skip_time:
-            print(f"the step alone: B=1 V=714 T=0.7 top-p 0.95; aten ops per call; median us per call over "
-                  f"{args.repeats} calls each (thread CPU time, the trees taking turns 50 calls at a time)")
-            print(f"{'rule':<14}{'N':>3}{'ops':>6}{'other':>7}{'us':>9}{'other':>9}{'ratio':>8}")
-            for rule in args.rules:
-                for N in args.drafts:
-                    ops = {n: ask(n, "ops", rule, N, 32, 0) for n in workers}
-                    times = {n: [] for n in workers}
-                    ask("this", "time", rule, N, 50, 0), ask("other", "time", rule, N, 50, 0)  # warm-up
-                    for k in range(0, args.repeats, 50):
-                        for n in (("this", "other") if k % 100 == 0 else ("other", "this")):
-                            times[n] += ask(n, "time", rule, N, min(50, args.repeats - k), 0)
-                    a, b = (1e6 * statistics.median(times[n]) for n in ("this", "other"))
-                    print(f"{rule:<14}{N:>3}{ops['this']:>6.0f}{ops['other']:>7.0f}{a:>9.1f}{b:>9.1f}{a / b:>8.3f}",
-                          flush=True)
-    finally:
-        for w in workers.values():
-            w.stdin.close()
-            w.wait()
+    for done in range(args.passes):
+        # (The worker started first measured 2-3% slower in a run against a copy of the same tree, whichever tree it
+        # held: each pass starts them in the other order, and the figures pool the passes.)
+        order = tuple(trees) if done % 2 == 0 else tuple(reversed(trees))
+        workers = {name: subprocess.Popen([sys.executable, "-c", WORKER], text=True, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=trees[name]))
+                   for name in order}
+
+        def ask(name, *request):
+            workers[name].stdin.write(json.dumps(list(request)) + "\n")
+            workers[name].stdin.flush()
+            return json.loads(workers[name].stdout.readline())
+
+        try:
+            for w in workers.values():
+                assert w.stdout.readline().strip() == "ready"
+            for rule, N in cases if not args.skip_tokens else ():
+                for prompt in range(args.prompts):
+                    for seed in args.seeds:
+                        got = {}
+                        for n in (order if (prompt + seed) % 2 == 0 else order[::-1]):
+                            got[n] = ask(n, "tokens", rule, N, prompt, seed)
+                            seconds[rule, N][n] += got[n][2]
+                        (ids, r, _), (other_ids, _, _) = got["this"], got["other"]
+                        same[rule, N] += ids == other_ids
+                        counts[rule, N][0] += len(ids)
+                        counts[rule, N][1] += r
+                        if ids != other_ids:
+                            differ.append((rule, N, prompt, seed))
+            for rule, N in cases if not args.skip_time else ():
+                ops[rule, N] = {n: ask(n, "ops", rule, N, 32, 0) for n in workers}
+                ask("this", "time", rule, N, 50, 0), ask("other", "time", rule, N, 50, 0)  # warm-up
+                for k in range(0, args.repeats, 50):
+                    for n in (order if k % 100 == 0 else order[::-1]):
+                        times[rule, N][n] += ask(n, "time", rule, N, min(50, args.repeats - k), 0)
+        finally:
+            for w in workers.values():
+                w.stdin.close()
+                w.wait()
+
+    print(f"this tree: {trees['this']}; other: {trees['other']}; {args.passes} passes")
+    if not args.skip_tokens:
+        print(f"token ids: built-in pair, T=0.7 top-p 0.95, {args.prompts} arithmetic prompts x seeds {args.seeds}, "
+              f"max_new_tokens 48, each pass; thread CPU time of generate per round (the trees taking turns sequence "
+              f"by sequence; indicative)")
+        print(f"{'rule':<14}{'N':>3}{'identical':>12}{'tokens':>8}{'rounds':>8}{'ms/round':>10}{'other':>8}"
+              f"{'ratio':>8}")
+        for rule, N in cases:
+            a, b = (1e3 * seconds[rule, N][n] / counts[rule, N][1] for n in ("this", "other"))
+            total = args.passes * args.prompts * len(args.seeds)
+            print(f"{rule:<14}{N:>3}{f'{same[rule, N]}/{total}':>12}{counts[rule, N][0]:>8}{counts[rule, N][1]:>8}"
+                  f"{a:>10.3f}{b:>8.3f}{a / b:>8.3f}")
+    if not args.skip_time:
+        print(f"the step alone: B=1 V=714 T=0.7 top-p 0.95; aten ops per call; median us per call over "
+              f"{args.repeats} calls per tree and pass (thread CPU time, the trees taking turns 50 calls at a time)")
+        print(f"{'rule':<14}{'N':>3}{'ops':>6}{'other':>7}{'us':>9}{'other':>9}{'ratio':>8}")
+        for rule, N in cases:
+            a, b = (1e6 * statistics.median(times[rule, N][n]) for n in ("this", "other"))
+            print(f"{rule:<14}{N:>3}{ops[rule, N]['this']:>6.0f}{ops[rule, N]['other']:>7.0f}{a:>9.1f}{b:>9.1f}"
+                  f"{a / b:>8.3f}")
     if differ:
         print(f"token ids differ: {differ}")
         raise SystemExit(1)
