@@ -150,12 +150,40 @@ class Positions:
     p_tilde: [..., V] verifier at temperature 1 without top-k / top-p.
     """
 
-    def __init__(self, sources: dict, select, temperature: float, top_k, top_p):
+    def __init__(self, sources: dict, select, temperature: float, top_k, top_p, parent=None):
         self._sources = sources  # name -> tensor over the whole block
         self._select = select  # block tensor -> these positions
         self.temperature = temperature
         self.top_k = top_k
         self.top_p = top_p
+        self._parent = parent  # () -> the positions these are selected from (a row: the drafts; the drafts: the block)
+        self._shared: dict | None = None
+
+    def shared(self, key, compute, whole_block: bool = False):
+        """compute(positions): a tensor or a tuple of tensors over these positions, computed once per key and block;
+        positions selected from others (a row of the drafts, the drafts of the whole block) select their part of
+        what those computed (the shared loop's residual row reads its row of the rule's accept_prob work instead of
+        computing it again). whole_block: computed over every position of the block, the bonus position included
+        (compute then reads p, z_p and z_q only: q and the drafts have N rows), for work a rule's bonus shares
+        (`VerifyContext.whole`). The key names the quantity and every parameter it depends on; the results are
+        read-only."""
+        done = self._find(key)
+        if done is None:
+            at = self
+            while whole_block and at._parent is not None:
+                at = at._parent()
+            at._shared = {**(at._shared or {}), key: compute(at)}
+            done = self._find(key)
+        return done
+
+    def _find(self, key):
+        if self._shared is not None and key in self._shared:
+            return self._shared[key]
+        done = None if self._parent is None else self._parent()._find(key)
+        if done is not None:
+            done = tuple(map(self._select, done)) if isinstance(done, tuple) else self._select(done)
+            self._shared = {**(self._shared or {}), key: done}
+        return done
 
     @_lazy
     def p(self) -> torch.Tensor:
@@ -207,6 +235,7 @@ class VerifyContext:
     top_k: int | None = None
     top_p: float | None = None
     _drafts: Positions | None = field(default=None, repr=False)
+    _whole: Positions | None = field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -232,22 +261,29 @@ class VerifyContext:
         """All N draft positions, [B, N, ...] (cached, so p_x etc. are computed once)."""
         if self._drafts is None:
             n = self.num_drafts  # (q, the drafts and a drafter's N rows have n rows already: read as they are)
-            self._drafts = self._positions(lambda t: t if t.shape[1] == n else t[:, :n])
+            self._drafts = self._positions(lambda t: t if t.shape[1] == n else t[:, :n], self.whole)
         return self._drafts
+
+    def whole(self) -> Positions:
+        """Every position of the block, [B, N+1, ...], the bonus position last: p, z_p and z_q only (q and the
+        drafts have N rows), for work a rule shares between its draft positions and its bonus (`Positions.shared`)."""
+        if self._whole is None:
+            self._whole = self._positions(lambda t: t)
+        return self._whole
 
     def rows(self, b: torch.Tensor, i: torch.Tensor) -> Positions:
         """Draft position i[r] of sequence b[r] for each r: [R, ...]."""
-        return self._positions(lambda t: t[b, i])
+        return self._positions(lambda t: t[b, i], self.drafts)
 
     def row(self, i: int) -> Positions:
         """Draft position i of every sequence: [B, ...], views of the block (no copy: rules never write into what
         they read)."""
-        return self._positions(lambda t: t[:, i])
+        return self._positions(lambda t: t[:, i], self.drafts)
 
-    def _positions(self, select) -> Positions:
+    def _positions(self, select, parent=None) -> Positions:
         sources = dict(p=self.p, q=self.q, z_p=self.target_logits, z_q=self.draft_logits,
                        x=self.draft_tokens)
-        return Positions(sources, select, self.temperature, self.top_k, self.top_p)
+        return Positions(sources, select, self.temperature, self.top_k, self.top_p, parent)
 
 
 # ---------------------------------------------------------------- rules

@@ -14,9 +14,13 @@ from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
 from relaxspec.acceptance.processing import capped_ratio
 
 
-def cactus_h(p_x: torch.Tensor, delta: float) -> torch.Tensor:
-    boost = (2.0 * delta * p_x * (1.0 - p_x)).clamp_min(0.0).sqrt()
-    return (p_x + boost).clamp(0.0, 1.0)
+def cactus_h(pos: Positions, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, 1 - p(x)), once per block (`Positions.shared`). p(x) is in [0, 1] (processed: a probability never
+    exceeds 1), so 2·δ·p(x)(1-p(x)) >= 0 and its square root needs no clamp at 0 (the same bits as with one)."""
+    def compute(pos: Positions):
+        rest = 1.0 - pos.p_x
+        return (pos.p_x + (2.0 * delta * pos.p_x * rest).sqrt_()).clamp_(max=1.0), rest
+    return pos.shared(("cactus", delta), compute)
 
 
 @register
@@ -34,12 +38,13 @@ class CactusRule(Rule):
     at_greedy = "p one-hot, so h = p(x): exactly strict"
 
     def accept_prob(self, pos: Positions, *, delta: float) -> torch.Tensor:
-        return capped_ratio(cactus_h(pos.p_x, delta), pos.q_x)
+        h, _ = cactus_h(pos, delta)
+        return capped_ratio(h, pos.q_x)
 
     def residual(self, pos: Positions, *, delta: float) -> torch.Tensor:
-        h = cactus_h(pos.p_x, delta)
-        rest = 1.0 - pos.p_x
-        # p(x) = 1 leaves nothing to rescale (and h = 1): H_x = p.
-        scale = torch.where(rest > 0, (1.0 - h) / torch.where(rest > 0, rest, 1.0), 1.0)
-        H = (pos.p * scale.unsqueeze(-1)).scatter(-1, pos.x.unsqueeze(-1), h.unsqueeze(-1))
-        return (H - pos.q).clamp_min(0.0)
+        # (H_x - q)+: the rest of p rescaled, (p·scale - q)+, and (h - q(x))+ at x.
+        h, rest = cactus_h(pos, delta)
+        # p(x) = 1 leaves nothing to rescale (and h = 1): H_x = p, scale 1 where (1-h)/(1-p(x)) is 0/0.
+        scale = ((1.0 - h) / rest).nan_to_num_(nan=1.0)
+        H = (pos.p * scale.unsqueeze(-1)).scatter_(-1, pos.x.unsqueeze(-1), h.unsqueeze(-1))
+        return H.sub_(pos.q).clamp_min_(0.0)

@@ -124,9 +124,14 @@ def one_hot_argmax(z: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- divergences (nats)
 
 
+def neg_entropy(p: torch.Tensor) -> torch.Tensor:
+    """Σ p log p of each row: minus the Shannon entropy, in nats (xlogy(0, 0) = 0)."""
+    return torch.xlogy(p, p).sum(dim=-1)
+
+
 def entropy(p: torch.Tensor) -> torch.Tensor:
     """Shannon entropy of each row, in nats."""
-    return -torch.xlogy(p, p).sum(dim=-1)
+    return -neg_entropy(p)
 
 
 def jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -137,8 +142,7 @@ def jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     so disjoint supports need no special case.
     """
     s = p + q
-    neg_h = torch.xlogy(p, p).sum(dim=-1) + torch.xlogy(q, q).sum(dim=-1)
-    out = 0.5 * (neg_h - torch.xlogy(s, s).sum(dim=-1)) + (0.5 * math.log(2.0)) * s.sum(dim=-1)
+    out = 0.5 * (neg_entropy(p) + neg_entropy(q) - neg_entropy(s)) + (0.5 * math.log(2.0)) * s.sum(dim=-1)
     return out.clamp(0.0, math.log(2.0))
 
 
@@ -171,24 +175,33 @@ def at_tokens(probs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def accept_or_strict(gate: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
     """Acceptance of a rule whose target is pi = q where `gate` holds and p elsewhere: 1 on the gate
-    (pi(x)/q(x) = 1, unless q(x) = 0: rejected), the strict test min(1, p(x)/q(x)) off it."""
-    strict = capped_ratio(p_x, q_x)
-    return torch.where(gate & (q_x > 0), 1.0, strict)
+    (pi(x)/q(x) = 1, unless q(x) = 0: rejected), the strict test min(1, p(x)/q(x)) off it.
+
+    One masked_fill and the strict test's one call: p(x) read as +inf on the gate, where min(1, inf/q(x)) is 1 for
+    q(x) > 0 and capped_ratio's 0 for q(x) = 0 (the same values, bit for bit, as 1 on the gate and q(x) > 0)."""
+    return capped_ratio(p_x.masked_fill(gate, math.inf), q_x)
 
 
-def ranking_probs(pos) -> torch.Tensor:
-    """The verifier distribution a top-k candidate test ranks tokens by (topk-delta, topk-ratio): the processed
-    p when sampling, the untempered softmax(z_p) at temperature 0, where the processed p is one-hot (the
-    engines that ship these tests run them on greedy requests, on softmax(logits))."""
-    return pos.p_tilde if is_greedy(pos.temperature) else pos.p
+def ranking_probs(pos) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probs [..., V], probs at the drafts [...]): the verifier distribution a top-k candidate test ranks tokens by
+    (topk-delta, topk-ratio): the processed p when sampling, the untempered softmax(z_p) at temperature 0, where the
+    processed p is one-hot (the engines that ship these tests run them on greedy requests, on softmax(logits))."""
+    if is_greedy(pos.temperature):
+        return pos.p_tilde, at_tokens(pos.p_tilde, pos.x)
+    return pos.p, pos.p_x
 
 
-def top_candidate(probs: torch.Tensor, x: torch.Tensor, k: float, floor: torch.Tensor) -> torch.Tensor:
-    """[...] bool: token x is among the k most probable tokens of probs [..., V] (ties with the k-th kept),
-    has probs(x) >= floor [...] and probs(x) > 0 (a token the verifier rules out is never a candidate)."""
-    p_x = probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)
-    rank = (probs > p_x.unsqueeze(-1)).sum(dim=-1)
-    return (rank < k) & (p_x >= floor) & (p_x > 0)
+def top_candidate(probs: torch.Tensor, probs_x: torch.Tensor, k: float, floor) -> torch.Tensor:
+    """[...] bool: the draft, of probability probs_x [...] in probs [..., V], is among the k most probable tokens
+    (ties with the k-th kept: probs_x >= the k-th largest value), has probs_x >= floor(the top-1 probability [...])
+    and probs_x > 0 (a token the verifier rules out is never a candidate). One topk gives both the k-th and the
+    top-1 value (the same bits as counting the larger tokens and amax)."""
+    k = min(int(k), probs.shape[-1])
+    if k < 1:  # no candidate
+        return torch.zeros_like(probs_x, dtype=torch.bool)
+    top = probs.topk(k, dim=-1, sorted=True).values
+    cut = torch.maximum(top[..., -1], floor(top[..., 0]))
+    return (probs_x >= cut) & (probs_x > 0)
 
 
 def normalize_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:

@@ -9,14 +9,17 @@ keeps only the argmax in A; α = 1 gives π = q).
 import torch
 
 from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
-from relaxspec.acceptance.processing import capped_ratio
+from relaxspec.acceptance.processing import at_tokens, capped_ratio
 
 
-def casc_tok_target(pos: Positions, alpha: float) -> torch.Tensor:
-    p_tilde = pos.p_tilde
-    in_a = p_tilde >= (1.0 - alpha) * p_tilde.amax(dim=-1, keepdim=True)
-    eta = (pos.q * ~in_a).sum(dim=-1, keepdim=True)
-    return pos.q * in_a + eta * pos.p
+def top_set(pos: Positions, alpha: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(1[v∈A] [..., V], η = Σ_{v∉A} q(v) [..., 1], (1-α)·max p̃ [..., 1]: A = {v : p̃(v) >= this}), once per
+    block (`Positions.shared`). q zeroed on A has the same values, and so the same sum, as q·1[v∉A]."""
+    def compute(pos: Positions):
+        floor = (1.0 - alpha) * pos.p_tilde.amax(dim=-1, keepdim=True)
+        in_a = pos.p_tilde >= floor
+        return in_a, pos.q.masked_fill(in_a, 0.0).sum(dim=-1, keepdim=True), floor
+    return pos.shared(("spec-casc-tok", alpha), compute)
 
 
 @register
@@ -33,8 +36,11 @@ class SpecCascTokRule(Rule):
     at_greedy = "the drafter's argmax is accepted iff it is in A (from the untempered p̃), else strict"
 
     def accept_prob(self, pos: Positions, *, alpha: float) -> torch.Tensor:
-        pi = casc_tok_target(pos, alpha)
-        return capped_ratio(pi.gather(-1, pos.x.unsqueeze(-1)).squeeze(-1), pos.q_x)
+        # π(x) = q(x)·1[x∈A] + η·p(x): the same float operations as π's column x (residual).
+        _, eta, floor = top_set(pos, alpha)
+        in_a_x = at_tokens(pos.p_tilde, pos.x) >= floor.squeeze(-1)
+        return capped_ratio(pos.q_x * in_a_x + eta.squeeze(-1) * pos.p_x, pos.q_x)
 
     def residual(self, pos: Positions, *, alpha: float) -> torch.Tensor:
-        return (casc_tok_target(pos, alpha) - pos.q).clamp_min(0.0)
+        in_a, eta, _ = top_set(pos, alpha)
+        return (pos.q * in_a + eta * pos.p).sub_(pos.q).clamp_min_(0.0)

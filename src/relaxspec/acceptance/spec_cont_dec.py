@@ -18,7 +18,7 @@ import math
 import torch
 
 from relaxspec.acceptance.base import ParamSpec, Positions, Rule, VerifyContext, register
-from relaxspec.acceptance.processing import NEG_INF, capped_ratio, is_greedy
+from relaxspec.acceptance.processing import NEG_INF, at_tokens, capped_ratio, is_greedy
 
 
 def contrastive_target(
@@ -26,15 +26,24 @@ def contrastive_target(
 ) -> torch.Tensor:
     if beta == 0 or is_greedy(temperature):
         return p  # exactly strict (and avoids 0·(-inf) for masked drafter logits)
-    support = p > 0
-    amateur_banned = support & torch.isneginf(z_q)
+    off_support = p <= 0  # (p >= 0: the complement of the support p > 0)
     scores = ((1.0 + beta) * z_p - beta * z_q) / temperature
-    if bool((support & ~amateur_banned & ~torch.isfinite(scores)).any()):
+    # Finite on the support (the common case): one pass finds it (the largest |score| there; NaN propagates).
+    if not math.isfinite(torch.linalg.vector_norm(scores.masked_fill(off_support, 0.0), ord=math.inf)):
+        return _banned_or_overflow(z_q, scores, off_support, beta, temperature)
+    return scores.masked_fill_(off_support, NEG_INF).softmax(dim=-1)
+
+
+def _banned_or_overflow(z_q, scores, off_support, beta: float, temperature: float) -> torch.Tensor:
+    """contrastive_target where a score on the support is not finite: drafter logits of -inf there (each such row
+    puts all its mass, uniformly, on those tokens), else an overflow (ValueError)."""
+    amateur_banned = ~off_support & torch.isneginf(z_q)
+    if bool((~off_support & ~amateur_banned & ~torch.isfinite(scores)).any()):
         raise ValueError(
             f"rule 'spec-cont-dec': contrast scores overflow at beta={beta:g}, temperature={temperature:g} "
             f"(((1+beta)·z_p - beta·z_q)/T is not finite); use a smaller beta"
         )
-    scores = scores.masked_fill(~support, NEG_INF)  # also clears NaN from (-inf) - (-inf)
+    scores = scores.masked_fill(off_support, NEG_INF)  # also clears NaN from (-inf) - (-inf)
     scores = torch.where(amateur_banned.any(dim=-1, keepdim=True),
                          torch.where(amateur_banned, 0.0, NEG_INF), scores)
     return scores.softmax(dim=-1)
@@ -56,16 +65,18 @@ class SpecContDecRule(Rule):
     at_greedy = "the support of p is its argmax, so π = p: exactly strict"
 
     def _target(self, pos: Positions, beta: float) -> torch.Tensor:
-        return contrastive_target(pos.z_p, pos.z_q, pos.p, beta, pos.temperature)
+        # Once per block (the whole block's positions [B, N+1, ...]), over the positions the drafter gave logits for
+        # (the bonus position too, where it gave N+1 rows): the residual row and the bonus read theirs.
+        def compute(pos: Positions) -> torch.Tensor:
+            rows = pos.z_q.shape[1]
+            return contrastive_target(pos.z_p[:, :rows], pos.z_q, pos.p[:, :rows], beta, pos.temperature)
+        return pos.shared(("spec-cont-dec", beta), compute, whole_block=True)
 
     def accept_prob(self, pos: Positions, *, beta: float) -> torch.Tensor:
-        pi_x = self._target(pos, beta).gather(-1, pos.x.unsqueeze(-1)).squeeze(-1)
-        return capped_ratio(pi_x, pos.q_x)
+        return capped_ratio(at_tokens(self._target(pos, beta), pos.x), pos.q_x)
 
     def residual(self, pos: Positions, *, beta: float) -> torch.Tensor:
-        return (self._target(pos, beta) - pos.q).clamp_min(0.0)
+        return (self._target(pos, beta) - pos.q).clamp_min_(0.0)
 
     def bonus(self, ctx: VerifyContext, *, beta: float) -> torch.Tensor:
-        return contrastive_target(
-            ctx.target_logits[:, -1], ctx.draft_logits[:, -1], ctx.p[:, -1], beta, ctx.temperature
-        )
+        return self._target(ctx.whole(), beta)[:, ctx.p.shape[1] - 1]  # (the drafter's row there: validate checks)

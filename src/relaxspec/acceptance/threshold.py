@@ -37,7 +37,7 @@ class ThresholdRule(Rule):
     }
 
     def accept_prob(self, pos: Positions, *, single: float, acc: float) -> torch.Tensor:
-        return torch.where(pos.p_x >= single, 1.0, (pos.p_x / acc).clamp(max=1.0))
+        return (pos.p_x / acc).clamp_(max=1.0).masked_fill_(pos.p_x >= single, 1.0)
 
     def residual(self, pos: Positions, **params) -> torch.Tensor:
         return pos.p.scatter(-1, pos.x.unsqueeze(-1), 0.0)

@@ -40,6 +40,6 @@ class TopkDeltaRule(Rule):
     }
 
     def accept_prob(self, pos: Positions, *, topk: float, delta: float) -> torch.Tensor:
-        probs = ranking_probs(pos)
-        candidate = top_candidate(probs, pos.x, topk, probs.amax(dim=-1) - delta)
+        probs, probs_x = ranking_probs(pos)
+        candidate = top_candidate(probs, probs_x, topk, lambda top1: top1 - delta)
         return accept_or_strict(candidate, pos.p_x, pos.q_x)

@@ -36,6 +36,6 @@ class TopkRatioRule(Rule):
     }
 
     def accept_prob(self, pos: Positions, *, topk: float, ratio: float) -> torch.Tensor:
-        probs = ranking_probs(pos)
-        candidate = top_candidate(probs, pos.x, topk, ratio * probs.amax(dim=-1))
+        probs, probs_x = ranking_probs(pos)
+        candidate = top_candidate(probs, probs_x, topk, lambda top1: ratio * top1)
         return accept_or_strict(candidate, pos.p_x, pos.q_x)

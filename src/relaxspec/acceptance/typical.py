@@ -9,7 +9,7 @@ import math
 import torch
 
 from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
-from relaxspec.acceptance.processing import entropy, one_hot_argmax
+from relaxspec.acceptance.processing import neg_entropy, one_hot_argmax
 
 
 @register
@@ -29,7 +29,7 @@ class TypicalRule(Rule):
     }
 
     def accept_prob(self, pos: Positions, *, epsilon: float, delta: float) -> torch.Tensor:
-        threshold = torch.clamp(delta * torch.exp(-entropy(pos.p)), max=epsilon)
+        threshold = (delta * neg_entropy(pos.p).exp_()).clamp_(max=epsilon)  # exp(-H(p)), H negated once, not twice
         return (pos.p_x > threshold).to(pos.p.dtype)
 
     def residual(self, pos: Positions, **params) -> torch.Tensor:
