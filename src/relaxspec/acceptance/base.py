@@ -157,7 +157,7 @@ class Positions:
         self.top_k = top_k
         self.top_p = top_p
         self._parent = parent  # () -> the positions these are selected from (a row: the drafts; the drafts: the block)
-        self._shared: dict | None = None
+        self._shared: dict = {}  # key -> what `shared` computed (or selected) for these positions
 
     def shared(self, key, compute, whole_block: bool = False):
         """compute(positions): a tensor or a tuple of tensors over these positions, computed once per key and block;
@@ -172,17 +172,17 @@ class Positions:
             at = self
             while whole_block and at._parent is not None:
                 at = at._parent()
-            at._shared = {**(at._shared or {}), key: compute(at)}
+            at._shared[key] = compute(at)
             done = self._find(key)
         return done
 
     def _find(self, key):
-        if self._shared is not None and key in self._shared:
+        if key in self._shared:
             return self._shared[key]
         done = None if self._parent is None else self._parent()._find(key)
         if done is not None:
             done = tuple(map(self._select, done)) if isinstance(done, tuple) else self._select(done)
-            self._shared = {**(self._shared or {}), key: done}
+            self._shared[key] = done
         return done
 
     @_lazy

@@ -334,7 +334,7 @@ def _finish(random: Draws, n, kept, num_drafts, residual, p, bonus, drafts):
 def _finish_default(random: Draws, n, num_drafts, ctx: VerifyContext):
     """`_finish` of a rule with strict's residual and bonus, by `fused.finish_default` from the blocks p and q, or
     None where it does not serve (the rows are then computed, and `_finish` runs)."""
-    if fused.serves_loop(ctx.p, ctx.q) and ctx.p.stride(-1) == 1 and ctx.q.stride(-1) == 1:
+    if fused.serves_loop(ctx.p, ctx.q):  # (finish_default reads rows of any stride along V through `_rows`)
         u = _token_uniform(random, n)
         if u is not None:
             return fused.finish_default(n, num_drafts, ctx.p, ctx.q, u, ctx.draft_tokens)
