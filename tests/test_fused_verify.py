@@ -1,4 +1,5 @@
-"""The verify loop's bookkeeping in C (acceptance/fused.py: first_rejection, finish) against its torch ops.
+"""The verify loop's bookkeeping in C (acceptance/fused.py: first_rejection, finish, verify_default) against its torch
+ops.
 
 The torch ops are the reference, reached with `fused.loop_disabled()` (only the loop's two kernels set aside: the
 processed distributions are then the same bits, so every result must be identical, not merely close). Every
@@ -43,8 +44,8 @@ def _kernel_loaded():
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts of the two kernels' calls (so that a test sees the C path taken, not two torch runs)."""
-    counts = {"first_rejection": 0, "finish": 0, "finish_default": 0}
+    """Counts of the loop kernels' calls (so that a test sees the C path taken, not two torch runs)."""
+    counts = {"first_rejection": 0, "finish": 0, "verify_default": 0}
     for name in counts:
         kernel = getattr(fused, name)
 
@@ -110,9 +111,10 @@ def test_every_rule_c_path_equals_torch_path(name, calls):
         seen["looser"] += int((c.accept_prob > c.strict_accept_prob + 0.1).sum())
     greedy_blocks = (k + 1) // len(SAMPLINGS) if rule.greedy_closed_form else 0  # (closed form: no loop)
     loops = k + 1 - greedy_blocks
-    # The C path served every loop once: strict's residual and bonus read from the block, the rule's own rows else.
-    assert calls["first_rejection"] == loops
-    assert (calls["finish_default"], calls["finish"]) == ((loops, 0) if step.default_rows else (0, loops))
+    # The C path served every loop: in one call where the rule keeps strict's residual and bonus (read from the
+    # block), else in two around the rule's own rows.
+    one = loops if step.default_rows else 0
+    assert (calls["verify_default"], calls["first_rejection"], calls["finish"]) == (one, loops - one, loops - one)
     assert seen["n=0"] and seen["n=N"] and seen["between"], seen
     if seen["looser"] > 50:  # a rule that loosens strict's test at its defaults keeps drafts strict rejects
         assert seen["relaxed_only"], seen
@@ -166,10 +168,12 @@ def test_finish_on_crafted_rows():
         assert torch.equal(tokens.gather(1, kept_n.unsqueeze(1)).squeeze(1), last)
 
 
-def test_finish_default_on_crafted_blocks():
-    # Strict's residual and bonus read from the blocks: a row whose residual has no mass (q = p there) falls back to
-    # p, num_drafts moves the bonus row, p and q read through strided views; the same tokens as the rows computed
-    # (Rule.residual, Rule.bonus) and handed to `finish`.
+def test_verify_default_on_crafted_blocks():
+    # The loop in one call for a rule with strict's residual and bonus, read from the blocks: a row whose residual has
+    # no mass (q = p there) falls back to p, num_drafts moves the bonus row, p and q read through strided views, the
+    # rule's accept_prob forcing each row's n (and relaxed_only against a strict test); the same results as the two
+    # kernels around the rows computed (Rule.residual, Rule.bonus) and handed to `finish`. Without accept_prob, strict's
+    # test is computed in the call: the values at_tokens and capped_ratio give (q(x) = 0 rejected).
     B, N, V = 5, 3, 11
     g = torch.Generator().manual_seed(8)
     p_wide = torch.rand(B, N + 1, V + 2, generator=g)
@@ -181,22 +185,54 @@ def test_finish_default_on_crafted_blocks():
     q[2, 1, 4] = 1.0  # row 2: a residual with one zero column
     assert not p.is_contiguous() and not q.is_contiguous()
     drafts = torch.randint(0, V, (B, N), generator=g)
-    n = torch.tensor([0, 0, 1, 3, 2])
+    n_forced = torch.tensor([0, 0, 1, 3, 2])
+    accept_prob = (torch.arange(N) < n_forced.unsqueeze(1)).float()  # 1 before each row's n, 0 from there on
+    strict_prob = torch.full((B, N), 0.5)
     for num_drafts, kind in itertools.product((None, torch.tensor([2, 3, 3, 3, 2])), ("generator", "counter")):
-        got = verify_module._finish_default(draws(kind, B, N, 4), n, num_drafts, verify_module.VerifyContext(
-            p=p, q=q, target_logits=p, draft_logits=q, draft_tokens=drafts))
+        random = draws(kind, B, N, 4)
+        u = random.uniform(2, N, dtype=torch.float64)
+        got = fused.verify_default(p, q, drafts, accept_prob, strict_prob, u, random.token_uniforms(N), num_drafts)
+        random = draws(kind, B, N, 4)
+        u = random.uniform(2, N, dtype=torch.float64)
+        accepted, kept, n, relaxed_only = fused.first_rejection(u, accept_prob, strict_prob, num_drafts)
         rows = torch.arange(B)
         at = n.clamp(max=N - 1)
         bonus_at = torch.full((B,), N) if num_drafts is None else num_drafts
         residual = (p[rows, at] - q[rows, at]).clamp_min(0.0)
-        kept = torch.arange(N) < n.unsqueeze(1)
-        ref = verify_module._finish(draws(kind, B, N, 4), n, kept, num_drafts, residual, p[rows, at], p[rows, bonus_at],
-                                    drafts)
-        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-        assert got[1][3] == got[0][3, 3]  # row 3 took every draft: the bonus at its bonus position
-    with fused.loop_disabled():  # set aside with the loop's other kernels
-        assert verify_module._finish_default(draws("counter", B, N, 4), n, None, verify_module.VerifyContext(
-            p=p, q=q, target_logits=p, draft_logits=q, draft_tokens=drafts)) is None
+        tokens, last = verify_module._finish(random, n, kept, num_drafts, residual, p[rows, at], p[rows, bonus_at],
+                                             drafts)
+        for x, y in zip(got, (accept_prob, accepted, kept, n, relaxed_only, tokens, last)):
+            assert torch.equal(x, y)
+        assert torch.equal(n, torch.minimum(n_forced, bonus_at))
+        assert relaxed_only.any() and not relaxed_only[~kept].any()
+        assert got[6][3] == got[5][3, 3]  # row 3 took every draft: the bonus at its bonus position
+        # strict's test computed in the call
+        random = draws(kind, B, N, 4)
+        u = random.uniform(2, N, dtype=torch.float64)
+        strict = fused.verify_default(p, q, drafts, None, None, u, random.token_uniforms(N), num_drafts)
+        q_x = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+        ref = (p[:, :N].gather(-1, drafts.unsqueeze(-1)).squeeze(-1) / q_x).clamp(max=1.0).masked_fill(q_x <= 0, 0.0)
+        assert torch.equal(strict[0], ref) and (strict[0][2, 1] == 0) == (drafts[2, 1] != 4)
+        assert not strict[4].any()  # relaxed_only: none against its own test
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        fused.verify_default(p, q, torch.full((B, N), V), None, None, u, draws("counter", B, N, 4).token_uniforms(N),
+                             None)
+
+
+def test_token_uniforms_are_the_draws_the_loop_samples_with():
+    # Column n of a round's token uniforms is what uniform53(TOKEN, n) gives (with and without the round's table);
+    # a generator's is one draw per row, the draw `sample` would make.
+    B, N = 3, 4
+    start = np.array([0, 5, 17])
+    seeds = SequenceSeeds([3, 4, 5], "cpu")
+    for draws_ in (seeds.at(None, N, host_start=start), seeds.at(torch.from_numpy(start))):
+        table = draws_.token_uniforms(N)
+        assert table.shape == (B, N + 1) and table.dtype == torch.float64
+        for n in range(N + 1):
+            assert torch.equal(table[:, n], seeds.at(torch.from_numpy(start)).uniform53(3, n))
+    one = GeneratorDraws(torch.Generator().manual_seed(1), B, "cpu").token_uniforms(N)
+    assert one.stride(1) == 0 and torch.equal(one[:, 0], torch.rand(B, generator=torch.Generator().manual_seed(1),
+                                                                       dtype=torch.float64))
 
 
 def test_the_generator_advances_alike():
@@ -220,7 +256,7 @@ def test_other_dtypes_and_draw_sources_take_the_torch_path(calls):
     target, draft, drafts = block(2, 3, 30, "sampled", g)
     step = verify_module.VerifyStep("strict", temperature=1.0)
     step(target.double(), draft.double(), drafts, generator=torch.Generator().manual_seed(1))
-    assert calls == {"first_rejection": 0, "finish": 0, "finish_default": 0}
+    assert calls == {"first_rejection": 0, "finish": 0, "verify_default": 0}
 
     class Plain(verify_module.Draws):
         def __init__(self, inner):
@@ -234,7 +270,7 @@ def test_other_dtypes_and_draw_sources_take_the_torch_path(calls):
 
     inner = draws("counter", 2, 3, 0)
     got = step(target, draft, drafts, random=Plain(inner))
-    assert calls == {"first_rejection": 1, "finish": 0, "finish_default": 0}
+    assert calls == {"first_rejection": 1, "finish": 0, "verify_default": 0}
     assert_same(got, step(target, draft, drafts, random=draws("counter", 2, 3, 0)))
 
 
@@ -247,7 +283,7 @@ def test_generate_token_ids_identical(builtin_pair, method, calls):
     prompts = [e.prompt for e in synthetic.examples("arithmetic", "test", 3)]
     kw = dict(method=method, draft_length=3, max_new_tokens=24, temperature=0.7, top_p=0.95, seed=11)
     c = generate(verifier, drafter, prompts, **kw)
-    assert calls["finish"] + calls["finish_default"] > 0
+    assert calls["finish"] + calls["verify_default"] > 0
     with fused.loop_disabled():
         ref = generate(verifier, drafter, prompts, **kw)
     with fused.disabled():  # every kernel set aside: probabilities may differ in the last bits, samples do not here

@@ -23,8 +23,9 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
 * `first_rejection` and `finish`: the shared verify loop's bookkeeping (acceptance/verify.py), one call each: the
   acceptance tests up to each row's first rejection, then the emitted token (the residual, p where the residual has
   no mass, or the bonus, sampled as `sample` does) and the row of output tokens; the same results as the loop's torch
-  ops, bit for bit (`loop_disabled()` sets these aside alone, for tests and benchmarks). `finish_default` is `finish`
-  for a rule that keeps strict's residual and bonus: it reads them from the blocks p and q itself.
+  ops, bit for bit (`loop_disabled()` sets these aside alone, for tests and benchmarks). `verify_default` is both in
+  one call for a rule that keeps strict's residual and bonus: it reads them from the blocks p and q itself (and
+  strict's test too, for a rule that keeps it).
 """
 
 from __future__ import annotations
@@ -232,6 +233,23 @@ int rs_sample(const float *w, const double *u, int64_t *index, int64_t R, int64_
     return 0;
 }
 
+/* Row b's acceptance tests (pointers at its row): accepted[i] = u < ap where i < proposed; kept[i] = the accepted
+   drafts before the first rejection; relaxed[i] = kept, though u < strict fails (strict NULL: never); returns their
+   count. u: float64 holding float32 values (exactly: the comparisons are float32's). */
+static int64_t reject_row(const double *u, const float *ap, const float *strict, int64_t proposed, int64_t N,
+                          uint8_t *accepted, uint8_t *kept, uint8_t *relaxed) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < N; i++) {
+        const double x = u[i];
+        const uint8_t a = i < proposed && x < ap[i], k = a && count == i;
+        accepted[i] = a;
+        kept[i] = k;
+        relaxed[i] = k && strict && !(x < strict[i]);
+        count += k;
+    }
+    return count;
+}
+
 /* The verify loop's first rejection (acceptance/verify.py) on B rows of N drafts: accepted[b, i] = u < ap, where
    i < num_drafts[b] (num_drafts NULL: every i); kept[b, i] = the accepted drafts before the first rejection; n[b] =
    their count; relaxed[b, i] = kept, though u < strict fails (strict NULL: never). u: float64 holding float32 values
@@ -240,19 +258,9 @@ int rs_sample(const float *w, const double *u, int64_t *index, int64_t R, int64_
 void rs_first_rejection(const double *u, int64_t su, const float *ap, int64_t sa, const float *strict, int64_t ss,
                         const int64_t *num_drafts, int64_t B, int64_t N, uint8_t *accepted, uint8_t *kept,
                         uint8_t *relaxed, int64_t *n) {
-    for (int64_t b = 0; b < B; b++) {
-        const int64_t proposed = num_drafts ? num_drafts[b] : N;
-        int64_t count = 0;
-        for (int64_t i = 0; i < N; i++) {
-            const double x = u[b * su + i];
-            const uint8_t a = i < proposed && x < ap[b * sa + i], k = a && count == i;
-            accepted[b * N + i] = a;
-            kept[b * N + i] = k;
-            relaxed[b * N + i] = k && strict && !(x < strict[b * ss + i]);
-            count += k;
-        }
-        n[b] = count;
-    }
+    for (int64_t b = 0; b < B; b++)
+        n[b] = reject_row(u + b * su, ap + b * sa, strict ? strict + b * ss : NULL, num_drafts ? num_drafts[b] : N, N,
+                          accepted + b * N, kept + b * N, relaxed + b * N);
 }
 
 /* Row b's output: tokens[b, :N+1] = its n[b] kept drafts, last[b], then -1. */
@@ -285,19 +293,36 @@ int rs_finish(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N,
     return 0;
 }
 
-/* rs_finish for a rule that keeps strict's residual and bonus (Rule.residual, Rule.bonus), read from the blocks:
-   the residual of a row stopped at a rejection is (p - q)+ at its position n[b] (float32, as torch's
-   (p - q).clamp_min_(0)), with p there where it has no mass; the bonus is p at the row's bonus position
-   (num_drafts[b], or N). p [B, N+1, V] and q [B, N, V] float32 with strides (sp0, sp1) and (sq0, sq1), unit along V. */
-int rs_finish_default(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N, int64_t V, const float *p,
-                      int64_t sp0, int64_t sp1, const float *q, int64_t sq0, int64_t sq1, const double *u,
-                      const int64_t *drafts, int64_t sd, int64_t *tokens, int64_t *last) {
+/* The verify loop for a rule that keeps strict's residual and bonus (Rule.residual, Rule.bonus), from the blocks
+   p [B, N+1, V] and q [B, N, V] (float32, strides (sp0, sp1) and (sq0, sq1), unit along V), in one call:
+   rs_first_rejection on the rule's ap (and strict, or NULL; row strides sa, ss), or, ap NULL (the rule keeps strict's
+   test too), on ap_out[b, i] = min(1, p(x) / q(x)), 0 where q(x) <= 0, at each draft x = drafts[b, i] (at_tokens and
+   capped_ratio's float32 values); then rs_finish's token: the residual of a row stopped at a rejection is (p - q)+ at
+   its position n[b] (float32, as torch's (p - q).clamp_min_(0)), p there where it has no mass; the bonus is p at the
+   row's bonus position (num_drafts[b], or N); sampled at ut[b * st0 + n[b] * st1] (st1 0: one uniform per row).
+   ua: the acceptance uniforms, row stride sua. Returns 0, -1 when memory runs out, -2 for a draft outside [0, V). */
+int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, int64_t sq0, int64_t sq1,
+                      const int64_t *drafts, int64_t sd, const int64_t *num_drafts, int64_t B, int64_t N, int64_t V,
+                      const float *ap, int64_t sa, const float *strict, int64_t ss, float *ap_out,
+                      const double *ua, int64_t sua, const double *ut, int64_t st0, int64_t st1,
+                      uint8_t *accepted, uint8_t *kept, uint8_t *relaxed, int64_t *n, int64_t *tokens, int64_t *last) {
+    for (int64_t b = 0; b < B && !ap; b++)
+        for (int64_t i = 0; i < N; i++) {
+            const int64_t x = drafts[b * sd + i];
+            if (x < 0 || x >= V) return -2;
+            const float num = p[b * sp0 + i * sp1 + x], den = q[b * sq0 + i * sq1 + x], r = num / den;
+            ap_out[b * N + i] = den <= 0.0f ? 0.0f : r > 1.0f ? 1.0f : r;
+        }
     double *cdf = malloc(V * sizeof(double));
     float *residual = malloc(V * sizeof(float));
     int status = -1;
     if (!cdf || !residual) goto done;
     for (int64_t b = 0; b < B; b++) {
         const int64_t proposed = num_drafts ? num_drafts[b] : N;
+        n[b] = ap ? reject_row(ua + b * sua, ap + b * sa, strict ? strict + b * ss : NULL, proposed, N, accepted + b * N,
+                               kept + b * N, relaxed + b * N)
+                  : reject_row(ua + b * sua, ap_out + b * N, NULL, proposed, N, accepted + b * N, kept + b * N,
+                               relaxed + b * N);
         const float *row = p + b * sp0 + proposed * sp1;
         if (n[b] < proposed) {
             const float *pr = p + b * sp0 + n[b] * sp1, *qr = q + b * sq0 + n[b] * sq1;
@@ -307,7 +332,7 @@ int rs_finish_default(const int64_t *n, const int64_t *num_drafts, int64_t B, in
             }
             row = sum(residual, V) > 0.0 ? residual : pr;
         }
-        last[b] = sample_row(row, u[b], cdf, V);
+        last[b] = sample_row(row, ut[b * st0 + n[b] * st1], cdf, V);
         emit(b, N, n[b], drafts, sd, last[b], tokens);
     }
     status = 0;
@@ -384,7 +409,8 @@ SIGNATURES = (
     ("rs_round_table", None, (_P, _P, _I, _P, _I, _I, _P, _P)),
     ("rs_first_rejection", None, (_P, _I, _P, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P)),
     ("rs_finish", ctypes.c_int, (_P, _P, _I, _I, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _P, _P)),
-    ("rs_finish_default", ctypes.c_int, (_P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _P, _P, _I, _P, _P)),
+    ("rs_verify_default", ctypes.c_int, (_P, _I, _I, _P, _I, _I, _P, _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _I, _P,
+                                          _I, _I, _P, _P, _P, _P, _P, _P)),
     ("rs_at_tokens", ctypes.c_int, (_P, _I, _I, _I, _P, _I, _I, _P)),
     ("rs_capped_ratio", None, (_P, _P, _P, _I)),
 )
@@ -523,22 +549,42 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
     return tokens, last
 
 
-def finish_default(n: torch.Tensor, num_drafts: torch.Tensor | None, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor,
-                   drafts: torch.Tensor):
-    """`finish` for a rule that keeps strict's residual and bonus, read from the blocks p [B, N+1, V] and q [B, N, V]
-    (float32 CPU; the residual (p - q)+ at each stopped row's position, the bonus p at its bonus position): the same
-    (tokens, last) as computing those rows and calling `finish`, bit for bit."""
-    p, q, drafts, u = _rows(p), _rows(q), _rows(drafts), _float64(u)
+def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accept_prob: torch.Tensor | None,
+                   strict_accept_prob: torch.Tensor | None, u: torch.Tensor, u_token: torch.Tensor,
+                   num_drafts: torch.Tensor | None):
+    """The verify loop in one call for a rule that keeps strict's residual and bonus, read from the blocks p [B, N+1, V]
+    and q [B, N, V] (float32 CPU): `first_rejection` on accept_prob (None: strict's test, min(1, p(x)/q(x)) at the
+    drafts, computed here), then `finish` with the residual (p - q)+ at each stopped row's position and the bonus p at
+    its bonus position, the token of row b drawn at u_token[b, n[b]] (float64 [B, N+1], or a column expanded: one
+    uniform per row). (accept_prob, accepted, kept, n, relaxed_only, tokens, last), as the loop's torch ops give them,
+    bit for bit; ValueError for a draft outside [0, V) when computing strict's test."""
+    p, q, drafts = _rows(p), _rows(q), _rows(drafts)
+    u = _rows(u if u.dtype is torch.float64 else u.double())
     B, N = drafts.shape
+    if accept_prob is None:
+        ap = out = torch.empty((B, N), dtype=torch.float32, device=drafts.device)
+    else:
+        ap, out = _rows(accept_prob), None
+    strict = None if strict_accept_prob is None else _rows(strict_accept_prob)
+    flags = torch.empty((3, B, N), dtype=torch.bool, device=drafts.device)
+    n = torch.empty((B,), dtype=torch.int64, device=drafts.device)
     tokens = torch.empty((B, N + 1), dtype=torch.int64, device=drafts.device)
     last = torch.empty((B,), dtype=torch.int64, device=drafts.device)
     num_drafts = _counts(num_drafts)
-    if _lib.rs_finish_default(n.data_ptr(), None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
-                              p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1),
-                              u.data_ptr(), drafts.data_ptr(), drafts.stride(0), tokens.data_ptr(),
-                              last.data_ptr()) != 0:
+    ptr = flags.data_ptr()
+    status = _lib.rs_verify_default(
+        p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1), drafts.data_ptr(),
+        drafts.stride(0), None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
+        None if out is not None else ap.data_ptr(), ap.stride(0), None if strict is None else strict.data_ptr(),
+        0 if strict is None else strict.stride(0), None if out is None else out.data_ptr(), u.data_ptr(), u.stride(0),
+        u_token.data_ptr(), u_token.stride(0), u_token.stride(1), ptr, ptr + B * N, ptr + 2 * B * N, n.data_ptr(),
+        tokens.data_ptr(), last.data_ptr())
+    if status == -2:
+        raise ValueError(f"a token lies outside the vocabulary [0, {p.shape[-1]})")
+    if status != 0:
         raise MemoryError("relaxspec sampler: out of memory sampling")
-    return tokens, last
+    accepted, kept, relaxed_only = flags.unbind(0)
+    return ap, accepted, kept, n, relaxed_only, tokens, last
 
 
 def at_tokens(probs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -160,6 +160,12 @@ class Draws:
     def sample(self, weights: torch.Tensor, purpose: int, offset: torch.Tensor | int = 0) -> torch.Tensor:
         return sample_with_uniform(weights, self.uniform53(purpose, offset))
 
+    def token_uniforms(self, width: int) -> torch.Tensor:
+        """[B, width + 1]: column n holds what `uniform53(TOKEN, n)` gives each row, the same draw (a source whose
+        draw does not depend on the offset may give one column expanded): the verify loop's token uniforms up front,
+        for its one-call path (`verify`). Not defined here: a source without it takes the loop's other path."""
+        raise NotImplementedError
+
 
 class GeneratorDraws(Draws):
     """Draws from a torch.Generator in call order (None: torch's global generator)."""
@@ -175,6 +181,9 @@ class GeneratorDraws(Draws):
     def uniform53(self, purpose, offset=0):
         return torch.rand((self.batch_size,), generator=self.generator, device=self.device,
                           dtype=_cdf_dtype(self.device))
+
+    def token_uniforms(self, width: int) -> torch.Tensor:
+        return self.uniform53(TOKEN)[:, None].expand(self.batch_size, width + 1)  # (one draw per row, any offset)
 
 
 def _round_lanes(width: int) -> list[tuple[int, int, int]]:
@@ -287,6 +296,14 @@ class CounterDraws(Draws):
             if offset < table.shape[1]:
                 return table[:, offset]
         return _uniform53(self._words(purpose, 1, offset), self._words(purpose, 2, offset)).squeeze(-1)
+
+    def token_uniforms(self, width: int) -> torch.Tensor:
+        if TOKEN not in self._u53 and self._table is not None and (TOKEN, 1) in self._table:
+            self.uniform53(TOKEN)  # (the round's lane converted once)
+        table = self._u53.get(TOKEN)
+        if table is not None and table.shape[1] > width:
+            return table[:, :width + 1]
+        return _uniform53(self._words(TOKEN, 1, 0, width + 1), self._words(TOKEN, 2, 0, width + 1))
 
 
 class SequenceSeeds:

@@ -20,7 +20,9 @@ Only one residual row per sequence is ever needed, so the loop gathers row
 position is left to rules whose *acceptance test* needs it. Shapes stay static
 (no data-dependent branching), and there is no Python loop over the batch. On float32 CPU tensors the loop's
 bookkeeping (steps 1-3 around the rule's math) is one C call before the residual and one after
-(`fused.first_rejection`, `fused.finish`); the torch ops stay as the reference, with the same results bit for bit.
+(`fused.first_rejection`, `fused.finish`), and for a rule that keeps strict's residual and bonus the whole loop is one
+call reading them from the blocks (`fused.verify_default`, strict's test included for strict); the torch ops stay as
+the reference, with the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -225,7 +227,7 @@ class VerifyStep:
         self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         self.closed_form = is_greedy(temperature) and (self.rule.greedy_closed_form or greedy == "strict")
         # A rule that keeps strict's residual and bonus (whatever `relax` says, those are strict's): on float32 CPU
-        # blocks the finish reads them from p and q.
+        # blocks the whole loop is one C call that reads them from p and q (fused.verify_default).
         self.default_rows = type(self.rule).residual is Rule.residual and type(self.rule).bonus is Rule.bonus
 
     def __call__(self, target_logits, draft_logits, draft_tokens, *, generator=None, random: Draws | None = None,
@@ -240,40 +242,48 @@ class VerifyStep:
             return _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens, draft_probs, num_drafts)
         ctx = _context(target_logits, draft_logits, draft_tokens, draft_probs, **self.sampling)
         B, N = ctx.batch_size, ctx.num_drafts
-        drafts = ctx.drafts()
-
-        accept_prob = rule.accept_prob(drafts, **params)
         # A rule that keeps the base (strict) test gives strict's probabilities: not computed twice.
         own_test = type(rule).accept_prob is not Rule.accept_prob
-        strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x) if own_test else accept_prob
-        if relax is not None:  # phase-aware: strict where the rule may not relax
-            accept_prob = torch.where(relax[:, :N], accept_prob, strict_accept_prob)
+        # Strict's residual and bonus (a rule that keeps both) on float32 CPU blocks: the whole loop is one C call,
+        # strict's test included where the rule keeps it.
+        one_call = self.default_rows and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q)
+        if one_call and not own_test:
+            accept_prob = strict_accept_prob = None  # (computed by the call)
+        else:
+            drafts = ctx.drafts()
+            accept_prob = rule.accept_prob(drafts, **params)
+            strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x) if own_test else accept_prob
+            if relax is not None:  # phase-aware: strict where the rule may not relax
+                accept_prob = torch.where(relax[:, :N], accept_prob, strict_accept_prob)
+            one_call = one_call and fused.serves_loop(accept_prob, strict_accept_prob)
         if random is None:
-            random = GeneratorDraws(generator, B, accept_prob.device)
-        u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, accept_prob))
+            random = GeneratorDraws(generator, B, ctx.p.device)
+        u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, ctx.p if accept_prob is None else accept_prob))
+        if one_call:
+            accept_prob, accepted, kept, n, relaxed_only, tokens, last = fused.verify_default(
+                ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob if own_test else None, u,
+                random.token_uniforms(N), num_drafts)
+            return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
+                                strict_accept_prob=strict_accept_prob if own_test else accept_prob, accepted=accepted,
+                                relaxed_only=relaxed_only, last_token=last)
         # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
         # every draft passed).
         accepted, kept, n, relaxed_only = _first_rejection(u, accept_prob, strict_accept_prob if own_test else None,
                                                            num_drafts)
-
-        # Strict's residual and bonus (a rule that keeps both): one C call computes and samples them from the block.
-        finished = _finish_default(random, n, num_drafts, ctx) if self.default_rows else None
-        if finished is None:
-            # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
-            # accepted sequences, which take the bonus instead). Weights need not be normalised to be
-            # sampled; a residual without mass falls back to p at that position.
-            # (One sequence on the CPU: its n is on the host, and its row is read in place.)
-            at_row = (ctx.row(min(int(n), N - 1)) if B == 1 and n.is_cpu
-                      else ctx.rows(cached_arange(B, n.device), n.clamp(max=N - 1)))
-            residual = rule.residual(at_row, **params)
-            bonus_ctx = ctx if num_drafts is None else _at_bonus(ctx, num_drafts)
-            bonus = rule.bonus(bonus_ctx, **params)
-            if relax is not None:  # strict's residual / bonus where the rule may not relax
-                at_bonus = torch.full_like(n, N) if num_drafts is None else num_drafts
-                residual = torch.where(relax.gather(1, n.unsqueeze(1)), residual, STRICT.residual(at_row))
-                bonus = torch.where(relax.gather(1, at_bonus.unsqueeze(1)), bonus, STRICT.bonus(bonus_ctx))
-            finished = _finish(random, n, kept, num_drafts, residual, at_row.p, bonus, ctx.draft_tokens)
-        tokens, last = finished
+        # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
+        # accepted sequences, which take the bonus instead). Weights need not be normalised to be
+        # sampled; a residual without mass falls back to p at that position.
+        # (One sequence on the CPU: its n is on the host, and its row is read in place.)
+        at_row = (ctx.row(min(int(n), N - 1)) if B == 1 and n.is_cpu
+                  else ctx.rows(cached_arange(B, n.device), n.clamp(max=N - 1)))
+        residual = rule.residual(at_row, **params)
+        bonus_ctx = ctx if num_drafts is None else _at_bonus(ctx, num_drafts)
+        bonus = rule.bonus(bonus_ctx, **params)
+        if relax is not None:  # strict's residual / bonus where the rule may not relax
+            at_bonus = torch.full_like(n, N) if num_drafts is None else num_drafts
+            residual = torch.where(relax.gather(1, n.unsqueeze(1)), residual, STRICT.residual(at_row))
+            bonus = torch.where(relax.gather(1, at_bonus.unsqueeze(1)), bonus, STRICT.bonus(bonus_ctx))
+        tokens, last = _finish(random, n, kept, num_drafts, residual, at_row.p, bonus, ctx.draft_tokens)
 
         return VerifyResult(
             num_accepted=n,
@@ -331,14 +341,11 @@ def _finish(random: Draws, n, kept, num_drafts, residual, p, bonus, drafts):
     return tokens, last
 
 
-def _finish_default(random: Draws, n, num_drafts, ctx: VerifyContext):
-    """`_finish` of a rule with strict's residual and bonus, by `fused.finish_default` from the blocks p and q, or
-    None where it does not serve (the rows are then computed, and `_finish` runs)."""
-    if fused.serves_loop(ctx.p, ctx.q):  # (finish_default reads rows of any stride along V through `_rows`)
-        u = _token_uniform(random, n)
-        if u is not None:
-            return fused.finish_default(n, num_drafts, ctx.p, ctx.q, u, ctx.draft_tokens)
-    return None
+def _draws_token_table(random: Draws | None) -> bool:
+    """Whether `random` (None: a generator's draws) gives the round's token uniforms up front (`Draws.token_uniforms`)
+    and samples with them as `Draws.sample` does: the verify loop can then be one C call (`fused.verify_default`)."""
+    return random is None or (type(random).sample is Draws.sample
+                              and type(random).token_uniforms is not Draws.token_uniforms)
 
 
 def _token_uniform(random: Draws, n: torch.Tensor) -> torch.Tensor | None:
