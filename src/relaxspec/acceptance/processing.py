@@ -212,7 +212,8 @@ def normalize_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return torch.where(has_mass, normalised, fallback)
 
 
-def _cdf_dtype(device: torch.device) -> torch.dtype:
+def cdf_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of sampling sums (cdf) and 53-bit uniforms on `device`: float64, float32 on mps."""
     return torch.float32 if device.type == "mps" else torch.float64  # mps has no float64
 
 
@@ -221,7 +222,7 @@ def sample_with_uniform(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     (unnormalised is fine; a zero-weight index is never returned). u [R] in [0, 1)."""
     if fused.serves(weights) and weights.dim() == 2 and u.is_cpu and u.shape == weights.shape[:1]:
         return fused.sample(weights, u)  # the C kernel: the same sums in the same order, so the same indices
-    dtype = _cdf_dtype(weights.device)
+    dtype = cdf_dtype(weights.device)
     cdf = weights.cumsum(dim=-1, dtype=dtype)
     total = cdf[:, -1:]
     # Strictly below the total, so rounding of u * total never selects a trailing zero weight.

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from relaxspec.acceptance import fused
-from relaxspec.acceptance.processing import _cdf_dtype, sample_with_uniform
+from relaxspec.acceptance.processing import cdf_dtype, sample_with_uniform
 
 _MASK32 = 0xFFFFFFFF
 _MASK63 = (1 << 63) - 1
@@ -180,7 +180,7 @@ class GeneratorDraws(Draws):
 
     def uniform53(self, purpose, offset=0):
         return torch.rand((self.batch_size,), generator=self.generator, device=self.device,
-                          dtype=_cdf_dtype(self.device))
+                          dtype=cdf_dtype(self.device))
 
     def token_uniforms(self, width: int) -> torch.Tensor:
         return self.uniform53(TOKEN)[:, None].expand(self.batch_size, width + 1)  # (one draw per row, any offset)

@@ -74,24 +74,29 @@ def same_settings(cells: list[StoreCell], settings: dict) -> list[StoreCell]:
             and (c.config is None or c.settings["drafter"] == settings["drafter"])]
 
 
-def stored_constants(cells: list[StoreCell]) -> dict[int, tuple[float, float]]:
-    """{N: (c_rel, c_block)} the store measured: at each N, the median over its speculative cells."""
+def _medians_per_n(cells: list[StoreCell], values) -> dict[int, tuple]:
+    """{N: the medians, value by value, over the speculative cells at N of `values(cell)` (a tuple of numbers; None
+    skips the cell)}."""
     per_n: dict[int, list] = {}
     for cell in cells:
-        m = cell.metrics
-        if cell.config is not None and m.get("c_rel_measured") and m.get("c_block_measured"):
-            per_n.setdefault(cell.config.draft_length, []).append((m["c_rel_measured"], m["c_block_measured"]))
-    return {n: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for n, v in per_n.items()}
+        found = None if cell.config is None else values(cell)
+        if found is not None:
+            per_n.setdefault(cell.config.draft_length, []).append(found)
+    return {n: tuple(map(statistics.median, zip(*v))) for n, v in per_n.items()}
+
+
+def stored_constants(cells: list[StoreCell]) -> dict[int, tuple[float, float]]:
+    """{N: (c_rel, c_block)} the store measured: at each N, the median over its speculative cells."""
+    return _medians_per_n(cells, lambda cell: (cell.metrics["c_rel_measured"], cell.metrics["c_block_measured"])
+                          if cell.metrics.get("c_rel_measured") and cell.metrics.get("c_block_measured") else None)
 
 
 def stored_pivot(cells: list[StoreCell]) -> dict[int, float]:
     """{N: c_pivot} the store measured for the rules that read a pivot classifier: at each N, the median over
     their cells (bench.cell.speed_constants; absent in stores written before it was measured)."""
-    per_n: dict[int, list] = {}
-    for cell in cells:
-        if cell.config is not None and needs_classifier(cell.config.method) and cell.metrics.get("c_pivot_measured"):
-            per_n.setdefault(cell.config.draft_length, []).append(cell.metrics["c_pivot_measured"])
-    return {n: statistics.median(v) for n, v in per_n.items()}
+    found = _medians_per_n(cells, lambda cell: (cell.metrics["c_pivot_measured"],)
+                           if needs_classifier(cell.config.method) and cell.metrics.get("c_pivot_measured") else None)
+    return {n: v[0] for n, v in found.items()}
 
 
 def score(cells: list[StoreCell], constants: dict[int, tuple[float, float]],
