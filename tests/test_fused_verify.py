@@ -22,6 +22,7 @@ import torch
 
 from relaxspec import native
 from relaxspec.acceptance import RULES, fused, process_logits
+from relaxspec.acceptance.processing import one_hot_argmax
 from relaxspec.acceptance.random import CounterDraws, GeneratorDraws, SequenceSeeds
 
 verify_module = importlib.import_module("relaxspec.acceptance.verify")
@@ -49,9 +50,9 @@ def calls(monkeypatch):
     for name in counts:
         kernel = getattr(fused, name)
 
-        def counted(*args, _kernel=kernel, _name=name):
+        def counted(*args, _kernel=kernel, _name=name, **kwargs):
             counts[_name] += 1
-            return _kernel(*args)
+            return _kernel(*args, **kwargs)
         monkeypatch.setattr(fused, name, counted)
     return counts
 
@@ -86,7 +87,7 @@ def draws(kind, B, N, seed):
 def test_every_rule_c_path_equals_torch_path(name, calls):
     rule = RULES[name]
     g = torch.Generator().manual_seed(1000 + list(RULES).index(name))
-    seen = {"n=0": 0, "n=N": 0, "between": 0, "relaxed_only": 0, "looser": 0}
+    seen = {"n=0": 0, "n=N": 0, "between": 0, "relaxed_only": 0, "looser": 0, "one call": 0}
     cases = itertools.product((1, 5), (1, 3, 6), (7, 714), (False, True), (False, True), SAMPLINGS,
                               ("sampled", "accept", "reject"))
     for k, (B, N, V, ragged, relaxed, sampling, mode) in enumerate(cases):
@@ -103,6 +104,8 @@ def test_every_rule_c_path_equals_torch_path(name, calls):
                                     relax=relax, **inputs))
         c, ref = results
         assert_same(c, ref, f"(B={B} N={N} V={V} ragged={ragged} relax={relaxed} {sampling} {mode} {kind})")
+        # rows read from the block: strict's anywhere, argmax p where the rule decides everywhere (relax None)
+        seen["one call"] += step.block_rows == "strict" or (step.block_rows == "argmax" and not relaxed)
         proposed = torch.full((B,), N) if num_drafts is None else num_drafts
         seen["n=0"] += int((c.num_accepted == 0).sum())
         seen["n=N"] += int((c.num_accepted == proposed).sum())
@@ -111,9 +114,11 @@ def test_every_rule_c_path_equals_torch_path(name, calls):
         seen["looser"] += int((c.accept_prob > c.strict_accept_prob + 0.1).sum())
     greedy_blocks = (k + 1) // len(SAMPLINGS) if rule.greedy_closed_form else 0  # (closed form: no loop)
     loops = k + 1 - greedy_blocks
-    # The C path served every loop: in one call where the rule keeps strict's residual and bonus (read from the
-    # block), else in two around the rule's own rows.
-    one = loops if step.default_rows else 0
+    # The C path served every loop: in one call where the rule's rows are read from the block (strict's residual and
+    # bonus, or typical's argmax residual), else in two around the rule's own rows.
+    one = seen["one call"] - greedy_blocks * (step.block_rows is not None)
+    assert (step.block_rows is not None) == (name in ("strict", "mentored", "topk-delta", "topk-ratio", "r-fuzzy",
+                                                      "spec-casc-opt", "ensemble", "pad", "typical"))
     assert (calls["verify_default"], calls["first_rejection"], calls["finish"]) == (one, loops - one, loops - one)
     assert seen["n=0"] and seen["n=N"] and seen["between"], seen
     if seen["looser"] > 50:  # a rule that loosens strict's test at its defaults keeps drafts strict rejects
@@ -206,6 +211,18 @@ def test_verify_default_on_crafted_blocks():
         assert torch.equal(n, torch.minimum(n_forced, bonus_at))
         assert relaxed_only.any() and not relaxed_only[~kept].any()
         assert got[6][3] == got[5][3, 3]  # row 3 took every draft: the bonus at its bonus position
+        # typical's residual (Rule.residual_argmax): the first largest p at the rejection (row 0 has a tie there)
+        ties = p.clone()
+        ties[0, 0, 2] = ties[0, 0, 7] = ties[0, 0].max() + 0.5
+        random = draws(kind, B, N, 4)
+        u = random.uniform(2, N, dtype=torch.float64)
+        got = fused.verify_default(ties, q, drafts, accept_prob, None, u, random.token_uniforms(N), num_drafts,
+                                   argmax=True)
+        random = draws(kind, B, N, 4)
+        random.uniform(2, N, dtype=torch.float64)
+        ref = verify_module._finish(random, n, kept, num_drafts, one_hot_argmax(ties[rows, at]), ties[rows, at],
+                                    ties[rows, bonus_at], drafts)
+        assert torch.equal(got[5], ref[0]) and torch.equal(got[6], ref[1]) and got[6][0] == 2
         # strict's test computed in the call
         random = draws(kind, B, N, 4)
         u = random.uniform(2, N, dtype=torch.float64)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relaxspec.acceptance.processing import at_tokens, capped_ratio, normalize_or
+from relaxspec.acceptance.processing import at_tokens, capped_ratio, normalize_or, one_hot_argmax
 
 
 # ---------------------------------------------------------------- parameters
@@ -345,6 +345,12 @@ class Rule:
     def bonus(self, ctx: VerifyContext, **params) -> torch.Tensor:
         """[B, V] bonus distribution. Default: p at the bonus position."""
         return ctx.p[:, -1]
+
+    def residual_argmax(self, pos: Positions, **params) -> torch.Tensor:
+        """A residual a rule may take as its own (`residual = Rule.residual_argmax`, typical's): one-hot on the
+        argmax of p (first index on ties): a rejection emits the verifier's most likely token. With the default
+        bonus, `verify` reads it from the block p itself (as strict's residual from p and q: one C call on a CPU)."""
+        return one_hot_argmax(pos.p)
 
     def targets(self, ctx: VerifyContext, **params) -> Targets:
         """Dense targets on the whole block (for inspection; verify only gathers rows)."""

@@ -24,8 +24,8 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
   acceptance tests up to each row's first rejection, then the emitted token (the residual, p where the residual has
   no mass, or the bonus, sampled as `sample` does) and the row of output tokens; the same results as the loop's torch
   ops, bit for bit (`loop_disabled()` sets these aside alone, for tests and benchmarks). `verify_default` is both in
-  one call for a rule that keeps strict's residual and bonus: it reads them from the blocks p and q itself (and
-  strict's test too, for a rule that keeps it).
+  one call for a rule that keeps strict's bonus and its residual (p - q)+ or takes argmax p (Rule.residual_argmax):
+  it reads them from the blocks p and q itself (and strict's test too, for a rule that keeps it).
 """
 
 from __future__ import annotations
@@ -298,13 +298,15 @@ int rs_finish(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N,
    rs_first_rejection on the rule's ap (and strict, or NULL; row strides sa, ss), or, ap NULL (the rule keeps strict's
    test too), on ap_out[b, i] = min(1, p(x) / q(x)), 0 where q(x) <= 0, at each draft x = drafts[b, i] (at_tokens and
    capped_ratio's float32 values); then rs_finish's token: the residual of a row stopped at a rejection is (p - q)+ at
-   its position n[b] (float32, as torch's (p - q).clamp_min_(0)), p there where it has no mass; the bonus is p at the
-   row's bonus position (num_drafts[b], or N); sampled at ut[b * st0 + n[b] * st1] (st1 0: one uniform per row).
-   ua: the acceptance uniforms, row stride sua. Returns 0, -1 when memory runs out, -2 for a draft outside [0, V). */
+   its position n[b] (float32, as torch's (p - q).clamp_min_(0)), p there where it has no mass (argmax 0), or
+   (argmax 1, Rule.residual_argmax) one-hot on the first largest p there, whose sample is that index at any u; the
+   bonus is p at the row's bonus position (num_drafts[b], or N); sampled at ut[b * st0 + n[b] * st1] (st1 0: one
+   uniform per row). ua: the acceptance uniforms, row stride sua. Returns 0, -1 when memory runs out, -2 for a
+   draft outside [0, V). */
 int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, int64_t sq0, int64_t sq1,
                       const int64_t *drafts, int64_t sd, const int64_t *num_drafts, int64_t B, int64_t N, int64_t V,
                       const float *ap, int64_t sa, const float *strict, int64_t ss, float *ap_out,
-                      const double *ua, int64_t sua, const double *ut, int64_t st0, int64_t st1,
+                      const double *ua, int64_t sua, const double *ut, int64_t st0, int64_t st1, int64_t argmax,
                       uint8_t *accepted, uint8_t *kept, uint8_t *relaxed, int64_t *n, int64_t *tokens, int64_t *last) {
     for (int64_t b = 0; b < B && !ap; b++)
         for (int64_t i = 0; i < N; i++) {
@@ -324,6 +326,14 @@ int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, 
                   : reject_row(ua + b * sua, ap_out + b * N, NULL, proposed, N, accepted + b * N, kept + b * N,
                                relaxed + b * N);
         const float *row = p + b * sp0 + proposed * sp1;
+        if (n[b] < proposed && argmax) {
+            const float *pr = p + b * sp0 + n[b] * sp1;
+            int64_t best = 0;
+            for (int64_t i = 1; i < V; i++) best = pr[i] > pr[best] ? i : best;
+            last[b] = best;
+            emit(b, N, n[b], drafts, sd, best, tokens);
+            continue;
+        }
         if (n[b] < proposed) {
             const float *pr = p + b * sp0 + n[b] * sp1, *qr = q + b * sq0 + n[b] * sq1;
             for (int64_t i = 0; i < V; i++) {
@@ -410,7 +420,7 @@ SIGNATURES = (
     ("rs_first_rejection", None, (_P, _I, _P, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P)),
     ("rs_finish", ctypes.c_int, (_P, _P, _I, _I, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _P, _P)),
     ("rs_verify_default", ctypes.c_int, (_P, _I, _I, _P, _I, _I, _P, _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _I, _P,
-                                          _I, _I, _P, _P, _P, _P, _P, _P)),
+                                          _I, _I, _I, _P, _P, _P, _P, _P, _P)),
     ("rs_at_tokens", ctypes.c_int, (_P, _I, _I, _I, _P, _I, _I, _P)),
     ("rs_capped_ratio", None, (_P, _P, _P, _I)),
 )
@@ -551,13 +561,14 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
 
 def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accept_prob: torch.Tensor | None,
                    strict_accept_prob: torch.Tensor | None, u: torch.Tensor, u_token: torch.Tensor,
-                   num_drafts: torch.Tensor | None):
-    """The verify loop in one call for a rule that keeps strict's residual and bonus, read from the blocks p [B, N+1, V]
-    and q [B, N, V] (float32 CPU): `first_rejection` on accept_prob (None: strict's test, min(1, p(x)/q(x)) at the
-    drafts, computed here), then `finish` with the residual (p - q)+ at each stopped row's position and the bonus p at
-    its bonus position, the token of row b drawn at u_token[b, n[b]] (float64 [B, N+1], or a column expanded: one
-    uniform per row). (accept_prob, accepted, kept, n, relaxed_only, tokens, last), as the loop's torch ops give them,
-    bit for bit; ValueError for a draft outside [0, V) when computing strict's test."""
+                   num_drafts: torch.Tensor | None, argmax: bool = False):
+    """The verify loop in one call for a rule that keeps strict's bonus and residual (or, argmax, takes
+    Rule.residual_argmax), read from the blocks p [B, N+1, V] and q [B, N, V] (float32 CPU): `first_rejection` on
+    accept_prob (None: strict's test, min(1, p(x)/q(x)) at the drafts, computed here), then `finish` with the residual
+    (p - q)+ (argmax: one-hot on argmax p) at each stopped row's position and the bonus p at its bonus position, the
+    token of row b drawn at u_token[b, n[b]] (float64 [B, N+1], or a column expanded: one uniform per row).
+    (accept_prob, accepted, kept, n, relaxed_only, tokens, last), as the loop's torch ops give them, bit for bit;
+    ValueError for a draft outside [0, V) when computing strict's test."""
     p, q, drafts = _rows(p), _rows(q), _rows(drafts)
     u = _rows(u if u.dtype is torch.float64 else u.double())
     B, N = drafts.shape
@@ -577,7 +588,8 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
         drafts.stride(0), None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
         None if out is not None else ap.data_ptr(), ap.stride(0), None if strict is None else strict.data_ptr(),
         0 if strict is None else strict.stride(0), None if out is None else out.data_ptr(), u.data_ptr(), u.stride(0),
-        u_token.data_ptr(), u_token.stride(0), u_token.stride(1), ptr, ptr + B * N, ptr + 2 * B * N, n.data_ptr(),
+        u_token.data_ptr(), u_token.stride(0), u_token.stride(1), int(argmax), ptr, ptr + B * N, ptr + 2 * B * N,
+        n.data_ptr(),
         tokens.data_ptr(), last.data_ptr())
     if status == -2:
         raise ValueError(f"a token lies outside the vocabulary [0, {p.shape[-1]})")

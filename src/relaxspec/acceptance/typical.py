@@ -9,7 +9,7 @@ import math
 import torch
 
 from relaxspec.acceptance.base import ParamSpec, Positions, Rule, register
-from relaxspec.acceptance.processing import neg_entropy, one_hot_argmax
+from relaxspec.acceptance.processing import neg_entropy
 
 
 @register
@@ -32,5 +32,4 @@ class TypicalRule(Rule):
         threshold = (delta * neg_entropy(pos.p).exp_()).clamp_(max=epsilon)  # exp(-H(p)), H negated once, not twice
         return (pos.p_x > threshold).to(pos.p.dtype)
 
-    def residual(self, pos: Positions, **params) -> torch.Tensor:
-        return one_hot_argmax(pos.p)
+    residual = Rule.residual_argmax  # argmax p at the first rejection

@@ -226,9 +226,12 @@ class VerifyStep:
         self.params = {name: checked[name] for name in self.rule.params}
         self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         self.closed_form = is_greedy(temperature) and (self.rule.greedy_closed_form or greedy == "strict")
-        # A rule that keeps strict's residual and bonus (whatever `relax` says, those are strict's): on float32 CPU
-        # blocks the whole loop is one C call that reads them from p and q (fused.verify_default).
-        self.default_rows = type(self.rule).residual is Rule.residual and type(self.rule).bonus is Rule.bonus
+        # A rule that keeps strict's bonus and residual (whatever `relax` says, those are strict's), or takes argmax p
+        # as its residual: on float32 CPU blocks the whole loop is one C call that reads them from p and q
+        # (fused.verify_default). block_rows: "strict", "argmax" or None (the rule's own rows, computed).
+        residual, default_bonus = type(self.rule).residual, type(self.rule).bonus is Rule.bonus
+        self.block_rows = (None if not default_bonus else "strict" if residual is Rule.residual
+                           else "argmax" if residual is Rule.residual_argmax else None)
 
     def __call__(self, target_logits, draft_logits, draft_tokens, *, generator=None, random: Draws | None = None,
                  draft_probs=None, num_drafts: torch.Tensor | None = None, relax: torch.Tensor | None = None,
@@ -244,9 +247,11 @@ class VerifyStep:
         B, N = ctx.batch_size, ctx.num_drafts
         # A rule that keeps the base (strict) test gives strict's probabilities: not computed twice.
         own_test = type(rule).accept_prob is not Rule.accept_prob
-        # Strict's residual and bonus (a rule that keeps both) on float32 CPU blocks: the whole loop is one C call,
-        # strict's test included where the rule keeps it.
-        one_call = self.default_rows and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q)
+        # Rows read from the blocks (`block_rows`) on float32 CPU blocks: the whole loop is one C call, strict's test
+        # included where the rule keeps it.
+        # (argmax rows where the rule decides: strict's where `relax` says it may not)
+        one_call = (self.block_rows is not None and (relax is None or self.block_rows == "strict")
+                    and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q))
         if one_call and not own_test:
             accept_prob = strict_accept_prob = None  # (computed by the call)
         else:
@@ -262,7 +267,7 @@ class VerifyStep:
         if one_call:
             accept_prob, accepted, kept, n, relaxed_only, tokens, last = fused.verify_default(
                 ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob if own_test else None, u,
-                random.token_uniforms(N), num_drafts)
+                random.token_uniforms(N), num_drafts, argmax=self.block_rows == "argmax")
             return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
                                 strict_accept_prob=strict_accept_prob if own_test else accept_prob, accepted=accepted,
                                 relaxed_only=relaxed_only, last_token=last)
