@@ -20,9 +20,9 @@ Only one residual row per sequence is ever needed, so the loop gathers row
 position is left to rules whose *acceptance test* needs it. Shapes stay static
 (no data-dependent branching), and there is no Python loop over the batch. On float32 CPU tensors the loop's
 bookkeeping (steps 1-3 around the rule's math) is one C call before the residual and one after
-(`fused.first_rejection`, `fused.finish`), and for a rule that keeps strict's residual and bonus the whole loop is one
-call reading them from the blocks (`fused.verify_default`, strict's test included for strict); the torch ops stay as
-the reference, with the same results bit for bit.
+(`fused.first_rejection`, `fused.finish`), and for a rule whose residual and bonus the blocks give (strict's, or
+argmax p: `Rule.residual_argmax`) the whole loop is one call (`fused.verify_default`, strict's test included for
+strict); the torch ops stay as the reference, with the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -247,9 +247,8 @@ class VerifyStep:
         B, N = ctx.batch_size, ctx.num_drafts
         # A rule that keeps the base (strict) test gives strict's probabilities: not computed twice.
         own_test = type(rule).accept_prob is not Rule.accept_prob
-        # Rows read from the blocks (`block_rows`) on float32 CPU blocks: the whole loop is one C call, strict's test
-        # included where the rule keeps it.
-        # (argmax rows where the rule decides: strict's where `relax` says it may not)
+        # Rows the blocks give (`block_rows`; argmax rows only where the rule decides everywhere: `relax` asks for
+        # strict's elsewhere) on float32 CPU blocks: the whole loop is one C call, strict's test included for strict.
         one_call = (self.block_rows is not None and (relax is None or self.block_rows == "strict")
                     and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q))
         if one_call and not own_test:
