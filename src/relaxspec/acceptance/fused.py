@@ -293,8 +293,8 @@ int rs_finish(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N,
     return 0;
 }
 
-/* The verify loop for a rule that keeps strict's residual and bonus (Rule.residual, Rule.bonus), from the blocks
-   p [B, N+1, V] and q [B, N, V] (float32, strides (sp0, sp1) and (sq0, sq1), unit along V), in one call:
+/* The verify loop for a rule that keeps strict's bonus (Rule.bonus) and strict's residual (Rule.residual) or takes
+   argmax p (Rule.residual_argmax), from the blocks p [B, N+1, V] and q [B, N, V] (float32, strides (sp0, sp1) and (sq0, sq1), unit along V), in one call:
    rs_first_rejection on the rule's ap (and strict, or NULL; row strides sa, ss), or, ap NULL (the rule keeps strict's
    test too), on ap_out[b, i] = min(1, p(x) / q(x)), 0 where q(x) <= 0, at each draft x = drafts[b, i] (at_tokens and
    capped_ratio's float32 values); then rs_finish's token: the residual of a row stopped at a rejection is (p - q)+ at
@@ -571,6 +571,7 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     ValueError for a draft outside [0, V) when computing strict's test."""
     p, q, drafts = _rows(p), _rows(q), _rows(drafts)
     u = _rows(u if u.dtype is torch.float64 else u.double())
+    u_token = u_token if u_token.dtype is torch.float64 else u_token.double()  # (read through its strides)
     B, N = drafts.shape
     if accept_prob is None:
         ap = out = torch.empty((B, N), dtype=torch.float32, device=drafts.device)
@@ -589,8 +590,7 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
         None if out is not None else ap.data_ptr(), ap.stride(0), None if strict is None else strict.data_ptr(),
         0 if strict is None else strict.stride(0), None if out is None else out.data_ptr(), u.data_ptr(), u.stride(0),
         u_token.data_ptr(), u_token.stride(0), u_token.stride(1), int(argmax), ptr, ptr + B * N, ptr + 2 * B * N,
-        n.data_ptr(),
-        tokens.data_ptr(), last.data_ptr())
+        n.data_ptr(), tokens.data_ptr(), last.data_ptr())
     if status == -2:
         raise ValueError(f"a token lies outside the vocabulary [0, {p.shape[-1]})")
     if status != 0:
