@@ -233,6 +233,12 @@ int rs_sample(const float *w, const double *u, int64_t *index, int64_t R, int64_
     return 0;
 }
 
+/* min(1, num / den), and 0 where den <= 0 (processing.capped_ratio's float32 value) */
+static inline float capped(float num, float den) {
+    const float r = num / den;
+    return den <= 0.0f ? 0.0f : r > 1.0f ? 1.0f : r;
+}
+
 /* Row b's acceptance tests (pointers at its row): accepted[i] = u < ap where i < proposed; kept[i] = the accepted
    drafts before the first rejection; relaxed[i] = kept, though u < strict fails (strict NULL: never); returns their
    count. u: float64 holding float32 values (exactly: the comparisons are float32's). */
@@ -312,8 +318,7 @@ int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, 
         for (int64_t i = 0; i < N; i++) {
             const int64_t x = drafts[b * sd + i];
             if (x < 0 || x >= V) return -2;
-            const float num = p[b * sp0 + i * sp1 + x], den = q[b * sq0 + i * sq1 + x], r = num / den;
-            ap_out[b * N + i] = den <= 0.0f ? 0.0f : r > 1.0f ? 1.0f : r;
+            ap_out[b * N + i] = capped(p[b * sp0 + i * sp1 + x], q[b * sq0 + i * sq1 + x]);
         }
     double *cdf = malloc(V * sizeof(double));
     float *residual = malloc(V * sizeof(float));
@@ -321,10 +326,8 @@ int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, 
     if (!cdf || !residual) goto done;
     for (int64_t b = 0; b < B; b++) {
         const int64_t proposed = num_drafts ? num_drafts[b] : N;
-        n[b] = ap ? reject_row(ua + b * sua, ap + b * sa, strict ? strict + b * ss : NULL, proposed, N, accepted + b * N,
-                               kept + b * N, relaxed + b * N)
-                  : reject_row(ua + b * sua, ap_out + b * N, NULL, proposed, N, accepted + b * N, kept + b * N,
-                               relaxed + b * N);
+        n[b] = reject_row(ua + b * sua, ap ? ap + b * sa : ap_out + b * N, strict ? strict + b * ss : NULL, proposed, N,
+                          accepted + b * N, kept + b * N, relaxed + b * N);
         const float *row = p + b * sp0 + proposed * sp1;
         if (n[b] < proposed && argmax) {
             const float *pr = p + b * sp0 + n[b] * sp1;
@@ -385,10 +388,7 @@ int rs_at_tokens(const float *probs, int64_t s0, int64_t s1, int64_t V, const in
 /* out = min(1, num / den), and 0 where den <= 0 (processing.capped_ratio), for n contiguous float32 values: the
    float32 quotient, NaN kept (a comparison with NaN is false, as torch's clamp propagates it). */
 void rs_capped_ratio(const float *num, const float *den, float *out, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        const float r = num[i] / den[i];
-        out[i] = den[i] <= 0.0f ? 0.0f : r > 1.0f ? 1.0f : r;
-    }
+    for (int64_t i = 0; i < n; i++) out[i] = capped(num[i], den[i]);
 }
 
 /* One engine round's uniforms for B rows (random.py, CounterDraws): keys low / high [B, K] (uint32), start [B]
@@ -516,6 +516,25 @@ def _float64(u: torch.Tensor) -> torch.Tensor:
     return u if u.dtype is torch.float64 and u.is_contiguous() else u.to(torch.float64).contiguous()
 
 
+def _acceptance_uniforms(u: torch.Tensor) -> torch.Tensor:
+    """Acceptance uniforms as the loop kernels read them: float64 (a float32 value converts exactly), unit stride along
+    the drafts."""
+    return _rows(u if u.dtype is torch.float64 else u.double())
+
+
+def _test_outputs(B: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The buffers the kernels write a block's acceptance tests into: flags [3, B, N] bool (accepted, kept,
+    relaxed_only) and n [B] int64."""
+    return (torch.empty((3, B, N), dtype=torch.bool, device=device),
+            torch.empty((B,), dtype=torch.int64, device=device))
+
+
+def _token_outputs(B: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The buffers the kernels write a block's output into: tokens [B, N+1] and last [B], int64."""
+    return (torch.empty((B, N + 1), dtype=torch.int64, device=device),
+            torch.empty((B,), dtype=torch.int64, device=device))
+
+
 def _counts(num_drafts: torch.Tensor | None) -> torch.Tensor | None:
     """num_drafts [B] as the kernels read it: contiguous int64 (or None)."""
     return None if num_drafts is None else _rows(num_drafts if num_drafts.dtype is torch.int64 else num_drafts.long())
@@ -526,12 +545,11 @@ def first_rejection(u: torch.Tensor, accept_prob: torch.Tensor, strict_accept_pr
     """The verify loop's first rejection on float32 CPU accept_prob [B, N] (strict_accept_prob the same or None,
     num_drafts int64 [B] or None) and CPU uniforms u [B, N] (float32, or float64 holding float32 values: a counter
     stream's 24-bit ones): (accepted, kept, n, relaxed_only), as verify's torch path gives them."""
-    u, accept_prob = _rows(u if u.dtype is torch.float64 else u.double()), _rows(accept_prob)
+    u, accept_prob = _acceptance_uniforms(u), _rows(accept_prob)
     strict = None if strict_accept_prob is None else _rows(strict_accept_prob)
     num_drafts = _counts(num_drafts)  # (held here: the kernel reads its memory)
     B, N = accept_prob.shape
-    flags = torch.empty((3, B, N), dtype=torch.bool, device=accept_prob.device)
-    n = torch.empty((B,), dtype=torch.int64, device=accept_prob.device)
+    flags, n = _test_outputs(B, N, accept_prob.device)
     ptr = flags.data_ptr()
     _lib.rs_first_rejection(u.data_ptr(), u.stride(0), accept_prob.data_ptr(), accept_prob.stride(0),
                             None if strict is None else strict.data_ptr(), 0 if strict is None else strict.stride(0),
@@ -548,8 +566,7 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
     residual, p, bonus, drafts = _rows(residual), _rows(p), _rows(bonus), _rows(drafts)
     u = _float64(u)
     B, N = drafts.shape
-    tokens = torch.empty((B, N + 1), dtype=torch.int64, device=drafts.device)
-    last = torch.empty((B,), dtype=torch.int64, device=drafts.device)
+    tokens, last = _token_outputs(B, N, drafts.device)
     num_drafts = _counts(num_drafts)
     if _lib.rs_finish(n.data_ptr(), None if num_drafts is None else num_drafts.data_ptr(), B, N, residual.shape[-1],
                       residual.data_ptr(), residual.stride(0), p.data_ptr(), p.stride(0), bonus.data_ptr(),
@@ -570,7 +587,7 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     (accept_prob, accepted, kept, n, relaxed_only, tokens, last), as the loop's torch ops give them, bit for bit;
     ValueError for a draft outside [0, V) when computing strict's test."""
     p, q, drafts = _rows(p), _rows(q), _rows(drafts)
-    u = _rows(u if u.dtype is torch.float64 else u.double())
+    u = _acceptance_uniforms(u)
     u_token = u_token if u_token.dtype is torch.float64 else u_token.double()  # (read through its strides)
     B, N = drafts.shape
     if accept_prob is None:
@@ -578,10 +595,8 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     else:
         ap, out = _rows(accept_prob), None
     strict = None if strict_accept_prob is None else _rows(strict_accept_prob)
-    flags = torch.empty((3, B, N), dtype=torch.bool, device=drafts.device)
-    n = torch.empty((B,), dtype=torch.int64, device=drafts.device)
-    tokens = torch.empty((B, N + 1), dtype=torch.int64, device=drafts.device)
-    last = torch.empty((B,), dtype=torch.int64, device=drafts.device)
+    flags, n = _test_outputs(B, N, drafts.device)
+    tokens, last = _token_outputs(B, N, drafts.device)
     num_drafts = _counts(num_drafts)
     ptr = flags.data_ptr()
     status = _lib.rs_verify_default(
