@@ -218,6 +218,13 @@ def needs_classifier(method: str) -> bool:
     return rule is not None and CLASSIFIER_INPUT in rule.inputs
 
 
+def classifier_cost(method: str, c_pivot: float | None) -> float:
+    """What a round of `method` pays for the pivot classifier, in verifier steps: the measured c_pivot (None: not
+    measured, 0) for a rule that reads one, 0 for the others (the speed constants store c_pivot per (verifier,
+    drafter, N), which cells of other rules share)."""
+    return (c_pivot or 0.0) if needs_classifier(method) else 0.0
+
+
 def extra_draft_passes(method: str) -> int:
     """Drafter forward passes a round of this rule costs beyond N, as the rule declares (AR: 0)."""
     return 0 if method == AR else int(_rules()[method].extra_draft_passes)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from relaxspec.bench.config import needs_classifier
+from relaxspec.bench.config import classifier_cost
 from relaxspec.bench.names import AR, AUTO
 from relaxspec.bench.speedup import C_REL_GRID, block_aware_speedup, modelled_speedup
 from relaxspec.bench.stats import Interval, paired_diff_interval, utility_interval
@@ -53,7 +53,7 @@ def cell_metrics(method: str, draft_length, extra_passes: int, rows: list, stats
     tau = stats.mean_acceptance_length
     n = draft_length
     c_rel, c_block = speed.get("c_rel_measured"), speed.get("c_block_measured")
-    c_pivot = (speed.get("c_pivot_measured") or 0.0) if needs_classifier(method) else 0.0
+    c_pivot = classifier_cost(method, speed.get("c_pivot_measured"))
     if method != AR and (n == AUTO or dynamic):
         n = stats.drafts_proposed / stats.sequence_rounds if stats.sequence_rounds else 0.0
         if c_block and speed.get("c_block_widths"):

@@ -12,7 +12,7 @@ from relaxspec.acceptance import RULES
 from relaxspec.bench.cell import (CellRunner, CellSpec, cell_config, cell_runner, generate_samples, pad_applies,
                                   pad_classifier, speed_constants, time_batch1)
 from relaxspec.bench.cell_job import SpecJob
-from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classifier
+from relaxspec.bench.config import BenchConfig, classifier_cost, extra_draft_passes, needs_classifier
 from relaxspec.bench.metrics import cell_metrics, merge_engine_stats
 from relaxspec.bench.names import AR
 from relaxspec.bench.store import Row, Store, cell_key, token_hash
@@ -205,9 +205,7 @@ class Cells:
     def c_pivot(self, config: Config) -> float:
         """The pivot classifier's call per round / verifier step at the configuration's N, measured with the
         other constants, for a rule that reads a classifier; 0 for the others."""
-        if not needs_classifier(config.method):
-            return 0.0
-        return self.speed(self.spec(config)).get("c_pivot_measured", 0.0)
+        return classifier_cost(config.method, self.speed(self.spec(config)).get("c_pivot_measured"))
 
     def priced_round(self, config: Config, heldout: bool) -> tuple[float, float, float]:
         """(drafts, c_rel, c_block) the speed objectives price a round of the configuration at (objective.priced_round:

@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relaxspec.bench.config import extra_draft_passes, needs_classifier, parse_method
+from relaxspec.bench.config import classifier_cost, extra_draft_passes, needs_classifier, parse_method
 from relaxspec.bench.names import AR, STRICT, draft_length_order
 from relaxspec.bench.stats import Interval, paired_diff_interval
 from relaxspec.bench.store import Store
@@ -116,7 +116,7 @@ def score(cells: list[StoreCell], constants: dict[int, tuple[float, float]],
         if strict is None or n not in constants:
             continue  # no reference or no speed constants: cannot be judged
         c_rel, c_block = constants[n]
-        c_pivot = (pivot or {}).get(n, 0.0) if needs_classifier(config.method) else 0.0
+        c_pivot = classifier_cost(config.method, (pivot or {}).get(n))
         n, c_block = priced_round(n, cell.metrics, c_block, cell.settings.get("draft_confidence") is not None)
         speed = speed_interval("length-adjusted", cell.rows, ar_rows, n, extra_draft_passes(config.method), c_rel,
                                c_block, CONFIDENCE, c_pivot=c_pivot)
