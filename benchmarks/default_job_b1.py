@@ -3,9 +3,11 @@ few cells of the built-in pair, with the bench's own code (bench.cell.time_batch
 settings (arithmetic, T=0.7, top-p 0.95, 160 new tokens, one thread, thread CPU time).
 
     python benchmarks/default_job_b1.py [--prompts 16] [--draft-lengths 3 5] [--pad [--pivot-call module]]
+        [--methods strict typical cactus:delta=0.1 ...]
 
 tau comes from the same cells run on the next `--prompts` prompts in one batch (the default job takes it from its
-samples). measured / model is the figure issue 27 targets (>= 0.9; strict N=3 >= 1.0x).
+samples). measured / model is the figure issue 27 targets (>= 0.9; strict N=3 >= 1.0x). --methods: the cells, as
+`relaxspec bench --methods` names them (default: strict and typical at their defaults).
 --pad adds a PAD cell (threshold 0.5, the built-in classifier) at each N, its classifier call timed in the speed
 constants' rounds (c_piv: one call on an N-draft block / verifier step; 0 for the other cells) and priced in S_blk;
 S_blk-c_piv is the model without it. --pivot-call module runs the classifier through the module's forward each
@@ -22,7 +24,7 @@ import inspect
 import torch
 
 from relaxspec.bench.cell import CellSpec, generate_samples, speed_constants, time_batch1_cells
-from relaxspec.bench.config import BenchConfig, needs_classifier
+from relaxspec.bench.config import BenchConfig, needs_classifier, parse_method
 from relaxspec.bench.speedup import block_aware_speedup
 from relaxspec.engine import derive_seed
 from relaxspec.models import DEFAULT_DRAFTER, DEFAULT_VERIFIER, load_model
@@ -35,6 +37,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--draft-lengths", type=int, nargs="*", default=[3, 5])
+    ap.add_argument("--methods", nargs="*", default=None, help="NAME or NAME:PARAM=V[;...] (default: strict typical)")
     ap.add_argument("--pad", action="store_true", help="add a PAD cell (threshold 0.5) at each N")
     ap.add_argument("--pivot-call", choices=["closure", "module"], default="closure",
                     help="the classifier's call: pivot_fn's inference closure, or the module's predict_proba")
@@ -43,7 +46,8 @@ def main():
     config = BenchConfig(speed_prompts=args.prompts)
     task = get_task("arithmetic", limit=2 * args.prompts)
     models = {DEFAULT_VERIFIER: load_model(DEFAULT_VERIFIER), DEFAULT_DRAFTER: load_model(DEFAULT_DRAFTER)}
-    cells = CELLS + [("pad", {"threshold": 0.5})] * args.pad
+    cells = CELLS if args.methods is None else [cell for item in args.methods for cell in parse_method(item)]
+    cells += [("pad", {"threshold": 0.5})] * args.pad
     specs = [CellSpec(DEFAULT_VERIFIER, DEFAULT_DRAFTER, "arithmetic", method, params, n, 0)
              for n in args.draft_lengths for method, params in cells]
     pivot_fn = _pivot_fn(args.pivot_call) if args.pad else None

@@ -332,6 +332,18 @@ class Rule:
     trusts_q: bool = False
     accepts_at_least_strict: bool = False
 
+    # The rule's math in C, for the shared loop's one call on float32 CPU blocks when sampling (acceptance/fused.py,
+    # `rule_library`; the torch methods below stay the reference, and serve every other case: a test compares the
+    # two). native_test: C defining `static inline float rule_test(const float *p, const float *q, const float *z,
+    # int64_t V, int64_t x, const double *prm)`, accept_prob at one draft position (p, q its processed rows, z the
+    # verifier's raw logits there, x the draft, prm the numeric parameters in `params` order); it may call the
+    # sampler's C helpers (capped, sum, max, exp_nonpositive). native_residual: C defining `static void
+    # rule_residual(const float *p, const float *q, const float *z, int64_t V, int64_t x, const double *prm,
+    # float *out)`, the residual's V weights at the first rejection (x the rejected draft), for a rule whose residual
+    # is its own; None: strict's or argmax p (`residual_argmax`). Only for a rule that keeps strict's bonus.
+    native_test: str | None = None
+    native_residual: str | None = None
+
     # --- the math (pure; no sampling) ---
 
     def accept_prob(self, pos: Positions, **params) -> torch.Tensor:

@@ -48,3 +48,32 @@ class CactusRule(Rule):
         scale = ((1.0 - h) / rest).nan_to_num_(nan=1.0)
         H = (pos.p * scale.unsqueeze(-1)).scatter_(-1, pos.x.unsqueeze(-1), h.unsqueeze(-1))
         return H.sub_(pos.q).clamp_min_(0.0)
+
+    # The same float32 operations as cactus_h, accept_prob and residual above.
+    native_test = r"""
+static inline float cactus_h(float px, double delta) {
+    const float rest = 1.0f - px;
+    const float h = px + sqrtf((float)(2.0 * delta) * px * rest);
+    return h > 1.0f ? 1.0f : h;
+}
+
+static inline float rule_test(const float *p, const float *q, const float *z, int64_t V, int64_t x, const double *prm) {
+    (void)z; (void)V;
+    return capped(cactus_h(p[x], prm[0]), q[x]);
+}
+"""
+    native_residual = r"""
+static void rule_residual(const float *p, const float *q, const float *z, int64_t V, int64_t x, const double *prm,
+                          float *out) {
+    (void)z;
+    const float h = cactus_h(p[x], prm[0]);
+    float scale = (1.0f - h) / (1.0f - p[x]);
+    if (isnan(scale)) scale = 1.0f;
+    for (int64_t i = 0; i < V; i++) {
+        const float r = p[i] * scale - q[i];
+        out[i] = r < 0.0f ? 0.0f : r;
+    }
+    const float rx = h - q[x];
+    out[x] = rx < 0.0f ? 0.0f : rx;
+}
+"""

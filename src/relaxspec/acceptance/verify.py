@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from relaxspec.acceptance.base import Rule, Targets, VerifyContext, get_rule
+from relaxspec.acceptance.base import ParamSpec, Rule, Targets, VerifyContext, get_rule
 from relaxspec.acceptance import fused
 from relaxspec.acceptance.random import ACCEPT, TOKEN, CounterDraws, Draws, GeneratorDraws
 from relaxspec.acceptance.processing import (
@@ -232,6 +233,8 @@ class VerifyStep:
         residual, default_bonus = type(self.rule).residual, type(self.rule).bonus is Rule.bonus
         self.block_rows = (None if not default_bonus else "strict" if residual is Rule.residual
                            else "argmax" if residual is Rule.residual_argmax else None)
+        # A rule with its math in C (Rule.native_test): when sampling, its test, residual and all in one call too.
+        self.kernel = None if is_greedy(temperature) else _rule_kernel(self.rule, self.params)
 
     def __call__(self, target_logits, draft_logits, draft_tokens, *, generator=None, random: Draws | None = None,
                  draft_probs=None, num_drafts: torch.Tensor | None = None, relax: torch.Tensor | None = None,
@@ -248,12 +251,15 @@ class VerifyStep:
         # A rule that keeps the base (strict) test gives strict's probabilities: not computed twice.
         own_test = type(rule).accept_prob is not Rule.accept_prob
         # Rows the blocks give (`block_rows`; argmax rows only where the rule decides everywhere: `relax` asks for
-        # strict's elsewhere) on float32 CPU blocks: the whole loop is one C call, strict's test included for strict.
-        one_call = (self.block_rows is not None and (relax is None or self.block_rows == "strict")
+        # strict's elsewhere), or the rule's math in C where it decides everywhere (`kernel`), on float32 CPU blocks:
+        # the whole loop is one C call, the test included for strict and for a rule with a kernel.
+        kernel = self.kernel if relax is None else None
+        one_call = ((kernel is not None or self.block_rows is not None and (relax is None or self.block_rows == "strict"))
                     and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q))
-        if one_call and not own_test:
+        if one_call and (kernel is not None or not own_test):
             accept_prob = strict_accept_prob = None  # (computed by the call)
         else:
+            kernel = None
             drafts = ctx.drafts()
             accept_prob = rule.accept_prob(drafts, **params)
             strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x) if own_test else accept_prob
@@ -264,11 +270,12 @@ class VerifyStep:
             random = GeneratorDraws(generator, B, ctx.p.device)
         u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, ctx.p if accept_prob is None else accept_prob))
         if one_call:
-            accept_prob, accepted, kept, n, relaxed_only, tokens, last = fused.verify_default(
+            accept_prob, strict, accepted, kept, n, relaxed_only, tokens, last = fused.verify_default(
                 ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob if own_test else None, u,
-                random.token_uniforms(N), num_drafts, argmax=self.block_rows == "argmax")
+                random.token_uniforms(N), num_drafts, argmax=self.block_rows == "argmax", kernel=kernel,
+                z=ctx.target_logits)
             return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
-                                strict_accept_prob=strict_accept_prob if own_test else accept_prob, accepted=accepted,
+                                strict_accept_prob=accept_prob if strict is None else strict, accepted=accepted,
                                 relaxed_only=relaxed_only, last_token=last)
         # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
         # every draft passed).
@@ -343,6 +350,17 @@ def _finish(random: Draws, n, kept, num_drafts, residual, p, bonus, drafts):
     tokens = torch.nn.functional.pad(torch.where(kept, drafts, -1), (0, 1), value=-1)
     tokens.scatter_(1, at, last.unsqueeze(1))  # the kept drafts, then `last` at position n, then -1
     return tokens, last
+
+
+def _rule_kernel(rule: Rule, params: dict) -> fused.RuleKernel | None:
+    """`rule`'s verify loop in C at its checked `params`, or None: no test in C (`Rule.native_test`), a bonus of its
+    own, a residual of its own that is not in C (`Rule.native_residual`), or no library."""
+    if rule.native_test is None or type(rule).bonus is not Rule.bonus or (
+            rule.native_residual is None and type(rule).residual not in (Rule.residual, Rule.residual_argmax)):
+        return None
+    lib = fused.rule_library(rule.name, rule.native_test, rule.native_residual)
+    numbers = [float(params[name]) for name, spec in rule.params.items() if isinstance(spec, ParamSpec)]
+    return None if lib is None else fused.RuleKernel(lib, np.array(numbers, dtype=np.float64))
 
 
 def _draws_token_table(random: Draws | None) -> bool:
