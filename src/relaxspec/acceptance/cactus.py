@@ -57,15 +57,16 @@ static inline float cactus_h(float px, double delta) {
     return h > 1.0f ? 1.0f : h;
 }
 
-static inline float rule_test(const float *p, const float *q, const float *z, int64_t V, int64_t x, const double *prm) {
-    (void)z; (void)V;
+static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
+                              const double *prm) {
+    (void)z; (void)zq; (void)V;
     return capped(cactus_h(p[x], prm[0]), q[x]);
 }
 """
     native_residual = r"""
-static void rule_residual(const float *p, const float *q, const float *z, int64_t V, int64_t x, const double *prm,
-                          float *out) {
-    (void)z;
+static int rule_residual(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
+                         const double *prm, float *out) {
+    (void)z; (void)zq;
     const float h = cactus_h(p[x], prm[0]);
     float scale = (1.0f - h) / (1.0f - p[x]);
     if (isnan(scale)) scale = 1.0f;
@@ -75,5 +76,6 @@ static void rule_residual(const float *p, const float *q, const float *z, int64_
     }
     const float rx = h - q[x];
     out[x] = rx < 0.0f ? 0.0f : rx;
+    return 0;
 }
 """

@@ -304,40 +304,50 @@ int rs_finish(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N,
 """
 
 _VERIFY = r"""
-/* A rule's acceptance test at one draft position, in C: p and q the processed rows there, z the verifier's raw
-   logits there (NULL where the caller passed none), x the draft, prm the rule's numeric parameters. Strict's here;
-   a rule's own (Rule.native_test) takes its place in that rule's library (rule_library), with its residual
-   (Rule.native_residual, RULE_RESIDUAL defined) where it has one. */
+/* A rule's math at one position, in C: p and q the processed rows there, z and zq the verifier's and the drafter's raw
+   logits there (NULL where the caller passed none), x the draft (the rejected one for the residual), prm the rule's
+   numeric parameters then the temperature. Strict's test here; a rule's own (Rule.native_test) takes its place in
+   that rule's library (rule_library), with its residual (RULE_RESIDUAL) and bonus (RULE_BONUS) where it has them in
+   C. A test returns NaN, a residual or a bonus nonzero, for a block the rule's C declines (the caller's torch path
+   then serves it). */
 #ifndef RULE_TEST
-static inline float rule_test(const float *p, const float *q, const float *z, int64_t V, int64_t x, const double *prm) {
-    (void)z; (void)V; (void)prm;
+static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
+                              const double *prm) {
+    (void)z; (void)zq; (void)V; (void)prm;
     return capped(p[x], q[x]);
 }
 #endif
 
-/* The verify loop for a rule that keeps strict's bonus (Rule.bonus), from the blocks p [B, N+1, V], q [B, N, V] and the
-   verifier's raw logits z [B, N+1, V] (float32, strides (sp0, sp1), (sq0, sq1), (sz0, sz1), unit along V; z may be
-   NULL for a test that does not read it), in one call: rs_first_rejection on the rule's ap (and strict, or NULL; row
-   strides sa, ss), or, ap NULL, on ap_out[b, i] = rule_test at each draft x = drafts[b, i] (strict's min(1, p(x) /
-   q(x)), 0 where q(x) <= 0, at_tokens and capped_ratio's float32 values, in the sampler's library) with strict_out[b, i]
-   = strict's test beside it where strict_out is not NULL; then rs_finish's token: the residual of a row stopped at a
-   rejection at its position n[b] is the rule's own (RULE_RESIDUAL), else (p - q)+ (float32, as torch's (p -
-   q).clamp_min_(0)), p there where it has no mass (argmax 0), or (argmax 1, Rule.residual_argmax) one-hot on the
-   first largest p there, whose sample is that index at any u; the bonus is p at the row's bonus position
-   (num_drafts[b], or N); sampled at ut[b * st0 + n[b] * st1] (st1 0: one uniform per row). ua: the acceptance
-   uniforms, row stride sua. Returns 0, -1 when memory runs out, -2 for a draft outside [0, V). */
+/* The verify loop for a rule with strict's bonus (Rule.bonus) or its own in C, from the blocks p [B, N+1, V], q [B, N,
+   V], the verifier's raw logits z [B, N+1, V] and the drafter's zq [B, zq_rows, V] (float32, strides (sp0, sp1),
+   (sq0, sq1), (sz0, sz1), (szq0, szq1), unit along V; z and zq may be NULL for a rule that does not read them), in
+   one call: rs_first_rejection on the rule's ap (and strict, or NULL; row strides sa, ss), or, ap NULL, on ap_out[b,
+   i] = rule_test at each draft x = drafts[b, i] (strict's min(1, p(x) / q(x)), 0 where q(x) <= 0, at_tokens and
+   capped_ratio's float32 values, in the sampler's library) with strict_out[b, i] = strict's test beside it where
+   strict_out is not NULL; then rs_finish's token: the residual of a row stopped at a rejection at its position n[b]
+   is the rule's own (RULE_RESIDUAL), else (p - q)+ (float32, as torch's (p - q).clamp_min_(0)), p there where it has
+   no mass (argmax 0), or (argmax 1, Rule.residual_argmax) one-hot on the first largest p there, whose sample is that
+   index at any u; the bonus is the rule's own (RULE_BONUS, the drafter's row min(num_drafts[b], zq_rows - 1)), else p,
+   at the row's bonus position (num_drafts[b], or N); sampled at ut[b * st0 + n[b] * st1] (st1 0: one uniform per
+   row). ua: the acceptance uniforms, row stride sua. Returns 0, -1 when memory runs out, -2 for a draft outside [0,
+   V), -3 where the rule's C declined the block (nothing drawn from is changed: the outputs are then unspecified). */
 int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, int64_t sq0, int64_t sq1,
-                      const float *z, int64_t sz0, int64_t sz1, const int64_t *drafts, int64_t sd,
-                      const int64_t *num_drafts, int64_t B, int64_t N, int64_t V, const float *ap, int64_t sa,
-                      const float *strict, int64_t ss, float *ap_out, float *strict_out, const double *prm,
-                      const double *ua, int64_t sua, const double *ut, int64_t st0, int64_t st1, int64_t argmax,
-                      uint8_t *accepted, uint8_t *kept, uint8_t *relaxed, int64_t *n, int64_t *tokens, int64_t *last) {
+                      const float *z, int64_t sz0, int64_t sz1, const float *zq, int64_t szq0, int64_t szq1,
+                      int64_t zq_rows, const int64_t *drafts, int64_t sd, const int64_t *num_drafts, int64_t B,
+                      int64_t N, int64_t V, const float *ap, int64_t sa, const float *strict, int64_t ss,
+                      float *ap_out, float *strict_out, const double *prm, const double *ua, int64_t sua,
+                      const double *ut, int64_t st0, int64_t st1, int64_t argmax, uint8_t *accepted, uint8_t *kept,
+                      uint8_t *relaxed, int64_t *n, int64_t *tokens, int64_t *last) {
+#define Z_AT(b, i) (z ? z + (b) * sz0 + (i) * sz1 : NULL)
+#define ZQ_AT(b, i) (zq ? zq + (b) * szq0 + (i) * szq1 : NULL)
     for (int64_t b = 0; b < B && !ap; b++)
         for (int64_t i = 0; i < N; i++) {
             const int64_t x = drafts[b * sd + i];
             if (x < 0 || x >= V) return -2;
             const float *pr = p + b * sp0 + i * sp1, *qr = q + b * sq0 + i * sq1;
-            ap_out[b * N + i] = rule_test(pr, qr, z ? z + b * sz0 + i * sz1 : NULL, V, x, prm);
+            const float a = rule_test(pr, qr, Z_AT(b, i), ZQ_AT(b, i), V, x, prm);
+            if (a != a) return -3;  /* NaN: declined */
+            ap_out[b * N + i] = a;
             if (strict_out) strict_out[b * N + i] = capped(pr[x], qr[x]);
         }
     if (!ap) {
@@ -348,6 +358,7 @@ int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, 
     float *residual = malloc(V * sizeof(float));
     int status = -1;
     if (!cdf || !residual) goto done;
+    status = -3;
     for (int64_t b = 0; b < B; b++) {
         const int64_t proposed = num_drafts ? num_drafts[b] : N;
         n[b] = reject_row(ua + b * sua, ap + b * sa, strict ? strict + b * ss : NULL, proposed, N,
@@ -364,7 +375,8 @@ int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, 
         if (n[b] < proposed) {
             const float *pr = p + b * sp0 + n[b] * sp1, *qr = q + b * sq0 + n[b] * sq1;
 #ifdef RULE_RESIDUAL
-            rule_residual(pr, qr, z ? z + b * sz0 + n[b] * sz1 : NULL, V, drafts[b * sd + n[b]], prm, residual);
+            if (rule_residual(pr, qr, Z_AT(b, n[b]), ZQ_AT(b, n[b]), V, drafts[b * sd + n[b]], prm, residual) != 0)
+                goto done;
 #else
             for (int64_t i = 0; i < V; i++) {
                 const float r = pr[i] - qr[i];
@@ -373,6 +385,14 @@ int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, 
 #endif
             row = sum(residual, V) > 0.0 ? residual : pr;
         }
+#ifdef RULE_BONUS
+        else {
+            if (rule_bonus(row, Z_AT(b, proposed), ZQ_AT(b, proposed < zq_rows ? proposed : zq_rows - 1), V, prm,
+                           residual) != 0)
+                goto done;
+            row = residual;
+        }
+#endif
         last[b] = sample_row(row, ut[b * st0 + n[b] * st1], cdf, V);
         emit(b, N, n[b], drafts, sd, last[b], tokens);
     }
@@ -381,6 +401,8 @@ done:
     free(residual);
     free(cdf);
     return status;
+#undef Z_AT
+#undef ZQ_AT
 }
 """
 
@@ -445,9 +467,9 @@ void rs_round_table(const uint32_t *low, const uint32_t *high, int64_t K, const 
 SOURCE = _HEAD + _VERIFY + _TAIL  # the sampler's library: strict's test in the verify loop
 
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
-VERIFY_SIGNATURE = ("rs_verify_default", ctypes.c_int, (_P, _I, _I, _P, _I, _I, _P, _I, _I, _P, _I, _P, _I, _I, _I, _P, _I,
-                                                         _P, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I, _P, _P, _P, _P, _P,
-                                                         _P))
+VERIFY_SIGNATURE = ("rs_verify_default", ctypes.c_int, (_P, _I, _I, _P, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, _I, _P,
+                                                         _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _I, _I,
+                                                         _I, _P, _P, _P, _P, _P, _P))
 SIGNATURES = (
     ("rs_process", ctypes.c_int, (_P, _P, _I, _I, _D, _I, _D)),
     ("rs_sample", ctypes.c_int, (_P, _P, _P, _I, _I)),
@@ -613,18 +635,20 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
 def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accept_prob: torch.Tensor | None,
                    strict_accept_prob: torch.Tensor | None, u: torch.Tensor, u_token: torch.Tensor,
                    num_drafts: torch.Tensor | None, argmax: bool = False, kernel: RuleKernel | None = None,
-                   z: torch.Tensor | None = None):
+                   z: torch.Tensor | None = None, zq: torch.Tensor | None = None):
     """The verify loop in one call for a rule that keeps strict's bonus and residual (or, argmax, takes
-    Rule.residual_argmax, or the kernel's own residual), read from the blocks p [B, N+1, V] and q [B, N, V] (float32
+    Rule.residual_argmax, or the kernel's rule's own), read from the blocks p [B, N+1, V] and q [B, N, V] (float32
     CPU): `first_rejection` on accept_prob (None: the test computed here, strict's min(1, p(x)/q(x)) at the drafts, or
-    `kernel`'s rule's own, from p, q and the verifier's raw logits z [B, N+1, V]), then `finish` with the residual
-    (p - q)+ (argmax: one-hot on argmax p; the kernel's rule's own) at each stopped row's position and the bonus p at
-    its bonus position, the token of row b drawn at u_token[b, n[b]] (float64 [B, N+1], or a column expanded: one
-    uniform per row). (accept_prob, strict_accept_prob, accepted, kept, n, relaxed_only, tokens, last), as the loop's
-    torch ops give them (strict_accept_prob: the one given, or with a kernel strict's test computed here, else None);
-    ValueError for a draft outside [0, V) when computing the test."""
+    `kernel`'s rule's own, from p, q and the raw logits of the verifier, z [B, N+1, V], and of the drafter, zq [B, N or
+    N+1, V]), then `finish` with the residual (p - q)+ (argmax: one-hot on argmax p; the kernel's rule's own) at each
+    stopped row's position and the bonus (p, or the kernel's rule's own) at its bonus position, the token of row b
+    drawn at u_token[b, n[b]] (float64 [B, N+1], or a column expanded: one uniform per row).
+    (accept_prob, strict_accept_prob, accepted, kept, n, relaxed_only, tokens, last), as the loop's torch ops give them
+    (strict_accept_prob: the one given, or with a kernel strict's test computed here, else None); None where the
+    kernel's rule declined the block (its torch math serves it then); ValueError for a draft outside [0, V) when
+    computing the test."""
     p, q, drafts = _rows(p), _rows(q), _rows(drafts)
-    z = None if z is None or kernel is None else _rows(z)
+    z, zq = (None, None) if kernel is None else (_rows(z), _rows(zq))
     u = _acceptance_uniforms(u)
     u_token = u_token if u_token.dtype is torch.float64 else u_token.double()  # (read through its strides)
     B, N = drafts.shape
@@ -641,15 +665,18 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     tokens, last = _token_outputs(B, N, drafts.device)
     num_drafts = _counts(num_drafts)
     ptr = flags.data_ptr()
+    logits = [(None, 0, 0) if t is None else (t.data_ptr(), t.stride(0), t.stride(1)) for t in (z, zq)]
     status = (_lib if kernel is None else kernel.lib).rs_verify_default(
-        p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1),
-        None if z is None else z.data_ptr(), 0 if z is None else z.stride(0), 0 if z is None else z.stride(1),
-        drafts.data_ptr(), drafts.stride(0), None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
+        p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1), *logits[0], *logits[1],
+        0 if zq is None else zq.shape[1], drafts.data_ptr(), drafts.stride(0),
+        None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
         None if out is not None else ap.data_ptr(), ap.stride(0), None if strict is None else strict.data_ptr(),
         0 if strict is None else strict.stride(0), out, strict_out,
         None if kernel is None else kernel.params.ctypes.data, u.data_ptr(), u.stride(0),
         u_token.data_ptr(), u_token.stride(0), u_token.stride(1), int(argmax), ptr, ptr + B * N, ptr + 2 * B * N,
         n.data_ptr(), tokens.data_ptr(), last.data_ptr())
+    if status == -3:
+        return None
     if status == -2:
         raise ValueError(f"a token lies outside the vocabulary [0, {p.shape[-1]})")
     if status != 0:
@@ -660,21 +687,23 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
 
 @dataclass(frozen=True)
 class RuleKernel:
-    """A rule's verify loop in C at one setting: its library (`rule_library`) and the rule's numeric parameters
-    (float64, in `Rule.params` order: the C's prm)."""
+    """A rule's verify loop in C at one setting: its library (`rule_library`) and the C's prm: the rule's numeric
+    parameters (float64, in `Rule.params` order), then the temperature."""
 
     lib: ctypes.CDLL
     params: np.ndarray
 
 
 @functools.cache
-def rule_library(name: str, test: str, residual: str | None) -> ctypes.CDLL | None:
+def rule_library(name: str, test: str, residual: str | None, bonus: str | None) -> ctypes.CDLL | None:
     """The library of a rule's verify loop: the sampler's (`rs_verify_default`) with the rule's test in C (`test`,
-    Rule.native_test), and its residual (`residual`, Rule.native_residual, or None: strict's), in place of strict's;
-    None where it cannot be built or the kernels are off."""
+    Rule.native_test), and its residual and bonus (Rule.native_residual, native_bonus, or None: strict's), in place of
+    strict's; None where it cannot be built or the kernels are off."""
     if library() is None:
         return None
-    own = "#define RULE_TEST\n" + test + ("" if residual is None else "\n#define RULE_RESIDUAL\n" + residual)
+    own = "#define RULE_TEST\n" + test
+    for macro, source in (("RULE_RESIDUAL", residual), ("RULE_BONUS", bonus)):
+        own += "" if source is None else f"\n#define {macro}\n" + source
     return native.load("rule-" + name, _HEAD + own + "\n" + _VERIFY, (VERIFY_SIGNATURE,))
 
 

@@ -28,8 +28,9 @@ class MentoredRule(Rule):
         return capped_ratio(pos.p_x, (1.0 - alpha) * pos.q_x)
 
     native_test = r"""
-static inline float rule_test(const float *p, const float *q, const float *z, int64_t V, int64_t x, const double *prm) {
-    (void)z; (void)V;
+static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
+                              const double *prm) {
+    (void)z; (void)zq; (void)V;
     return capped(p[x], (float)(1.0 - prm[0]) * q[x]);  /* torch: the float32 scalar (1 - alpha) times q(x) */
 }
 """

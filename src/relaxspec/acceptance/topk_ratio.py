@@ -44,8 +44,9 @@ class TopkRatioRule(Rule):
     native_test = r"""
 #define FLOOR (float)prm[1] * top  /* ratio * p(top-1) */
 
-static inline float rule_test(const float *p, const float *q, const float *z, int64_t V, int64_t x, const double *prm) {
-    (void)z;
+static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
+                              const double *prm) {
+    (void)z; (void)zq;
     const float px = p[x];
     const int64_t k = prm[0] >= (double)V ? V : (int64_t)prm[0];
     if (k >= 1 && px > 0.0f) {  /* a candidate: fewer than k tokens above it (it is among the top k), FLOOR */

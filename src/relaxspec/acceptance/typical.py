@@ -37,8 +37,9 @@ class TypicalRule(Rule):
     # Σ p log p over p's support (xlogy(0, 0) = 0) in float64 from float32 logs: within float32 rounding of torch's
     # neg_entropy (a different order of sums), so a draft exactly at the threshold may be judged apart.
     native_test = r"""
-static inline float rule_test(const float *p, const float *q, const float *z, int64_t V, int64_t x, const double *prm) {
-    (void)q; (void)z;
+static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
+                              const double *prm) {
+    (void)q; (void)z; (void)zq;
     double s = 0.0;
     for (int64_t i = 0; i < V; i++)
         if (p[i] > 0.0f) s += (double)(p[i] * logf(p[i]));

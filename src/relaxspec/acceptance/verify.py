@@ -234,7 +234,7 @@ class VerifyStep:
         self.block_rows = (None if not default_bonus else "strict" if residual is Rule.residual
                            else "argmax" if residual is Rule.residual_argmax else None)
         # A rule with its math in C (Rule.native_test): when sampling, its test, residual and all in one call too.
-        self.kernel = None if is_greedy(temperature) else _rule_kernel(self.rule, self.params)
+        self.kernel = None if is_greedy(temperature) else _rule_kernel(self.rule, self.params, temperature)
 
     def __call__(self, target_logits, draft_logits, draft_tokens, *, generator=None, random: Draws | None = None,
                  draft_probs=None, num_drafts: torch.Tensor | None = None, relax: torch.Tensor | None = None,
@@ -254,29 +254,29 @@ class VerifyStep:
         # strict's elsewhere), or the rule's math in C where it decides everywhere (`kernel`), on float32 CPU blocks:
         # the whole loop is one C call, the test included for strict and for a rule with a kernel.
         kernel = self.kernel if relax is None else None
-        one_call = ((kernel is not None or self.block_rows is not None and (relax is None or self.block_rows == "strict"))
-                    and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q))
+        rows = self.block_rows is not None and (relax is None or self.block_rows == "strict")
+        one_call = (kernel is not None or rows) and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q)
         if one_call and (kernel is not None or not own_test):
             accept_prob = strict_accept_prob = None  # (computed by the call)
         else:
             kernel = None
-            drafts = ctx.drafts()
-            accept_prob = rule.accept_prob(drafts, **params)
-            strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x) if own_test else accept_prob
-            if relax is not None:  # phase-aware: strict where the rule may not relax
-                accept_prob = torch.where(relax[:, :N], accept_prob, strict_accept_prob)
+            accept_prob, strict_accept_prob = self._tests(ctx, params, relax, own_test)
             one_call = one_call and fused.serves_loop(accept_prob, strict_accept_prob)
         if random is None:
             random = GeneratorDraws(generator, B, ctx.p.device)
         u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, ctx.p if accept_prob is None else accept_prob))
         if one_call:
-            accept_prob, strict, accepted, kept, n, relaxed_only, tokens, last = fused.verify_default(
+            out = fused.verify_default(
                 ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob if own_test else None, u,
                 random.token_uniforms(N), num_drafts, argmax=self.block_rows == "argmax", kernel=kernel,
-                z=ctx.target_logits)
-            return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
-                                strict_accept_prob=accept_prob if strict is None else strict, accepted=accepted,
-                                relaxed_only=relaxed_only, last_token=last)
+                z=ctx.target_logits, zq=ctx.draft_logits)
+            if out is not None:
+                accept_prob, strict, accepted, kept, n, relaxed_only, tokens, last = out
+                return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
+                                    strict_accept_prob=accept_prob if strict is None else strict, accepted=accepted,
+                                    relaxed_only=relaxed_only, last_token=last)
+            # Declined by the rule's C (e.g. scores that overflow): its torch math serves the block (and says why).
+            accept_prob, strict_accept_prob = self._tests(ctx, params, relax, own_test)
         # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
         # every draft passed).
         accepted, kept, n, relaxed_only = _first_rejection(u, accept_prob, strict_accept_prob if own_test else None,
@@ -305,6 +305,17 @@ class VerifyStep:
             relaxed_only=relaxed_only,
             last_token=last,
         )
+
+
+    def _tests(self, ctx: VerifyContext, params: dict, relax, own_test: bool):
+        """(accept_prob, strict_accept_prob) [B, N] by the rule's torch math: strict's where `relax` leaves a
+        position to strict; strict_accept_prob is accept_prob itself for a rule that keeps strict's test."""
+        drafts = ctx.drafts()
+        accept_prob = self.rule.accept_prob(drafts, **params)
+        strict_accept_prob = capped_ratio(drafts.p_x, drafts.q_x) if own_test else accept_prob
+        if relax is not None:  # phase-aware: strict where the rule may not relax
+            accept_prob = torch.where(relax[:, :ctx.num_drafts], accept_prob, strict_accept_prob)
+        return accept_prob, strict_accept_prob
 
 
 # The loop's two stretches of bookkeeping: one C call each for float32 CPU tensors (acceptance/fused.py), the torch
@@ -352,15 +363,15 @@ def _finish(random: Draws, n, kept, num_drafts, residual, p, bonus, drafts):
     return tokens, last
 
 
-def _rule_kernel(rule: Rule, params: dict) -> fused.RuleKernel | None:
-    """`rule`'s verify loop in C at its checked `params`, or None: no test in C (`Rule.native_test`), a bonus of its
-    own, a residual of its own that is not in C (`Rule.native_residual`), or no library."""
-    if rule.native_test is None or type(rule).bonus is not Rule.bonus or (
+def _rule_kernel(rule: Rule, params: dict, temperature: float) -> fused.RuleKernel | None:
+    """`rule`'s verify loop in C at its checked `params`, or None: no test in C (`Rule.native_test`), a residual or a
+    bonus of its own that is not in C (`Rule.native_residual`, `native_bonus`), or no library."""
+    if rule.native_test is None or (rule.native_bonus is None and type(rule).bonus is not Rule.bonus) or (
             rule.native_residual is None and type(rule).residual not in (Rule.residual, Rule.residual_argmax)):
         return None
-    lib = fused.rule_library(rule.name, rule.native_test, rule.native_residual)
+    lib = fused.rule_library(rule.name, rule.native_test, rule.native_residual, rule.native_bonus)
     numbers = [float(params[name]) for name, spec in rule.params.items() if isinstance(spec, ParamSpec)]
-    return None if lib is None else fused.RuleKernel(lib, np.array(numbers, dtype=np.float64))
+    return None if lib is None else fused.RuleKernel(lib, np.array(numbers + [temperature], dtype=np.float64))
 
 
 def _draws_token_table(random: Draws | None) -> bool:
