@@ -6,7 +6,8 @@ settings (arithmetic, T=0.7, top-p 0.95, 160 new tokens, one thread, thread CPU 
         [--methods strict typical cactus:delta=0.1 ...]
 
 tau comes from the same cells run on the next `--prompts` prompts in one batch (the default job takes it from its
-samples). measured / model is the figure issue 27 targets (>= 0.9; strict N=3 >= 1.0x). --methods: the cells, as
+samples); S_blk counts a rule's extra drafter passes (spec-cont-dec's), as the bench does. measured / model is the
+figure issue 27 targets (>= 0.9; strict N=3 >= 1.0x). --methods: the cells, as
 `relaxspec bench --methods` names them (default: strict and typical at their defaults).
 --pad adds a PAD cell (threshold 0.5, the built-in classifier) at each N, its classifier call timed in the speed
 constants' rounds (c_piv: one call on an N-draft block / verifier step; 0 for the other cells) and priced in S_blk;
@@ -23,6 +24,7 @@ import inspect
 
 import torch
 
+from relaxspec.acceptance import get_rule
 from relaxspec.bench.cell import CellSpec, generate_samples, speed_constants, time_batch1_cells
 from relaxspec.bench.config import BenchConfig, needs_classifier, parse_method
 from relaxspec.bench.speedup import block_aware_speedup
@@ -65,9 +67,10 @@ def main():
         tau = (s.sequence_rounds + s.drafts_accepted) / s.sequence_rounds
         c = constants[(spec.verifier, spec.drafter, spec.draft_length)]
         c_pivot = c.get("c_pivot_measured", 0.0) if needs_classifier(spec.method) else 0.0
-        model = block_aware_speedup(tau, spec.draft_length, c["c_rel_measured"], c["c_block_measured"],
+        extra = get_rule(spec.method).extra_draft_passes  # (spec-cont-dec: its bonus-position pass, as the bench)
+        model = block_aware_speedup(tau, spec.draft_length, c["c_rel_measured"], c["c_block_measured"], extra,
                                     **({"c_pivot": c_pivot} if c_pivot else {}))
-        without = block_aware_speedup(tau, spec.draft_length, c["c_rel_measured"], c["c_block_measured"])
+        without = block_aware_speedup(tau, spec.draft_length, c["c_rel_measured"], c["c_block_measured"], extra)
         x = b1["measured_speedup_batch1"]
         label = f"{spec.method}{spec.params or ''} N={spec.draft_length}"
         print(f"{label[:28]:<28} {tau:5.2f} {c['c_rel_measured']:6.3f} {c['c_block_measured']:6.2f} {c_pivot:6.3f} "

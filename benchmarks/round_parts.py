@@ -23,7 +23,8 @@ import time
 
 import torch
 
-CELLS = {"strict": {}, "typical": {"epsilon": 0.09, "delta": 0.3}, "mentored": {"alpha": 0.3},
+CELLS = {"strict": {}, "typical": {"epsilon": 0.09, "delta": 0.3}, "mentored": {"alpha": 0.3}, "cactus": {"delta": 0.1},
+         "spec-cont-dec": {"beta": 0.5},
          "pad": {"threshold": 0.5}}
 
 
@@ -34,6 +35,7 @@ def main():
                     help="METHOD:N (methods: " + ", ".join(CELLS) + ")")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    from relaxspec.acceptance import get_rule
     from relaxspec.acceptance.random import SequenceSeeds
     from relaxspec.acceptance.verify import VerifyStep
     from relaxspec.bench.cell import CellSpec, generate_samples, speed_constants
@@ -157,7 +159,8 @@ def main():
             tau = (rounds + total["accepted"]) / rounds
             c = constants[(spec.verifier, spec.drafter, n)]
             c_pivot = c.get("c_pivot_measured", 0.0) if needs_classifier(method) else 0.0
-            model = block_aware_speedup(tau, n, c["c_rel_measured"], c["c_block_measured"], c_pivot=c_pivot)
+            model = block_aware_speedup(tau, n, c["c_rel_measured"], c["c_block_measured"],
+                                        get_rule(method).extra_draft_passes, c_pivot=c_pivot)
             line += (f", tau {tau:.2f}, S_blk {model:.3f} (c_rel {c['c_rel_measured']:.3f}, c_block "
                      f"{c['c_block_measured']:.2f}" + (f", c_pivot {c_pivot:.3f}" if c_pivot else "") +
                      f"), x b1 / S_blk {ar / statistics.median(times) / model:.3f}")

@@ -1,5 +1,6 @@
-"""The verify step's time at batch 1: the loop's bookkeeping in C (acceptance/fused.py: first_rejection, finish)
-against its torch ops (`fused.loop_disabled()`; the sampler's other kernels serve both), taking turns.
+"""The verify step's time at batch 1: the loop in C (acceptance/fused.py: verify_default, or first_rejection and
+finish around the rule's torch math; a rule with its math in C, Rule.native_test, has it in the one call) against
+the loop's and the rules' torch ops (`fused.loop_disabled()`; the sampler's other kernels serve both), taking turns.
 
     python benchmarks/verify_step.py [--rules strict typical] [--drafts 3 5] [--repeats 2000]
     python benchmarks/verify_step.py --engine-round [--prompts 12] [--max-new-tokens 64]
