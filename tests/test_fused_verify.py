@@ -59,7 +59,8 @@ def calls(monkeypatch):
 
 
 # Rules with their test in C (Rule.native_test): the loop in one call of their own library when sampling.
-NATIVE = ("mentored", "typical", "topk-delta", "topk-ratio", "cactus", "spec-casc-tok", "spec-cont-dec")
+NATIVE = ("mentored", "typical", "topk-delta", "topk-ratio", "cactus", "spec-casc-tok", "spec-cont-dec", "fuzzy",
+          "r-fuzzy", "spec-casc-opt", "ensemble", "threshold")
 
 
 def assert_same(a, b, where="", close=False, noise_residual=False):
@@ -158,6 +159,11 @@ SETTINGS = {  # each NATIVE rule's edges and grid
     "cactus": [dict(delta=d) for d in (0.0, 0.1, 1.0, 10.0, 1e6)],
     "spec-casc-tok": [dict(alpha=a) for a in (0.0, 0.35, 0.8, 1.0)],
     "spec-cont-dec": [dict(beta=b) for b in (0.0, 0.1, 0.5, 1.0, 5.0)],
+    "fuzzy": [dict(threshold=t) for t in (0.0, 0.05, 0.3, 0.7)],
+    "r-fuzzy": [dict(threshold=t) for t in (0.0, 0.05, 0.3, 0.7)],
+    "spec-casc-opt": [dict(alpha=a) for a in (-1.0, -0.1, 0.0, 0.05, 2.0)],
+    "ensemble": [dict(weight=w) for w in (0.0, 0.5, 0.9, 1.0)],
+    "threshold": [dict(single=s_, acc=a) for s_, a in ((1.0, 1.0), (0.01, 1.0), (0.3, 0.5), (1e-6, 1e-6))],
 }
 
 

@@ -241,6 +241,37 @@ static inline float capped(float num, float den) {
     return den <= 0.0f ? 0.0f : r > 1.0f ? 1.0f : r;
 }
 
+/* Helpers for the rules' math in C (Rule.native_test), as processing.py's: Σ x log x of a row in float64 (xlogy(0, 0)
+   = 0: minus the entropy), the Jensen-Shannon divergence of two rows in nats (the same formula as processing.jsd,
+   clamped to [0, ln 2]), and their total variation Σ (p - q)+. Sums in float64: within float32 rounding of torch's. */
+static inline double neg_entropy(const float *x, int64_t V) {
+    double s = 0.0;
+    for (int64_t i = 0; i < V; i++)
+        if (x[i] > 0.0f) s += (double)(x[i] * logf(x[i]));
+    return s;
+}
+
+static inline float jsd(const float *p, const float *q, int64_t V) {
+    double mix = 0.0, total = 0.0;
+    for (int64_t i = 0; i < V; i++) {
+        const float s = p[i] + q[i];
+        total += s;
+        if (s > 0.0f) mix += (double)(s * logf(s));
+    }
+    const double ln2 = 0.69314718055994530942, out = 0.5 * (neg_entropy(p, V) + neg_entropy(q, V) - mix)
+                                                      + 0.5 * ln2 * total;
+    return (float)(out < 0.0 ? 0.0 : out > ln2 ? ln2 : out);
+}
+
+static inline float total_variation(const float *p, const float *q, int64_t V) {
+    double s = 0.0;
+    for (int64_t i = 0; i < V; i++) {
+        const float d = p[i] - q[i];
+        s += d > 0.0f ? d : 0.0f;
+    }
+    return (float)s;
+}
+
 /* Row b's acceptance tests (pointers at its row): accepted[i] = u < ap where i < proposed; kept[i] = the accepted
    drafts before the first rejection; relaxed[i] = kept, though u < strict fails (strict NULL: never); returns their
    count. u: float64 holding float32 values (exactly: the comparisons are float32's). */

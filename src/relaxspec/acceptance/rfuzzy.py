@@ -31,3 +31,13 @@ class RFuzzyRule(Rule):
 
     def accept_prob(self, pos: Positions, *, threshold: float) -> torch.Tensor:
         return accept_or_strict(jsd(pos.p, pos.q) <= threshold, pos.p_x, pos.q_x)
+
+    # The JSD in float64 (the sampler's jsd): within float32 rounding of processing.jsd; accept_or_strict's values.
+    native_test = r"""
+static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
+                              const double *prm) {
+    (void)z; (void)zq;
+    if (jsd(p, q, V) <= (float)prm[0]) return q[x] > 0.0f ? 1.0f : 0.0f;
+    return capped(p[x], q[x]);
+}
+"""

@@ -41,3 +41,23 @@ class ThresholdRule(Rule):
 
     def residual(self, pos: Positions, **params) -> torch.Tensor:
         return pos.p.scatter(-1, pos.x.unsqueeze(-1), 0.0)
+
+    # The same float32 operations as accept_prob and residual.
+    native_test = r"""
+static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
+                              const double *prm) {
+    (void)q; (void)z; (void)zq; (void)V;
+    if (p[x] >= (float)prm[0]) return 1.0f;
+    const float r = p[x] / (float)prm[1];
+    return r > 1.0f ? 1.0f : r;
+}
+"""
+    native_residual = r"""
+static int rule_residual(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
+                         const double *prm, float *out) {
+    (void)q; (void)z; (void)zq; (void)prm;
+    memcpy(out, p, V * sizeof(float));
+    out[x] = 0.0f;
+    return 0;
+}
+"""

@@ -34,16 +34,13 @@ class TypicalRule(Rule):
 
     residual = Rule.residual_argmax  # argmax p at the first rejection
 
-    # Σ p log p over p's support (xlogy(0, 0) = 0) in float64 from float32 logs: within float32 rounding of torch's
-    # neg_entropy (a different order of sums), so a draft exactly at the threshold may be judged apart.
+    # Σ p log p in float64 (the sampler's neg_entropy): within float32 rounding of torch's neg_entropy (sums in another
+    # order), so a draft exactly at the threshold may be judged apart.
     native_test = r"""
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
                               const double *prm) {
     (void)q; (void)z; (void)zq;
-    double s = 0.0;
-    for (int64_t i = 0; i < V; i++)
-        if (p[i] > 0.0f) s += (double)(p[i] * logf(p[i]));
-    float threshold = (float)prm[1] * expf((float)s);
+    float threshold = (float)prm[1] * expf((float)neg_entropy(p, V));
     const float epsilon = (float)prm[0];
     threshold = threshold > epsilon ? epsilon : threshold;
     return p[x] > threshold ? 1.0f : 0.0f;
