@@ -684,11 +684,12 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     u_token = u_token if u_token.dtype is torch.float64 else u_token.double()  # (read through its strides)
     B, N = drafts.shape
     out = strict_out = None
-    if accept_prob is None:
-        computed = torch.empty((1 + (kernel is not None), B, N), dtype=torch.float32, device=drafts.device)
-        ap, out = computed[0], computed.data_ptr()
-        if kernel is not None:
-            strict_accept_prob, strict_out = computed[1], out + 4 * B * N
+    if accept_prob is None and kernel is None:  # strict's test, computed here
+        ap = torch.empty((B, N), dtype=torch.float32, device=drafts.device)
+        out = ap.data_ptr()
+    elif accept_prob is None:  # the rule's test and strict's beside it
+        ap, strict_accept_prob = torch.empty((2, B, N), dtype=torch.float32, device=drafts.device).unbind(0)
+        out, strict_out = ap.data_ptr(), strict_accept_prob.data_ptr()
     else:
         ap = _rows(accept_prob)
     strict = None if strict_accept_prob is None or strict_out else _rows(strict_accept_prob)
@@ -696,10 +697,11 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     tokens, last = _token_outputs(B, N, drafts.device)
     num_drafts = _counts(num_drafts)
     ptr = flags.data_ptr()
-    logits = [(None, 0, 0) if t is None else (t.data_ptr(), t.stride(0), t.stride(1)) for t in (z, zq)]
+    logits = _NO_LOGITS if kernel is None else (z.data_ptr(), *z.stride()[:2], zq.data_ptr(), *zq.stride()[:2],
+                                                zq.shape[1])
     status = (_lib if kernel is None else kernel.lib).rs_verify_default(
-        p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1), *logits[0], *logits[1],
-        0 if zq is None else zq.shape[1], drafts.data_ptr(), drafts.stride(0),
+        p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1), *logits, drafts.data_ptr(),
+        drafts.stride(0),
         None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
         None if out is not None else ap.data_ptr(), ap.stride(0), None if strict is None else strict.data_ptr(),
         0 if strict is None else strict.stride(0), out, strict_out,
@@ -714,6 +716,9 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
         raise MemoryError("relaxspec sampler: out of memory sampling")
     accepted, kept, relaxed_only = flags.unbind(0)
     return ap, strict_accept_prob, accepted, kept, n, relaxed_only, tokens, last
+
+
+_NO_LOGITS = (None, 0, 0, None, 0, 0, 0)  # rs_verify_default's z and zq arguments without them (strict's test)
 
 
 @dataclass(frozen=True)
