@@ -40,24 +40,11 @@ class TopkRatioRule(Rule):
         candidate = top_candidate(probs, probs_x, topk, lambda top1: ratio * top1)
         return accept_or_strict(candidate, pos.p_x, pos.q_x)
 
-    # When sampling (the processed p ranks): the same float32 comparisons as top_candidate and accept_or_strict.
+    # When sampling (the processed p ranks): the sampler's top_candidate_test, floor ratio * p(top-1).
     native_test = r"""
-#define FLOOR (float)prm[1] * top  /* ratio * p(top-1) */
-
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
                               const double *prm) {
     (void)z; (void)zq;
-    const float px = p[x];
-    const int64_t k = prm[0] >= (double)V ? V : (int64_t)prm[0];
-    if (k >= 1 && px > 0.0f) {  /* a candidate: fewer than k tokens above it (it is among the top k), FLOOR */
-        int64_t above = 0;
-        float top = p[0];
-        for (int64_t i = 0; i < V; i++) {
-            above += p[i] > px;
-            top = p[i] > top ? p[i] : top;
-        }
-        if (above < k && px >= FLOOR) return q[x] > 0.0f ? 1.0f : 0.0f;  /* accepted, unless q(x) = 0 */
-    }
-    return capped(px, q[x]);  /* strict's test */
+    return top_candidate_test(p, q, V, x, prm[0], (float)prm[1], 0.0f);
 }
 """
