@@ -222,6 +222,19 @@ def test_a_block_the_rules_c_declines_takes_the_torch_path(calls):
     assert calls["verify_default"] == 2 and not calls["first_rejection"]
 
 
+def test_rule_kernels_read_float32_logits_only(calls):
+    # float64 drafter logits beside float32 distributions (the kernels read float32): the rule's torch math serves.
+    g = torch.Generator().manual_seed(4)
+    target, draft, drafts = block(2, 3, 40, "sampled", g)
+    q = process_logits(draft[:, :3], temperature=0.7)
+    step = verify_module.VerifyStep("spec-cont-dec", temperature=0.7, beta=0.5)
+    got = step(target, draft.double(), drafts, random=draws("counter", 2, 3, 1), draft_probs=q)
+    assert calls["verify_default"] == 0  # (its float64 test then takes the torch loop too)
+    with fused.loop_disabled():
+        ref = step(target, draft.double(), drafts, random=draws("counter", 2, 3, 1), draft_probs=q)
+    assert_same(got, ref)
+
+
 def test_first_rejection_on_crafted_rows():
     # Ties (u == accept_prob rejects), accept_prob 0 and 1, num_drafts 0 and N, strided u (a slice of a wider
     # table, as a round's uniforms are) and accept_prob.

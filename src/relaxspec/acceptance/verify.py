@@ -22,7 +22,9 @@ position is left to rules whose *acceptance test* needs it. Shapes stay static
 bookkeeping (steps 1-3 around the rule's math) is one C call before the residual and one after
 (`fused.first_rejection`, `fused.finish`), and for a rule whose residual and bonus the blocks give (strict's, or
 argmax p: `Rule.residual_argmax`) the whole loop is one call (`fused.verify_default`, strict's test included for
-strict); the torch ops stay as the reference, with the same results bit for bit.
+strict); the torch ops stay as the reference, with the same results bit for bit. A rule with its math in C
+(`Rule.native_test`, and its residual and bonus there where they are its own) has its whole step in one call of its
+own library when sampling (`fused.rule_library`), within float32 rounding of its torch methods.
 """
 
 from __future__ import annotations
@@ -256,6 +258,8 @@ class VerifyStep:
         kernel = self.kernel if relax is None else None
         rows = self.block_rows is not None and (relax is None or self.block_rows == "strict")
         one_call = (kernel is not None or rows) and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q)
+        if kernel is not None and not fused.serves_loop(ctx.target_logits, ctx.draft_logits):  # (float64 logits)
+            kernel, one_call = None, rows and one_call
         if one_call and (kernel is not None or not own_test):
             accept_prob = strict_accept_prob = None  # (computed by the call)
         else:
@@ -305,7 +309,6 @@ class VerifyStep:
             relaxed_only=relaxed_only,
             last_token=last,
         )
-
 
     def _tests(self, ctx: VerifyContext, params: dict, relax, own_test: bool):
         """(accept_prob, strict_accept_prob) [B, N] by the rule's torch math: strict's where `relax` leaves a
