@@ -61,6 +61,8 @@ def calls(monkeypatch):
 # Rules with their test in C (Rule.native_test): the loop in one call of their own library when sampling.
 NATIVE = ("mentored", "typical", "topk-delta", "topk-ratio", "cactus", "spec-casc-tok", "spec-cont-dec", "fuzzy",
           "r-fuzzy", "spec-casc-opt", "ensemble", "threshold")
+# Those whose C does torch's float32 operations one by one (no sum, sqrt or exp of its own): the same bits.
+EXACT = ("mentored", "topk-delta", "topk-ratio", "ensemble", "threshold")
 
 
 def assert_same(a, b, where="", close=False, noise_residual=False):
@@ -125,7 +127,8 @@ def test_every_rule_c_path_equals_torch_path(name, calls):
                                     relax=relax, **inputs))
         c, ref = results
         assert_same(c, ref, f"(B={B} N={N} V={V} ragged={ragged} relax={relaxed} {sampling} {mode} {kind})",
-                    close=step.kernel is not None, noise_residual=name == "spec-cont-dec" and mode == "accept")
+                    close=step.kernel is not None and name not in EXACT,
+                    noise_residual=name == "spec-cont-dec" and mode == "accept")
         # rows read from the block: strict's anywhere, argmax p where the rule decides everywhere (relax None); a rule
         # with its math in C where it decides everywhere, when sampling
         seen["one call"] += step.block_rows == "strict" or (
@@ -198,7 +201,7 @@ def test_rule_kernels_equal_their_torch_math_across_settings(name, calls):
             assert calls["verify_default"] == before + 1 and not calls["finish"]
             with fused.loop_disabled():
                 ref = step(target, draft, drafts, random=draws("counter", B, N, seed), draft_probs=draft_probs)
-            assert_same(c, ref, f"({params} {mode} {sampling})", close=True,
+            assert_same(c, ref, f"({params} {mode} {sampling})", close=name not in EXACT,
                         noise_residual=name == "spec-cont-dec" and mode == "accept")
             seen["stopped"] += int((c.num_accepted < N).sum())
             seen["all"] += int((c.num_accepted == N).sum())

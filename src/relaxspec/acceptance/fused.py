@@ -759,7 +759,18 @@ def rule_library(name: str, test: str, residual: str | None, bonus: str | None) 
     own = "#define RULE_TEST\n" + test
     for macro, source in (("RULE_RESIDUAL", residual), ("RULE_BONUS", bonus)):
         own += "" if source is None else f"\n#define {macro}\n" + source
-    return native.load("rule-" + name, _HEAD + own + "\n" + _VERIFY, (VERIFY_SIGNATURE,))
+    return native.load("rule-" + name, _NO_CONTRACTION + _HEAD + own + "\n" + _VERIFY, (VERIFY_SIGNATURE,))
+
+
+# A rule's float32 operations rounded one by one, as torch's are (a * b + c not fused into one rounding: -march=native
+# has FMA), so that its C gives torch's values where it does the same operations.
+_NO_CONTRACTION = r"""
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize ("fp-contract=off")
+#endif
+"""
 
 
 def at_tokens(probs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
