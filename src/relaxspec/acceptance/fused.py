@@ -23,9 +23,13 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
 * `first_rejection` and `finish`: the shared verify loop's bookkeeping (acceptance/verify.py), one call each: the
   acceptance tests up to each row's first rejection, then the emitted token (the residual, p where the residual has
   no mass, or the bonus, sampled as `sample` does) and the row of output tokens; the same results as the loop's torch
-  ops, bit for bit (`loop_disabled()` sets these aside alone, for tests and benchmarks). `verify_default` is both in
-  one call for a rule that keeps strict's bonus and its residual (p - q)+ or takes argmax p (Rule.residual_argmax):
-  it reads them from the blocks p and q itself (and strict's test too, for a rule that keeps it).
+  ops, bit for bit (`loop_disabled()` sets these aside alone, the rules' libraries too, for tests and benchmarks).
+  `verify_default` is both in one call for a rule that keeps strict's bonus and its residual (p - q)+ or takes argmax
+  p (Rule.residual_argmax): it reads them from the blocks p and q itself (and strict's test too, for a rule that
+  keeps it).
+* `rule_library`: the same loop built with a rule's own math in C (`Rule.native_test`, `native_residual`,
+  `native_bonus`, in the rule's file) in place of strict's, one library per rule: its whole verify step in one call
+  when sampling (`verify.VerifyStep`); the rule's torch methods stay the reference (tests compare the two).
 """
 
 from __future__ import annotations
