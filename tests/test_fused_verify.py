@@ -238,6 +238,12 @@ def test_rule_kernels_read_float32_logits_only(calls):
     assert_same(got, ref)
 
 
+def test_a_step_made_with_the_kernels_off_leaves_them_for_later_steps():
+    with fused.disabled():
+        assert verify_module.VerifyStep("cactus", temperature=0.7).kernel is None
+    assert verify_module.VerifyStep("cactus", temperature=0.7).kernel is not None
+
+
 def test_first_rejection_on_crafted_rows():
     # Ties (u == accept_prob rejects), accept_prob 0 and 1, num_drafts 0 and N, strided u (a slice of a wider
     # table, as a round's uniforms are) and accept_prob.

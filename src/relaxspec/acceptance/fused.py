@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -753,11 +752,11 @@ class RuleKernel:
     params: np.ndarray
 
 
-@functools.cache
 def rule_library(name: str, test: str, residual: str | None, bonus: str | None) -> ctypes.CDLL | None:
     """The library of a rule's verify loop: the sampler's (`rs_verify_default`) with the rule's test in C (`test`,
     Rule.native_test), and its residual and bonus (Rule.native_residual, native_bonus, or None: strict's), in place of
-    strict's; None where it cannot be built or the kernels are off."""
+    strict's; None where it cannot be built or the kernels are off (`disabled()` included: nothing is remembered
+    from there; `native.load` keeps each library built)."""
     if library() is None:
         return None
     own = "#define RULE_TEST\n" + test
