@@ -60,7 +60,7 @@ def calls(monkeypatch):
 
 # Rules with their test in C (Rule.native_test): the loop in one call of their own library when sampling.
 NATIVE = ("mentored", "typical", "topk-delta", "topk-ratio", "cactus", "spec-casc-tok", "spec-cont-dec", "fuzzy",
-          "r-fuzzy", "spec-casc-opt", "ensemble", "threshold")
+          "r-fuzzy", "spec-casc-opt", "ensemble", "threshold", "pad")
 # Those whose C does torch's float32 operations one by one (no sum, sqrt or exp of its own): the same bits.
 EXACT = ("mentored", "topk-delta", "topk-ratio", "ensemble", "threshold")
 
@@ -167,6 +167,9 @@ SETTINGS = {  # each NATIVE rule's edges and grid
     "spec-casc-opt": [dict(alpha=a) for a in (-1.0, -0.1, 0.0, 0.05, 2.0)],
     "ensemble": [dict(weight=w) for w in (0.0, 0.5, 0.9, 1.0)],
     "threshold": [dict(single=s_, acc=a) for s_, a in ((1.0, 1.0), (0.01, 1.0), (0.3, 0.5), (1e-6, 1e-6))],
+    "pad": [dict(threshold=t, min_prob=m, floor=f) for t, m, f in (
+        (0.0, 1e-4, "classifier"), (0.5, 1e-4, "classifier"), (1.0, 0.0, "classifier"), (0.7, 0.05, "classifier"),
+        (0.5, 1e-4, "authors"), (0.3, 0.05, "authors"), (1.0, 0.0, "authors"))],
 }
 
 
@@ -195,12 +198,14 @@ def test_rule_kernels_equal_their_torch_math_across_settings(name, calls):
             draft_probs[2, 1, (drafts[2, 1] + 1) % V] = 1.0  # q(x) = 0 at row 2's second draft
         step = verify_module.VerifyStep(name, **sampling, **params)
         assert step.kernel is not None
+        inputs = {"pivot_prob": torch.rand(B, N, generator=g)} if "pivot_prob" in RULES[name].inputs else {}
         for seed in range(8 * k, 8 * k + 8):  # many draws on each block: the residual's weights, not only its support
             before = calls["verify_default"]
-            c = step(target, draft, drafts, random=draws("counter", B, N, seed), draft_probs=draft_probs)
+            c = step(target, draft, drafts, random=draws("counter", B, N, seed), draft_probs=draft_probs, **inputs)
             assert calls["verify_default"] == before + 1 and not calls["finish"]
             with fused.loop_disabled():
-                ref = step(target, draft, drafts, random=draws("counter", B, N, seed), draft_probs=draft_probs)
+                ref = step(target, draft, drafts, random=draws("counter", B, N, seed), draft_probs=draft_probs,
+                           **inputs)
             assert_same(c, ref, f"({params} {mode} {sampling})", close=name not in EXACT,
                         noise_residual=name == "spec-cont-dec" and mode == "accept")
             seen["stopped"] += int((c.num_accepted < N).sum())

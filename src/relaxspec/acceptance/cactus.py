@@ -58,7 +58,7 @@ static inline float cactus_h(float px, double delta) {
 }
 
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
+                              const double *prm, float in) {
     (void)z; (void)zq; (void)V;
     return capped(cactus_h(p[x], prm[0]), q[x]);
 }

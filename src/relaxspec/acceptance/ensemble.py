@@ -42,7 +42,7 @@ class EnsembleRule(Rule):
     # The same float32 operations as accept_prob.
     native_test = r"""
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
+                              const double *prm, float in) {
     (void)z; (void)zq; (void)V;
     const double weight = prm[0];
     if (weight == 0.0) return 1.0f;

@@ -359,14 +359,14 @@ int rs_finish(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N,
 _VERIFY = r"""
 /* A rule's math at one position, in C: p and q the processed rows there, z and zq the verifier's and the drafter's raw
    logits there (NULL where the caller passed none), x the draft (the rejected one for the residual), prm the rule's
-   numeric parameters then the temperature. Strict's test here; a rule's own (Rule.native_test) takes its place in
+   parameters (a choice as its index) then the temperature, in the test the rule's input there (0 for none). Strict's test here; a rule's own (Rule.native_test) takes its place in
    that rule's library (rule_library), with its residual (RULE_RESIDUAL) and bonus (RULE_BONUS) where it has them in
    C. A test returns NaN, a residual or a bonus nonzero, for a block the rule's C declines (the caller's torch path
    then serves it). */
 #ifndef RULE_TEST
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
-    (void)z; (void)zq; (void)V; (void)prm;
+                              const double *prm, float in) {
+    (void)z; (void)zq; (void)V; (void)prm; (void)in;
     return capped(p[x], q[x]);
 }
 #endif
@@ -375,7 +375,7 @@ static inline float rule_test(const float *p, const float *q, const float *z, co
    V], the verifier's raw logits z [B, N+1, V] and the drafter's zq [B, zq_rows, V] (float32, strides (sp0, sp1),
    (sq0, sq1), (sz0, sz1), (szq0, szq1), unit along V; z and zq may be NULL for a rule that does not read them), in
    one call: rs_first_rejection on the rule's ap (and strict, or NULL; row strides sa, ss), or, ap NULL, on ap_out[b,
-   i] = rule_test at each draft x = drafts[b, i] (strict's min(1, p(x) / q(x)), 0 where q(x) <= 0, at_tokens and
+   i] = rule_test at each draft x = drafts[b, i], with its input in[b * sin + i] (in NULL: 0) (strict's min(1, p(x) / q(x)), 0 where q(x) <= 0, at_tokens and
    capped_ratio's float32 values, in the sampler's library) with strict_out[b, i] = strict's test beside it where
    strict_out is not NULL; then rs_finish's token: the residual of a row stopped at a rejection at its position n[b]
    is the rule's own (RULE_RESIDUAL), else (p - q)+ (float32, as torch's (p - q).clamp_min_(0)), p there where it has
@@ -386,10 +386,11 @@ static inline float rule_test(const float *p, const float *q, const float *z, co
    V), -3 where the rule's C declined the block (nothing drawn from is changed: the outputs are then unspecified). */
 int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, int64_t sq0, int64_t sq1,
                       const float *z, int64_t sz0, int64_t sz1, const float *zq, int64_t szq0, int64_t szq1,
-                      int64_t zq_rows, const int64_t *drafts, int64_t sd, const int64_t *num_drafts, int64_t B,
-                      int64_t N, int64_t V, const float *ap, int64_t sa, const float *strict, int64_t ss,
-                      float *ap_out, float *strict_out, const double *prm, const double *ua, int64_t sua,
-                      const double *ut, int64_t st0, int64_t st1, int64_t argmax, uint8_t *accepted, uint8_t *kept,
+                      int64_t zq_rows, const float *in, int64_t sin, const int64_t *drafts, int64_t sd,
+                      const int64_t *num_drafts, int64_t B, int64_t N, int64_t V, const float *ap, int64_t sa,
+                      const float *strict, int64_t ss, float *ap_out, float *strict_out, const double *prm,
+                      const double *ua, int64_t sua, const double *ut, int64_t st0, int64_t st1, int64_t argmax,
+                      uint8_t *accepted, uint8_t *kept,
                       uint8_t *relaxed, int64_t *n, int64_t *tokens, int64_t *last) {
 #define Z_AT(b, i) (z ? z + (b) * sz0 + (i) * sz1 : NULL)
 #define ZQ_AT(b, i) (zq ? zq + (b) * szq0 + (i) * szq1 : NULL)
@@ -398,7 +399,7 @@ int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, 
             const int64_t x = drafts[b * sd + i];
             if (x < 0 || x >= V) return -2;
             const float *pr = p + b * sp0 + i * sp1, *qr = q + b * sq0 + i * sq1;
-            const float a = rule_test(pr, qr, Z_AT(b, i), ZQ_AT(b, i), V, x, prm);
+            const float a = rule_test(pr, qr, Z_AT(b, i), ZQ_AT(b, i), V, x, prm, in ? in[b * sin + i] : 0.0f);
             if (a != a) return -3;  /* NaN: declined */
             ap_out[b * N + i] = a;
             if (strict_out) strict_out[b * N + i] = capped(pr[x], qr[x]);
@@ -521,8 +522,8 @@ SOURCE = _HEAD + _VERIFY + _TAIL  # the sampler's library: strict's test in the 
 
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 VERIFY_SIGNATURE = ("rs_verify_default", ctypes.c_int, (_P, _I, _I, _P, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, _I, _P,
-                                                         _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P, _I, _I,
-                                                         _I, _P, _P, _P, _P, _P, _P))
+                                                         _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P,
+                                                         _I, _I, _I, _P, _P, _P, _P, _P, _P))
 SIGNATURES = (
     ("rs_process", ctypes.c_int, (_P, _P, _I, _I, _D, _I, _D)),
     ("rs_sample", ctypes.c_int, (_P, _P, _P, _I, _I)),
@@ -688,12 +689,12 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
 def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accept_prob: torch.Tensor | None,
                    strict_accept_prob: torch.Tensor | None, u: torch.Tensor, u_token: torch.Tensor,
                    num_drafts: torch.Tensor | None, argmax: bool = False, kernel: RuleKernel | None = None,
-                   z: torch.Tensor | None = None, zq: torch.Tensor | None = None):
+                   z: torch.Tensor | None = None, zq: torch.Tensor | None = None, inp: torch.Tensor | None = None):
     """The verify loop in one call for a rule that keeps strict's bonus and residual (or, argmax, takes
     Rule.residual_argmax, or the kernel's rule's own), read from the blocks p [B, N+1, V] and q [B, N, V] (float32
     CPU): `first_rejection` on accept_prob (None: the test computed here, strict's min(1, p(x)/q(x)) at the drafts, or
-    `kernel`'s rule's own, from p, q and the raw logits of the verifier, z [B, N+1, V], and of the drafter, zq [B, N or
-    N+1, V]), then `finish` with the residual (p - q)+ (argmax: one-hot on argmax p; the kernel's rule's own) at each
+    `kernel`'s rule's own, from p, q, the raw logits of the verifier, z [B, N+1, V], and of the drafter, zq [B, N or
+    N+1, V], and its input inp [B, N] float32 or None), then `finish` with the residual (p - q)+ (argmax: one-hot on argmax p; the kernel's rule's own) at each
     stopped row's position and the bonus (p, or the kernel's rule's own) at its bonus position, the token of row b
     drawn at u_token[b, n[b]] (float64 [B, N+1], or a column expanded: one uniform per row).
     (accept_prob, strict_accept_prob, accepted, kept, n, relaxed_only, tokens, last), as the loop's torch ops give them
@@ -721,9 +722,10 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     ptr = flags.data_ptr()
     logits = _NO_LOGITS if kernel is None else (z.data_ptr(), *z.stride()[:2], zq.data_ptr(), *zq.stride()[:2],
                                                 zq.shape[1])
+    inp = None if inp is None else _rows(inp)
     status = (_lib if kernel is None else kernel.lib).rs_verify_default(
-        p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1), *logits, drafts.data_ptr(),
-        drafts.stride(0),
+        p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1), *logits,
+        None if inp is None else inp.data_ptr(), 0 if inp is None else inp.stride(0), drafts.data_ptr(), drafts.stride(0),
         None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
         None if out is not None else ap.data_ptr(), ap.stride(0), None if strict is None else strict.data_ptr(),
         0 if strict is None else strict.stride(0), out, strict_out,
@@ -745,8 +747,8 @@ _NO_LOGITS = (None, 0, 0, None, 0, 0, 0)  # rs_verify_default's z and zq argumen
 
 @dataclass(frozen=True)
 class RuleKernel:
-    """A rule's verify loop in C at one setting: its library (`rule_library`) and the C's prm: the rule's numeric
-    parameters (float64, in `Rule.params` order), then the temperature."""
+    """A rule's verify loop in C at one setting: its library (`rule_library`) and the C's prm: the rule's parameters
+    (float64, in `Rule.params` order, a choice as its index in `choices`), then the temperature."""
 
     lib: ctypes.CDLL
     params: np.ndarray

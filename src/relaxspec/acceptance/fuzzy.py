@@ -37,7 +37,7 @@ class FuzzyRule(Rule):
     # The JSD in float64 (the sampler's jsd): within float32 rounding of processing.jsd.
     native_test = r"""
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
+                              const double *prm, float in) {
     (void)z; (void)zq; (void)x;
     return jsd(p, q, V) < (float)prm[0] ? 1.0f : 0.0f;
 }

@@ -35,7 +35,7 @@ class RFuzzyRule(Rule):
     # The JSD in float64 (the sampler's jsd): within float32 rounding of processing.jsd; accept_or_strict's values.
     native_test = r"""
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
+                              const double *prm, float in) {
     (void)z; (void)zq;
     if (jsd(p, q, V) <= (float)prm[0]) return q[x] > 0.0f ? 1.0f : 0.0f;
     return capped(p[x], q[x]);

@@ -41,7 +41,7 @@ class SpecCascOptRule(Rule):
     # TV in float64 (the sampler's total_variation), the maxima and accept_or_strict's values as above.
     native_test = r"""
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
+                              const double *prm, float in) {
     (void)z; (void)zq;
     const float slack = (float)prm[0] * total_variation(p, q, V);
     if (max(q, V) >= max(p, V) - slack) return q[x] > 0.0f ? 1.0f : 0.0f;

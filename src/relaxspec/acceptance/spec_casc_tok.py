@@ -65,7 +65,7 @@ static inline float eta_of(top_set a, const float *q, int64_t V) {  /* the mass 
 }
 
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
+                              const double *prm, float in) {
     (void)zq;
     const top_set a = top_set_of(z, V, prm[0]);
     return capped((in_a(a, x) ? q[x] : 0.0f) + eta_of(a, q, V) * p[x], q[x]);

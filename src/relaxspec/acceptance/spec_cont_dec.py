@@ -123,7 +123,7 @@ static inline int contrast_row(const float *p, const float *z, const float *zq, 
 }
 
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
+                              const double *prm, float in) {
     if (prm[0] == 0.0) return capped(p[x], q[x]);
     const contrast c = contrast_of(p, z, zq, V, prm);
     if (c.banned < 0) return NAN;

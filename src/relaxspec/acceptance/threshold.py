@@ -45,7 +45,7 @@ class ThresholdRule(Rule):
     # The same float32 operations as accept_prob and residual.
     native_test = r"""
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
+                              const double *prm, float in) {
     (void)q; (void)z; (void)zq; (void)V;
     if (p[x] >= (float)prm[0]) return 1.0f;
     const float r = p[x] / (float)prm[1];

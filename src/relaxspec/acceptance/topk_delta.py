@@ -47,7 +47,7 @@ class TopkDeltaRule(Rule):
     # When sampling (the processed p ranks): the sampler's top_candidate_test, floor p(top-1) - delta.
     native_test = r"""
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
+                              const double *prm, float in) {
     (void)z; (void)zq;
     return top_candidate_test(p, q, V, x, prm[0], 1.0f, -(float)prm[1]);
 }

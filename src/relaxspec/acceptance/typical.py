@@ -38,7 +38,7 @@ class TypicalRule(Rule):
     # order), so a draft exactly at the threshold may be judged apart.
     native_test = r"""
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm) {
+                              const double *prm, float in) {
     (void)q; (void)z; (void)zq;
     float threshold = (float)prm[1] * expf((float)neg_entropy(p, V));
     const float epsilon = (float)prm[0];

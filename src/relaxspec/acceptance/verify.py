@@ -256,6 +256,8 @@ class VerifyStep:
         # strict's elsewhere), or the rule's math in C where it decides everywhere (`kernel`), on float32 CPU blocks:
         # the whole loop is one C call, the test included for strict and for a rule with a kernel.
         kernel = self.kernel if relax is None else None
+        # (the rule's one tensor input, if it has one, as the C reads it: float32 on the block's device)
+        inp = next((params[name].to(ctx.p.device, torch.float32) for name in rule.inputs), None) if kernel else None
         rows = self.block_rows is not None and (relax is None or self.block_rows == "strict")
         one_call = (kernel is not None or rows) and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q)
         if kernel is not None and not fused.serves_loop(ctx.target_logits, ctx.draft_logits):  # (float64 logits)
@@ -273,7 +275,7 @@ class VerifyStep:
             out = fused.verify_default(
                 ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob if own_test else None, u,
                 random.token_uniforms(N), num_drafts, argmax=self.block_rows == "argmax", kernel=kernel,
-                z=ctx.target_logits, zq=ctx.draft_logits)
+                z=ctx.target_logits, zq=ctx.draft_logits, inp=inp)
             if out is not None:
                 accept_prob, strict, accepted, kept, n, relaxed_only, tokens, last = out
                 return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
@@ -368,13 +370,16 @@ def _finish(random: Draws, n, kept, num_drafts, residual, p, bonus, drafts):
 
 def _rule_kernel(rule: Rule, params: dict, temperature: float) -> fused.RuleKernel | None:
     """`rule`'s verify loop in C at its checked `params`, or None: no test in C (`Rule.native_test`), a residual or a
-    bonus of its own that is not in C (`Rule.native_residual`, `native_bonus`), or no library."""
+    bonus of its own that is not in C (`Rule.native_residual`, `native_bonus`), more than one tensor input, or no
+    library."""
     if rule.native_test is None or (rule.native_bonus is None and type(rule).bonus is not Rule.bonus) or (
-            rule.native_residual is None and type(rule).residual not in (Rule.residual, Rule.residual_argmax)):
+            rule.native_residual is None and type(rule).residual not in (Rule.residual, Rule.residual_argmax)) or (
+            len(rule.inputs) > 1):
         return None
     lib = fused.rule_library(rule.name, rule.native_test, rule.native_residual, rule.native_bonus)
-    numbers = [float(params[name]) for name, spec in rule.params.items() if isinstance(spec, ParamSpec)]
-    return None if lib is None else fused.RuleKernel(lib, np.array(numbers + [temperature], dtype=np.float64))
+    values = [float(params[name]) if isinstance(spec, ParamSpec) else float(spec.choices.index(params[name]))
+              for name, spec in rule.params.items()]
+    return None if lib is None else fused.RuleKernel(lib, np.array(values + [temperature], dtype=np.float64))
 
 
 def _draws_token_table(random: Draws | None) -> bool:
