@@ -359,10 +359,10 @@ int rs_finish(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N,
 _VERIFY = r"""
 /* A rule's math at one position, in C: p and q the processed rows there, z and zq the verifier's and the drafter's raw
    logits there (NULL where the caller passed none), x the draft (the rejected one for the residual), prm the rule's
-   parameters (a choice as its index) then the temperature, in the test the rule's input there (0 for none). Strict's test here; a rule's own (Rule.native_test) takes its place in
-   that rule's library (rule_library), with its residual (RULE_RESIDUAL) and bonus (RULE_BONUS) where it has them in
-   C. A test returns NaN, a residual or a bonus nonzero, for a block the rule's C declines (the caller's torch path
-   then serves it). */
+   parameters (a choice as its index) then the temperature, in the test the rule's input there (0 for none).
+   Strict's test here; a rule's own (Rule.native_test) takes its place in that rule's library (rule_library), with
+   its residual (RULE_RESIDUAL) and bonus (RULE_BONUS) where it has them in C. A test returns NaN, a residual or a
+   bonus nonzero, for a block the rule's C declines (the caller's torch path then serves it). */
 #ifndef RULE_TEST
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
                               const double *prm, float in) {
@@ -375,15 +375,16 @@ static inline float rule_test(const float *p, const float *q, const float *z, co
    V], the verifier's raw logits z [B, N+1, V] and the drafter's zq [B, zq_rows, V] (float32, strides (sp0, sp1),
    (sq0, sq1), (sz0, sz1), (szq0, szq1), unit along V; z and zq may be NULL for a rule that does not read them), in
    one call: rs_first_rejection on the rule's ap (and strict, or NULL; row strides sa, ss), or, ap NULL, on ap_out[b,
-   i] = rule_test at each draft x = drafts[b, i], with its input in[b * sin + i] (in NULL: 0) (strict's min(1, p(x) / q(x)), 0 where q(x) <= 0, at_tokens and
-   capped_ratio's float32 values, in the sampler's library) with strict_out[b, i] = strict's test beside it where
-   strict_out is not NULL; then rs_finish's token: the residual of a row stopped at a rejection at its position n[b]
-   is the rule's own (RULE_RESIDUAL), else (p - q)+ (float32, as torch's (p - q).clamp_min_(0)), p there where it has
-   no mass (argmax 0), or (argmax 1, Rule.residual_argmax) one-hot on the first largest p there, whose sample is that
-   index at any u; the bonus is the rule's own (RULE_BONUS, the drafter's row min(num_drafts[b], zq_rows - 1)), else p,
-   at the row's bonus position (num_drafts[b], or N); sampled at ut[b * st0 + n[b] * st1] (st1 0: one uniform per
-   row). ua: the acceptance uniforms, row stride sua. Returns 0, -1 when memory runs out, -2 for a draft outside [0,
-   V), -3 where the rule's C declined the block (nothing drawn from is changed: the outputs are then unspecified). */
+   i] = rule_test at each draft x = drafts[b, i], with its input in[b * sin + i] (in NULL: 0) (strict's min(1, p(x) /
+   q(x)), 0 where q(x) <= 0, at_tokens and capped_ratio's float32 values, in the sampler's library) with strict_out[b,
+   i] = strict's test beside it where strict_out is not NULL; then rs_finish's token: the residual of a row stopped at
+   a rejection at its position n[b] is the rule's own (RULE_RESIDUAL), else (p - q)+ (float32, as torch's (p -
+   q).clamp_min_(0)), p there where it has no mass (argmax 0), or (argmax 1, Rule.residual_argmax) one-hot on the
+   first largest p there, whose sample is that index at any u; the bonus is the rule's own (RULE_BONUS, the
+   drafter's row min(num_drafts[b], zq_rows - 1)), else p, at the row's bonus position (num_drafts[b], or N); sampled
+   at ut[b * st0 + n[b] * st1] (st1 0: one uniform per row). ua: the acceptance uniforms, row stride sua. Returns 0,
+   -1 when memory runs out, -2 for a draft outside [0, V), -3 where the rule's C declined the block (nothing drawn
+   from is changed: the outputs are then unspecified). */
 int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, int64_t sq0, int64_t sq1,
                       const float *z, int64_t sz0, int64_t sz1, const float *zq, int64_t szq0, int64_t szq1,
                       int64_t zq_rows, const float *in, int64_t sin, const int64_t *drafts, int64_t sd,
@@ -694,15 +695,15 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     Rule.residual_argmax, or the kernel's rule's own), read from the blocks p [B, N+1, V] and q [B, N, V] (float32
     CPU): `first_rejection` on accept_prob (None: the test computed here, strict's min(1, p(x)/q(x)) at the drafts, or
     `kernel`'s rule's own, from p, q, the raw logits of the verifier, z [B, N+1, V], and of the drafter, zq [B, N or
-    N+1, V], and its input inp [B, N] float32 or None), then `finish` with the residual (p - q)+ (argmax: one-hot on argmax p; the kernel's rule's own) at each
-    stopped row's position and the bonus (p, or the kernel's rule's own) at its bonus position, the token of row b
-    drawn at u_token[b, n[b]] (float64 [B, N+1], or a column expanded: one uniform per row).
+    N+1, V], and its input inp [B, N] float32 or None), then `finish` with the residual (p - q)+ (argmax: one-hot on
+    argmax p; the kernel's rule's own) at each stopped row's position and the bonus (p, or the kernel's rule's own) at
+    its bonus position, the token of row b drawn at u_token[b, n[b]] (float64 [B, N+1], or a column expanded: one
+    uniform per row).
     (accept_prob, strict_accept_prob, accepted, kept, n, relaxed_only, tokens, last), as the loop's torch ops give them
     (strict_accept_prob: the one given, or with a kernel strict's test computed here, else None); None where the
     kernel's rule declined the block (its torch math serves it then); ValueError for a draft outside [0, V) when
     computing the test."""
     p, q, drafts = _rows(p), _rows(q), _rows(drafts)
-    z, zq = (None, None) if kernel is None else (_rows(z), _rows(zq))
     u = _acceptance_uniforms(u)
     u_token = u_token if u_token.dtype is torch.float64 else u_token.double()  # (read through its strides)
     B, N = drafts.shape
@@ -720,13 +721,10 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     tokens, last = _token_outputs(B, N, drafts.device)
     num_drafts = _counts(num_drafts)
     ptr = flags.data_ptr()
-    logits = _NO_LOGITS if kernel is None else (z.data_ptr(), *z.stride()[:2], zq.data_ptr(), *zq.stride()[:2],
-                                                zq.shape[1])
-    inp = None if inp is None else _rows(inp)
+    kernel_inputs = _NO_KERNEL_INPUTS if kernel is None else _kernel_inputs(z, zq, inp)  # (held: the C reads them)
     status = (_lib if kernel is None else kernel.lib).rs_verify_default(
-        p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1), *logits,
-        None if inp is None else inp.data_ptr(), 0 if inp is None else inp.stride(0), drafts.data_ptr(), drafts.stride(0),
-        None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
+        p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1), *kernel_inputs[0],
+        drafts.data_ptr(), drafts.stride(0), None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
         None if out is not None else ap.data_ptr(), ap.stride(0), None if strict is None else strict.data_ptr(),
         0 if strict is None else strict.stride(0), out, strict_out,
         None if kernel is None else kernel.params.ctypes.data, u.data_ptr(), u.stride(0),
@@ -742,7 +740,15 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     return ap, strict_accept_prob, accepted, kept, n, relaxed_only, tokens, last
 
 
-_NO_LOGITS = (None, 0, 0, None, 0, 0, 0)  # rs_verify_default's z and zq arguments without them (strict's test)
+def _kernel_inputs(z: torch.Tensor, zq: torch.Tensor, inp: torch.Tensor | None) -> tuple:
+    """(rs_verify_default's arguments for a rule's own math: z and zq with their row strides and zq's rows, the
+    rule's input with its row stride; the tensors they point into, unit stride along their last dimension)."""
+    z, zq, inp = _rows(z), _rows(zq), None if inp is None else _rows(inp)
+    return ((z.data_ptr(), *z.stride()[:2], zq.data_ptr(), *zq.stride()[:2], zq.shape[1],
+             None if inp is None else inp.data_ptr(), 0 if inp is None else inp.stride(0)), (z, zq, inp))
+
+
+_NO_KERNEL_INPUTS = ((None, 0, 0, None, 0, 0, 0, None, 0), ())  # strict's test reads none
 
 
 @dataclass(frozen=True)

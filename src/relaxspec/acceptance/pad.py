@@ -83,8 +83,7 @@ class PadRule(Rule):
     # rounding of torch's softmax, so a draft within rounding of min_prob may be judged apart.
     native_test = r"""
 static inline float softmax_at(const float *z, int64_t V, int64_t x, float t) {  /* softmax(z / t)(x) */
-    float top = -INFINITY;
-    for (int64_t i = 0; i < V; i++) top = z[i] / t > top ? z[i] / t : top;
+    const float top = max(z, V) / t;  /* the largest z[i] / t: dividing by t > 0 keeps the order, rounding too */
     double s = 0.0;
     for (int64_t i = 0; i < V; i++) s += exp_nonpositive(z[i] / t - top);
     return (float)(exp_nonpositive(z[x] / t - top) / s);

@@ -256,12 +256,10 @@ class VerifyStep:
         # strict's elsewhere), or the rule's math in C where it decides everywhere (`kernel`), on float32 CPU blocks:
         # the whole loop is one C call, the test included for strict and for a rule with a kernel.
         kernel = self.kernel if relax is None else None
-        # (the rule's one tensor input, if it has one, as the C reads it: float32 on the block's device)
-        inp = next((params[name].to(ctx.p.device, torch.float32) for name in rule.inputs), None) if kernel else None
+        if kernel is not None and not fused.serves_loop(ctx.target_logits, ctx.draft_logits):  # (float64 logits)
+            kernel = None
         rows = self.block_rows is not None and (relax is None or self.block_rows == "strict")
         one_call = (kernel is not None or rows) and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q)
-        if kernel is not None and not fused.serves_loop(ctx.target_logits, ctx.draft_logits):  # (float64 logits)
-            kernel, one_call = None, rows and one_call
         if one_call and (kernel is not None or not own_test):
             accept_prob = strict_accept_prob = None  # (computed by the call)
         else:
@@ -272,6 +270,8 @@ class VerifyStep:
             random = GeneratorDraws(generator, B, ctx.p.device)
         u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, ctx.p if accept_prob is None else accept_prob))
         if one_call:
+            # (the rule's one tensor input, if it has one, as its C reads it: float32 on the block's device)
+            inp = next((params[name].to(ctx.p.device, torch.float32) for name in rule.inputs), None) if kernel else None
             out = fused.verify_default(
                 ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob if own_test else None, u,
                 random.token_uniforms(N), num_drafts, argmax=self.block_rows == "argmax", kernel=kernel,
