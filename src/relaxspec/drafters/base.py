@@ -278,7 +278,7 @@ def draft_timer(drafter: Drafter, verifier: CausalLM, context: int = 128, n: int
     if drafter.needs_hidden:
         positions = torch.arange(context, device=device)[None]
         _, hidden = verifier.forward(ids[:, :-1], verifier.new_cache(), mask[:, :-1], positions,
-                                     hidden_layer=drafter.hidden_layers)
+                                     hidden_layer=drafter.hidden_layers, logits=False)
     drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
     block_hidden = None if hidden is None else hidden[:, -1:].expand(1, n + 1, -1)
     accepted = torch.tensor([2], device=device)

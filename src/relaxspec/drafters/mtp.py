@@ -249,8 +249,9 @@ class HeadLayers(DecoderLayers):
         x = self._rms_norm(features.reshape(B * T, H).to(self.dtype), self.unit)
         return self.feature_proj(x, residual=self.entry_table.index_select(0, tokens.reshape(-1))).view(B, T, H)
 
-    def forward(self, entries, cache, attention_mask, position_ids, hidden_layer=None):
-        """The output features [B, T, H] of entries [B, T, H] (a Stream's call; no hidden states: None)."""
+    def forward(self, entries, cache, attention_mask, position_ids, hidden_layer=None, logits=True):
+        """The output features [B, T, H] of entries [B, T, H] (a Stream's call; no hidden states: None). It has no LM
+        head: the features come back whatever `logits` says."""
         B, T, H = entries.shape
         x, _ = self.run_layers(entries.view(B * T, H), cache, attention_mask, position_ids)
         return self._rms_norm(x, self.norm_out).view(B, T, H), None

@@ -148,8 +148,10 @@ class CompiledLlama(FastLlama):
         return next((b for b in self.blocks if b >= T), T if T <= MAX_COMPILED_BLOCK else None)
 
     @torch.inference_mode()
-    def forward(self, input_ids, cache: StaticKVCache, attention_mask, position_ids, hidden_blocks=()):
-        """As FastLlama.forward; the step is compiled unless it is the cache's first feed (the prefill)."""
+    def forward(self, input_ids, cache: StaticKVCache, attention_mask, position_ids, hidden_blocks=(),
+                logits: bool = True):
+        """As FastLlama.forward; the step is compiled unless it is the cache's first feed (the prefill). (Its steps
+        always compute the logits, fixed graphs; with `logits` False they are dropped.)"""
         B, T = input_ids.shape
         past = cache.length
         width = self.width(T) if past else None
@@ -173,16 +175,16 @@ class CompiledLlama(FastLlama):
             cache.mask[rows, :L] = real
         slots = torch.arange(past, past + W, device=self.device)
         if width is None:
-            logits, hidden = self.step(ids, positions, slots, cache.mask, cache.kv, tuple(hidden_blocks))
+            out, hidden = self.step(ids, positions, slots, cache.mask, cache.kv, tuple(hidden_blocks))
         else:
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            logits, hidden = self.compiled_step(ids, positions, slots, cache.mask, cache.kv, tuple(hidden_blocks))
+            out, hidden = self.compiled_step(ids, positions, slots, cache.mask, cache.kv, tuple(hidden_blocks))
         cache.length = L
-        logits = logits[at, :T]
+        logits = out[at, :T] if logits else None
         hidden = None if hidden is None else hidden[at, :T]
         if self.cuda_graphs and width is not None:  # a graph's outputs are overwritten by its next replay
-            logits = logits.clone()
+            logits = None if logits is None else logits.clone()
             hidden = None if hidden is None else hidden.clone()
         return logits, hidden
 

@@ -288,16 +288,17 @@ class FastLlama(DecoderLayers):
                 and getattr(cfg, "sliding_window", None) is None)
 
     @inference
-    def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_blocks=()):
-        """Logits [B, T, V] and the hidden states after `hidden_blocks` (0-based; the last one after the
-        final norm) concatenated [B, T, k * H], or None when none is asked for. attention_mask [B, past + T]
-        (1: a real slot), or None when every slot is real."""
+    def forward(self, input_ids, cache: KVCache, attention_mask, position_ids, hidden_blocks=(), logits: bool = True):
+        """Logits [B, T, V] (None with `logits` False: the LM head is skipped, e.g. in a prefill whose logits nobody
+        reads) and the hidden states after `hidden_blocks` (0-based; the last one after the final norm) concatenated
+        [B, T, k * H], or None when none is asked for. attention_mask [B, past + T] (1: a real slot), or None when
+        every slot is real."""
         B, T = input_ids.shape
         x = self.embed.index_select(0, input_ids.reshape(-1)).to(self.dtype)  # [B*T, C]: every matmul is one mm
         x, hidden = self.run_layers(x, cache, attention_mask, position_ids, hidden_blocks)
         x = self._rms_norm(x, self.final_norm)
         hidden[self.num_layers - 1] = x  # as transformers reports it: the last hidden state is after the final norm
-        logits = self.lm_head(x).view(B, T, -1)
+        logits = self.lm_head(x).view(B, T, -1) if logits else None
         if not hidden_blocks:
             return logits, None
         return logits, torch.cat([hidden[i] for i in hidden_blocks], dim=-1).view(B, T, -1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -118,8 +119,10 @@ class CausalLM:
 
     @inference
     def forward(self, input_ids, cache, attention_mask, position_ids,
-                hidden_layer: int | tuple[int, ...] | None = None):
-        """Logits [B, T, V] (float32, whatever the model's dtype) for `input_ids` [B, T] appended to `cache`;
+                hidden_layer: int | tuple[int, ...] | None = None, logits: bool = True):
+        """Logits [B, T, V] (float32, whatever the model's dtype) for `input_ids` [B, T] appended to `cache`
+        (None with `logits` False: a prefill whose logits nobody reads skips the LM head, V x H per token, a fifth
+        of SmolLM2-135M's work; a transformers model computes the last position's only, `logits_to_keep`);
         optionally the hidden state [B, T, H] (float32) after block `hidden_layer` (0-based; negative counts
         from the end; the last block's is reported after the final norm, as transformers does), or, for a
         tuple of blocks, their hidden states concatenated in that order [B, T, k * H].
@@ -127,15 +130,21 @@ class CausalLM:
         when every slot is real."""
         layers = hidden_blocks(hidden_layer, self.num_layers)
         if self.fast is not None:
-            logits, hidden = self.fast.forward(input_ids, cache, attention_mask, position_ids, layers)
+            out, hidden = self.fast.forward(input_ids, cache, attention_mask, position_ids, layers, logits=logits)
         else:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True, output_hidden_states=bool(layers))
-            logits, hidden = out.logits, None
+            keep = {} if logits or not self._keeps_logits else {"logits_to_keep": 1}
+            result = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                past_key_values=cache, use_cache=True, output_hidden_states=bool(layers), **keep)
+            out, hidden = result.logits if logits else None, None
             if layers:
                 # hidden_states[0] is the embedding output; block i's output is hidden_states[i + 1].
-                hidden = torch.cat([out.hidden_states[i + 1] for i in layers], dim=-1)
-        return _float32(logits), None if hidden is None else _float32(hidden)
+                hidden = torch.cat([result.hidden_states[i + 1] for i in layers], dim=-1)
+        return None if out is None else _float32(out), None if hidden is None else _float32(hidden)
+
+    @functools.cached_property
+    def _keeps_logits(self) -> bool:
+        """Whether the transformers model takes `logits_to_keep` (its LM head on the last positions only)."""
+        return "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
 
 def _float32(t: torch.Tensor) -> torch.Tensor:
@@ -356,7 +365,7 @@ def measure_step_latencies(steps: list, context: int = 128, rounds: int = 30, wa
         cache = lm.new_cache()
         pos = torch.arange(context + block, device=lm.device)[None]
         # attention_mask None: every slot is real, as the engine passes it at batch 1 (models.stream's dense Stream)
-        lm.forward(ids[:, :context], cache, None, pos[:, :context])
+        lm.forward(ids[:, :context], cache, None, pos[:, :context], logits=False)
         states.append((lm, ids[:, context:], cache, None, pos[:, context:]))
     out = []
     k = len(states)

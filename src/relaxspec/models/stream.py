@@ -70,16 +70,17 @@ class Stream:
         self.length = self._checked = self._ones_from = 0
         self.next_position = torch.zeros((ids.shape[0], 1), dtype=torch.long, device=self.device)
         if ids.shape[1]:
-            hidden = self.feed(ids, mask, hidden_layer=hidden_layer)[1]
+            hidden = self.feed(ids, mask, hidden_layer=hidden_layer, logits=False)[1]  # (no one reads its logits)
             if bool(mask.all()):  # (one look at the prompts' padding) every column holds 1
                 self._ones_from = 0
             return hidden
         return None
 
-    def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None):
+    def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, hidden_layer=None, logits: bool = True):
         """Append ids [B, T]; `valid` [B, T] says which slots are real (others are masked out for good;
-        None: all are). Returns float32 logits [B, T, V] and the hidden state asked for (or None). (The model may
-        take other inputs [B, T, ...] and return its own outputs: an MTP drafter head's entries and features.)"""
+        None: all are). Returns float32 logits [B, T, V] (with `logits` False: None, the LM head skipped) and the
+        hidden state asked for (or None). (The model may take other inputs [B, T, ...] and return its own outputs:
+        an MTP drafter head's entries and features.)"""
         T = ids.shape[1]
         if valid is None:  # consecutive positions (one token: the row's next position itself, no new tensor)
             positions = self.next_position if T == 1 else self.next_position + cached_arange(T, self.device)
@@ -100,7 +101,7 @@ class Stream:
             self._ones_from = self.length + T
         self.length += T
         return self.lm.forward(ids, self.cache, None if self.dense else self.mask, positions,
-                               hidden_layer=hidden_layer)
+                               hidden_layer=hidden_layer, logits=logits)
 
     def invalidate_tail(self, keep: torch.Tensor | None, width: int, longest: int | None = None) -> None:
         """Of the last `width` slots, keep only the first keep[b] per row (rollback), then crop the
