@@ -56,6 +56,15 @@ def test_interleaved_measurement_and_speed_constants(pair):
     assert speed_constants(pair, cells[-1:]) == {}
 
 
+def test_a_measurement_stops_at_its_time_bound_after_its_least_rounds(pair):
+    v, d = pair["verifier"], pair["drafter-weak"]
+    # A bound already passed: the least rounds, all of them whole (every step timed)
+    times = measure_step_latencies([(v, 1), (d, 1)], rounds=500, max_seconds=0.0, min_rounds=6)
+    assert len(times) == 6 and all(len(t) == 2 and min(t) > 0 for t in times)
+    # A bound far away: every round asked for
+    assert len(measure_step_latencies([(v, 1), (d, 1)], rounds=8, max_seconds=60.0, min_rounds=2)) == 8
+
+
 def test_a_protocol_drafter_is_timed_inside_the_interleaved_rounds(pair, monkeypatch):
     from relaxspec.drafters import draft_timer, load_drafter
     import relaxspec.models as models

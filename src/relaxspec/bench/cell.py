@@ -292,7 +292,10 @@ def _run_job(runner: CellRunner, job: tuple) -> tuple:
         return spec, key, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-SPEED_ROUNDS = 40  # interleaved measurement rounds of the speed constants
+# Interleaved measurement rounds of the speed constants: up to SPEED_ROUNDS, or as many as SPEED_SECONDS of wall time
+# allow (at least SPEED_MIN_ROUNDS), after SPEED_WARMUP rounds. On the built-in pair 200 rounds take 0.4 s and hold
+# c_rel and c_block within about 1% from run to run (40 rounds: 3%), so the modelled S_blk beside `x b1` moves less.
+SPEED_ROUNDS, SPEED_MIN_ROUNDS, SPEED_WARMUP, SPEED_SECONDS = 200, 40, 10, 20.0
 
 
 def block_widths(n, dynamic: bool = False) -> list[int]:
@@ -313,7 +316,8 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
     speculative cell's (verifier, drafter, N), measured once before any cell runs (N "auto", or `dynamic`: a
     confidence stop, also c_block_widths, [[width, c_block], ...] at `block_widths`): every forward they need
     (each verifier's step and blocks, each drafter's step) runs once per round, interleaved, and each
-    constant is the median over rounds of the ratio within a round, so a load that comes and goes cancels out.
+    constant is the median over rounds of the ratio within a round, so a load that comes and goes cancels out
+    (`rounds` rounds, fewer where SPEED_SECONDS of them pass first: large models).
     `drafters` maps (verifier, drafter) to a loaded Drafter (CellRunner.drafters); without it every drafter is
     an LM in `models`. An LM drafter's step is its one-token forward; a drafter of another kind (MTP head,
     prompt lookup) is timed per drafted token through the drafter protocol (`draft_timer`, as `relaxspec
@@ -346,7 +350,8 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
         add((v, d), (lm, 1) if lm is not None else lambda v=v, d=d: draft_timer(drafters[(v, d)], models[v]))
         if (v, d, n) in classified:
             add((v, "pivot", n), lambda v=v, n=n: pivot_timer(pivot_fn, models[v], block_widths(n)[-1] - 1))
-    times = measure_step_latencies(steps, rounds=rounds)
+    times = measure_step_latencies(steps, rounds=rounds, warmup=SPEED_WARMUP, max_seconds=SPEED_SECONDS,
+                                   min_rounds=min(rounds, SPEED_MIN_ROUNDS))
     out = {}
     for v, d, n in keys:
         widths = block_widths(n, dynamic)

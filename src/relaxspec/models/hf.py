@@ -346,10 +346,12 @@ def measure_step_latency(lm: CausalLM, context: int = 128, block: int = 1, repea
 
 
 @torch.inference_mode()
-def measure_step_latencies(steps: list, context: int = 128, rounds: int = 30, warmup: int = 3) -> list[list[float]]:
+def measure_step_latencies(steps: list, context: int = 128, rounds: int = 30, warmup: int = 3,
+                           max_seconds: float | None = None, min_rounds: int = 30) -> list[list[float]]:
     """Seconds of one cached forward of `block` tokens after `context` tokens for each (lm, block) of `steps`,
     interleaved: each round runs every step once, starting one step later each round, so a load that comes and
-    goes falls on all of them alike. Returns `rounds` lists of times, in the order of `steps`; a ratio of two
+    goes falls on all of them alike. Returns `rounds` lists of times (fewer, but at least `min_rounds`, where the
+    measured rounds reach `max_seconds` of wall time first: large models), in the order of `steps`; a ratio of two
     steps' costs is best taken within each round, then its median over rounds (see relative_costs). On a CPU
     with one torch thread the clock is the thread's CPU time (step_clock), which other processes' load does
     not inflate. A step may also be a callable `timer(clock) -> seconds` that times itself on that clock (e.g.
@@ -369,7 +371,13 @@ def measure_step_latencies(steps: list, context: int = 128, rounds: int = 30, wa
         states.append((lm, ids[:, context:], cache, None, pos[:, context:]))
     out = []
     k = len(states)
+    started = None
     for r in range(warmup + rounds):
+        if r == warmup:
+            started = time.perf_counter()
+        elif (max_seconds is not None and len(out) >= min_rounds
+              and time.perf_counter() - started >= max_seconds):
+            break
         times = [0.0] * k
         for j in range(k):
             i = (r + j) % k
