@@ -107,8 +107,9 @@ def test_tune_prices_a_round_with_the_same_cost():
     assert speed_interval("modelled", rows, None, 3, 1, 0.2, 1.4, 0.95).mean == pytest.approx(3.0 / (4 * 0.2 + 1.4))
 
 
-def test_speed_constants_time_the_classifier_only_where_a_rule_reads_it():
+def test_speed_constants_time_the_classifier_only_where_a_rule_reads_it(monkeypatch):
     from relaxspec.bench.cell import CellSpec, speed_constants
+    import relaxspec.models as models_module
     from relaxspec.models import load_model
     from relaxspec.pivot import builtin_classifier_path, load_classifier, pivot_timer
     from relaxspec.models.hf import step_clock
@@ -127,7 +128,18 @@ def test_speed_constants_time_the_classifier_only_where_a_rule_reads_it():
     assert calls[-1] == ((1, 4, 128), (1, 4, 714), (1, 4, 714), (1, 4))  # an N-draft block of the verifier's
     cells = [CellSpec("verifier", "drafter-weak", "arithmetic", m, {}, n, 0) for m, n in (("strict", 2), ("pad", 3))]
     calls.clear()
+    seen, real = [], models_module.measure_step_latencies
+
+    def spy(steps, **kw):
+        seen.append([step if callable(step) else (step[0].name, step[1]) for step in steps])
+        return real(steps, **kw)
+
+    monkeypatch.setattr(models_module, "measure_step_latencies", spy)
     got = speed_constants(models, cells, rounds=3, pivot_fn=counted)
+    # The forwards' rounds hold no classifier call (it would slow the forward after it); the classifier is timed
+    # in rounds of its own beside the verifier's one-token step, its reference.
+    assert len(seen) == 2 and seen[0] == [("verifier", 1), ("verifier", 3), ("drafter-weak", 1), ("verifier", 4)]
+    assert seen[1][0] == ("verifier", 1) and len(seen[1]) == 2 and callable(seen[1][1])
     assert "c_pivot_measured" not in got[("verifier", "drafter-weak", 2)]
     assert got[("verifier", "drafter-weak", 3)]["c_pivot_measured"] > 0
     assert calls and all(shapes[0] == (1, 3, 128) for shapes in calls)  # timed on the PAD cell's N only
