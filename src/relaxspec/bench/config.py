@@ -30,7 +30,9 @@ DEFAULT_MAX_NEW_TOKENS = 160
 DEFAULT_BATCH_SIZE = 200
 DEFAULT_MAX_DROP = 0.03
 DEFAULT_TIME_BUDGET_S = 840.0  # 15 minutes less a minute for the report and plots
-DEFAULT_SPEED_PROMPTS = 16  # the lean loop (issue 27) timed 74 cells x 8 prompts in 31 s: 16 add ~30 s and cut the noise ~30%
+# The lean loop (issue 27) timed 74 cells x 8 prompts in 31 s, x 16 in 56 s; at 16 a cell's x b1 / S_blk still spread
+# by sd 0.026-0.039 across cells of one run (mostly noise): 32 cut it by ~30% for about a minute more.
+DEFAULT_SPEED_PROMPTS = 32
 DEFAULT_WORKERS = 2  # the bench uses both cores of a 2-core machine
 SAMPLING_PRESETS = {"paper": {"temperature": 0.6, "top_k": 20, "top_p": 0.95}}  # the seed investigation's
 # Run presets (`--preset NAME`, `preset = "NAME"` in a TOML config): whole bench settings by name, a sampling
@@ -48,7 +50,7 @@ RUN_PRESETS = {
 # of a batched cell (prompts x repeats, <= 160 new tokens) and one prompt timed at batch 1 (the method's run
 # and AR's).
 SECONDS_PER_SAMPLE = 0.05
-SECONDS_PER_TIMED_PROMPT = 0.5
+SECONDS_PER_TIMED_PROMPT = 0.1  # (2026-12-05, the lean loop: 74 cells x 32 prompts in 116 s, AR shared by 6 cells)
 CLASSIFIER_INPUT = "pivot_prob"  # a rule with this tensor input needs a pivot classifier (pivot_fn)
 
 
