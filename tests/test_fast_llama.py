@@ -138,45 +138,48 @@ def test_a_stream_without_masked_slots_tells_the_model_so_and_gets_the_same_logi
     assert not two.dense
 
 
+def _count_head_rows(lm, monkeypatch) -> list:
+    """The rows the LM head is applied to from now on, one entry per call (fast path: its Linear; transformers: a
+    forward hook on its lm_head)."""
+    from relaxspec.models.quant import Linear
+
+    rows = []
+    if lm.fast is None:
+        lm.model.lm_head.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+        return rows
+    call = Linear.__call__
+
+    def counted(self, x, residual=None):
+        if self is lm.fast.lm_head:
+            rows.append(x.shape[0])
+        return call(self, x, residual)
+    monkeypatch.setattr(Linear, "__call__", counted)
+    return rows
+
+
 def test_a_prefill_skips_the_lm_head_and_leaves_the_same_cache_and_hidden_states(monkeypatch):
     # Nobody reads a prefill's logits: the fast path skips its LM head, transformers computes the last position's
     # only (logits_to_keep); the cache, the hidden states and every later step are those of a prefill with logits.
-    from relaxspec.models.quant import Linear
-
     for backend in ("fast", "transformers"):
         lm = load_model("verifier", backend=backend)
         ids = torch.tensor([lm.tokenizer("Compute 12 + 7 and then 3 * 4.")["input_ids"]])
-        mask = torch.ones_like(ids)
-        positions = torch.arange(ids.shape[1])[None]
+        mask, positions, T = torch.ones_like(ids), torch.arange(ids.shape[1])[None], ids.shape[1] - 1
+        head_rows = _count_head_rows(lm, monkeypatch)
         outs = []
         for logits in (True, False):
             cache = lm.new_cache()
-            head_rows = []
-            if backend == "fast":  # count the rows the LM head is applied to
-                call = Linear.__call__
-
-                def counted(self, x, residual=None, call=call):
-                    if self is lm.fast.lm_head:
-                        head_rows.append(x.shape[0])
-                    return call(self, x, residual)
-                monkeypatch.setattr(Linear, "__call__", counted)
-            else:
-                seen = lm.model.lm_head.register_forward_hook(lambda m, a, out: head_rows.append(a[0].shape[1]))
+            head_rows.clear()
             z, hidden = lm.forward(ids[:, :-1], cache, mask[:, :-1], positions[:, :-1], hidden_layer=(1, -1),
                                    logits=logits)
-            if backend == "fast":
-                monkeypatch.setattr(Linear, "__call__", call)
-            else:
-                seen.remove()
             assert (z is None) == (not logits)
-            assert head_rows == ([ids.shape[1] - 1] if logits else [] if backend == "fast" else [1])
+            assert head_rows == ([T] if logits else [] if backend == "fast" else [1])
             step, _ = lm.forward(ids[:, -1:], cache, None, positions[:, -1:])
             outs.append((hidden, step))
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    lm, head_rows, call = load_model("verifier"), [], Linear.__call__  # a Stream's prefill asks for none
-    monkeypatch.setattr(Linear, "__call__", lambda self, x, residual=None: (
-        head_rows.append(x.shape[0]) if self is lm.fast.lm_head else None, call(self, x, residual))[1])
+        monkeypatch.undo()
+    lm = load_model("verifier")  # a Stream's prefill asks for none
+    head_rows = _count_head_rows(lm, monkeypatch)
     s = Stream(lm)
-    assert s.prefill(ids[:, :-1], mask[:, :-1], hidden_layer=-1).shape[:2] == (1, ids.shape[1] - 1)
+    assert s.prefill(ids[:, :-1], mask[:, :-1], hidden_layer=-1).shape[:2] == (1, T)
     assert head_rows == []
     assert s.feed(ids[:, -1:])[0].shape == (1, 1, lm.vocab_size) and head_rows == [1]
