@@ -114,7 +114,8 @@ def time_batch1_cells(specs: list[CellSpec], task, pair, config: BenchConfig, pi
     the next cells (the order within each such turn reversed every other prompt), so each cell's AR reference
     runs next to it and a drift of the machine's speed hits both; per-token seconds of each run, on the speed
     constants' clock (`step_clock`: on a CPU at one thread the thread's CPU time, which other processes'
-    load does not inflate; else wall time); ratio of the medians (AR of the cell's turns / cell).
+    load does not inflate; else wall time); ratio of the medians (AR of the cell's turns / cell); with 4 prompts or more
+    also `batch1_halves`, that ratio on the first and on the last half of the prompts (the host's drift while timing).
     `pair(spec)`: the cell's (verifier, drafter); `pivot_fn` goes to the cells whose rule needs it
     (generate_samples). One dict per spec."""
     from relaxspec.engine import derive_seed
@@ -140,10 +141,19 @@ def time_batch1_cells(specs: list[CellSpec], task, pair, config: BenchConfig, pi
     for times in per_token:
         ar_s = statistics.median(times[0])
         for cell_times in times[1:]:
-            method_s = statistics.median(cell_times)
-            out.append({"batch1_prompts": n, "batch1_ar_s_per_token": ar_s, "batch1_s_per_token": method_s,
-                        "measured_speedup_batch1": ar_s / method_s if method_s else float("nan")})
+            timed = {"batch1_prompts": n, "batch1_ar_s_per_token": ar_s, "batch1_s_per_token":
+                     statistics.median(cell_times), "measured_speedup_batch1": _speedup(times[0], cell_times)}
+            if n >= 4:  # the same figure on the first and on the last half of the prompts: how far the host drifted
+                h = n // 2
+                timed["batch1_halves"] = [_speedup(times[0][:h], cell_times[:h]), _speedup(times[0][h:], cell_times[h:])]
+            out.append(timed)
     return out
+
+
+def _speedup(ar_times: list[float], method_times: list[float]) -> float:
+    """AR's median per-token time over the method's."""
+    method_s = statistics.median(method_times)
+    return statistics.median(ar_times) / method_s if method_s else float("nan")
 
 
 def pad_classifier(config: BenchConfig):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
 from pathlib import Path
 
 from relaxspec.bench.metrics import (ALPHA, BEYOND, NO_STRICT, WITHIN, compare, decision, decision_confidence,
@@ -98,6 +99,7 @@ def _group_rows(store: Store, cells: list, index: int, settings: dict) -> list[d
                 "modelled_speedup_measured_c_rel", "block_aware_speedup_measured", "truncated_fraction",
                 *[f"modelled_speedup_c{c:g}" for c in C_REL_GRID])},
             "acceptance_rate_per_position": json.dumps([round(x, 4) for x in m.get("acceptance_rate_per_position", [])]),
+            "batch1_halves": m.get("batch1_halves"),  # (report only: x b1 on each half of the timed prompts)
             "temperature": cfg["temperature"], "top_p": cfg["top_p"], "top_k": cfg["top_k"],
             "max_new_tokens": cfg["max_new_tokens"], "code_version": cfg["code_version"], "key": cell.key,
         }
@@ -300,10 +302,21 @@ def _format_group(rows: list[dict], max_drop: float) -> list[str]:
         "c_block interpolated at that mean + 1 between block widths measured for it; "
         "x b1: measured speed-up at batch 1 (latency; median per-token time, AR and method taking turns prompt "
         "by prompt); x batch: measured throughput ratio (tokens/s vs AR at the bench's batch).",
+        *_drift(rows),
         "",
     ]
     out += _sanity(rows) + [""] + _decisions(rows, max_drop) + [""] + _best(rows, max_drop)
     return out
+
+
+def _drift(rows: list[dict]) -> list[str]:
+    """One line on x b1's precision: how far it moved between the first and the last half of the timed prompts."""
+    moved = sorted(abs(h[0] - h[1]) for r in rows if (h := r.get("batch1_halves")) and not any(map(_nan, h)))
+    if not moved:
+        return []
+    return [f"x b1 on the first and on the last half of the timed prompts differs by {statistics.median(moved):.2f} "
+            f"(median over {len(moved)} cells; largest {moved[-1]:.2f}): the machine's drift while timing; "
+            "differences in x b1 smaller than that are noise."]
 
 
 def _nan(x) -> bool:
