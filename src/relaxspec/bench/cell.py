@@ -145,7 +145,8 @@ def time_batch1_cells(specs: list[CellSpec], task, pair, config: BenchConfig, pi
                      statistics.median(cell_times), "measured_speedup_batch1": _speedup(times[0], cell_times)}
             if n >= 4:  # the same figure on the first and on the last half of the prompts: how far the host drifted
                 h = n // 2
-                timed["batch1_halves"] = [_speedup(times[0][:h], cell_times[:h]), _speedup(times[0][h:], cell_times[h:])]
+                timed["batch1_halves"] = [_speedup(times[0][:h], cell_times[:h]),
+                                          _speedup(times[0][h:], cell_times[h:])]
             out.append(timed)
     return out
 

@@ -99,7 +99,7 @@ def _group_rows(store: Store, cells: list, index: int, settings: dict) -> list[d
                 "modelled_speedup_measured_c_rel", "block_aware_speedup_measured", "truncated_fraction",
                 *[f"modelled_speedup_c{c:g}" for c in C_REL_GRID])},
             "acceptance_rate_per_position": json.dumps([round(x, 4) for x in m.get("acceptance_rate_per_position", [])]),
-            "batch1_halves": m.get("batch1_halves"),  # (report only: x b1 on each half of the timed prompts)
+            "batch1_halves": m.get("batch1_halves"),  # (report only: x b1 on each half of the prompts timed)
             "temperature": cfg["temperature"], "top_p": cfg["top_p"], "top_k": cfg["top_k"],
             "max_new_tokens": cfg["max_new_tokens"], "code_version": cfg["code_version"], "key": cell.key,
         }
