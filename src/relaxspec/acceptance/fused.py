@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -767,10 +768,17 @@ def rule_library(name: str, test: str, residual: str | None, bonus: str | None) 
     from there; `native.load` keeps each library built)."""
     if library() is None:
         return None
+    return native.load("rule-" + name, _rule_source(test, residual, bonus), (VERIFY_SIGNATURE,))
+
+
+@functools.cache
+def _rule_source(test: str, residual: str | None, bonus: str | None) -> str:
+    """A rule library's C source, composed once per rule (one string object: `native.load`'s cache then finds it
+    without hashing and comparing ~30 KB again on every `VerifyStep`)."""
     own = "#define RULE_TEST\n" + test
     for macro, source in (("RULE_RESIDUAL", residual), ("RULE_BONUS", bonus)):
         own += "" if source is None else f"\n#define {macro}\n" + source
-    return native.load("rule-" + name, _NO_CONTRACTION + _HEAD + own + "\n" + _VERIFY, (VERIFY_SIGNATURE,))
+    return _NO_CONTRACTION + _HEAD + own + "\n" + _VERIFY
 
 
 # A rule's float32 operations rounded one by one, as torch's are (a * b + c not fused into one rounding: -march=native
