@@ -335,9 +335,9 @@ class Rule:
     # The rule's math in C, for the shared loop's one call on float32 CPU blocks when sampling (acceptance/fused.py,
     # `rule_library`; the torch methods below stay the reference, and serve every other case: a test compares the
     # two). Each is C source defining one function of a position, which may call the sampler's C helpers (capped,
-    # sum, max, exp_nonpositive, neg_entropy, jsd, total_variation, top_candidate_test): p, q the processed rows there,
-    # z, zq the verifier's and the drafter's raw logits there, prm the parameters in `params` order (a choice as its
-    # index in `choices`), then the temperature.
+    # sum, max, exp_nonpositive, neg_entropy, jsd, total_variation, accept_or_strict, top_candidate_test): p, q the
+    # processed rows there, z, zq the verifier's and the drafter's raw logits there, prm the parameters in `params`
+    # order (a choice as its index in `choices`), then the temperature.
     # native_test: `static inline float rule_test(const float *p, const float *q, const float *z, const float *zq,
     # int64_t V, int64_t x, const double *prm, float in)`, accept_prob of the draft x (in: the rule's one tensor input
     # there, e.g. PAD's pivot_prob; 0 for a rule without); NaN declines the block (the torch path serves it).

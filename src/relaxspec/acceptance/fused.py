@@ -276,13 +276,19 @@ static inline float total_variation(const float *p, const float *q, int64_t V) {
     return (float)s;
 }
 
+/* processing.accept_or_strict: a candidate draft is accepted, unless q(x) = 0; any other gets strict's test. */
+static inline float accept_or_strict(int candidate, float px, float qx) {
+    return candidate ? (qx > 0.0f ? 1.0f : 0.0f) : capped(px, qx);
+}
+
 /* topk-delta's and topk-ratio's test when sampling (processing.top_candidate, then accept_or_strict, the same float32
-   comparisons): a draft among the k most probable tokens of p (fewer than k above it) with p(x) >= scale * p(top-1) +
-   shift and p(x) > 0 is accepted, unless q(x) = 0; any other draft gets strict's test. */
+   comparisons): a candidate is a draft among the k most probable tokens of p (fewer than k above it) with p(x) >=
+   scale * p(top-1) + shift and p(x) > 0. */
 static inline float top_candidate_test(const float *p, const float *q, int64_t V, int64_t x, double topk, float scale,
                                        float shift) {
     const float px = p[x];
     const int64_t k = topk >= (double)V ? V : (int64_t)topk;
+    int candidate = 0;
     if (k >= 1 && px > 0.0f) {
         int64_t above = 0;
         float top = p[0];
@@ -290,9 +296,9 @@ static inline float top_candidate_test(const float *p, const float *q, int64_t V
             above += p[i] > px;
             top = p[i] > top ? p[i] : top;
         }
-        if (above < k && px >= scale * top + shift) return q[x] > 0.0f ? 1.0f : 0.0f;
+        candidate = above < k && px >= scale * top + shift;
     }
-    return capped(px, q[x]);
+    return accept_or_strict(candidate, px, q[x]);
 }
 
 /* Row b's acceptance tests (pointers at its row): accepted[i] = u < ap where i < proposed; kept[i] = the accepted

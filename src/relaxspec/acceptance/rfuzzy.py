@@ -37,7 +37,6 @@ class RFuzzyRule(Rule):
 static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
                               const double *prm, float in) {
     (void)z; (void)zq;
-    if (jsd(p, q, V) <= (float)prm[0]) return q[x] > 0.0f ? 1.0f : 0.0f;
-    return capped(p[x], q[x]);
+    return accept_or_strict(jsd(p, q, V) <= (float)prm[0], p[x], q[x]);
 }
 """

@@ -44,7 +44,6 @@ static inline float rule_test(const float *p, const float *q, const float *z, co
                               const double *prm, float in) {
     (void)z; (void)zq;
     const float slack = (float)prm[0] * total_variation(p, q, V);
-    if (max(q, V) >= max(p, V) - slack) return q[x] > 0.0f ? 1.0f : 0.0f;
-    return capped(p[x], q[x]);
+    return accept_or_strict(max(q, V) >= max(p, V) - slack, p[x], q[x]);
 }
 """
