@@ -336,8 +336,6 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
     pivot classifier also gets c_pivot_measured: one pivot_fn call on an N-draft block (`pivot.pivot_timer`;
     N "auto": its most drafts) / one-token step, interleaved with the verifier's step in rounds of their own
     (bench.metrics counts it for those rules only)."""
-    import statistics
-
     from relaxspec.models import measure_step_latencies, relative_costs
     from relaxspec.drafters import draft_timer
     keys = list(dict.fromkeys((c.verifier, c.drafter, c.draft_length) for c in cells if c.method != AR))
@@ -348,7 +346,7 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
     if classified:
         from relaxspec.pivot import pivot_timer
     labels, steps = [], []
-    pivots: dict = {}  # verifier -> ([its step, then the classifier's calls], [their labels])
+    pivots: dict = {}  # verifier -> ([labels], [its one-token step, then the classifier's timers])
 
     def add(label, step, into=(labels, steps)):
         if label not in into[0]:
