@@ -338,6 +338,12 @@ def test_drafter_cli_trains_a_head_that_generate_uses(tmp_path, capsys):
     assert main(["generate", "--drafter", str(out), "--json", "--prompt", _prompts(1)[0],
                  "--max-new-tokens", "20"]) == 0
     assert json.loads(capsys.readouterr().out)["stats"]["drafter_forwards"] > 0
+    # --stop-after 0 makes the data set and stops (benchmarks/gpu_train_drafters.sh shares it between variants)
+    data_only = tmp_path / "data-only"
+    assert main(["drafter", "train", "--task", "sorting", "--n", "4", "--steps", "3", "--batch-size", "2",
+                 "--max-new-tokens", "10", "--stop-after", "0", "--out", str(data_only)]) == 0
+    assert sorted(p.name for p in data_only.iterdir()) == ["train_data.pt"]
+    assert "stopped at step 0 of 3" in capsys.readouterr().out
     assert main(["drafter", "train", "--out", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err == "relaxspec: error: give the training prompts: --prompts FILE or --task NAME " \
         "(repeatable)\n"

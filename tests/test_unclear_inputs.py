@@ -94,6 +94,9 @@ def test_drafter_train_and_pivot_label_check_their_arguments_first(capsys, tmp_p
     one_line_error(capsys, "drafter", "train", "--task", "arithmetic", "--steps", "0", "--out", tmp_path / "d",
                    says="--steps must be > 0")
     assert not (tmp_path / "d").exists()
+    one_line_error(capsys, "drafter", "train", "--task", "arithmetic", "--stop-after", "-1", "--out", tmp_path / "d",
+                   says="--stop-after must be >= 0")
+    assert not (tmp_path / "d").exists()
     one_line_error(capsys, "pivot", "label", "--out", tmp_path, says="is a directory")
     one_line_error(capsys, "pivot", "label", "--out", tmp_path / "l.json", "--prompts", "0",
                    says="--prompts must be > 0")

@@ -24,7 +24,9 @@ def cmd_drafter(args) -> int:
         raise ValueError(f"drafter kind {args.kind!r} cannot be trained; trainable kinds: mtp")
     if args.prompts is None and not args.task:
         raise ValueError("give the training prompts: --prompts FILE or --task NAME (repeatable)")
-    check_positive(args, "steps", "batch_size", "unroll", "lr", "max_new_tokens", "n", "gen_batch", "stop_after")
+    check_positive(args, "steps", "batch_size", "unroll", "lr", "max_new_tokens", "n", "gen_batch")
+    if args.stop_after is not None and args.stop_after < 0:
+        raise ValueError(f"--stop-after must be >= 0 (0: make the data set only), got {args.stop_after}")
     torch.set_num_threads(args.threads)
     verifier = load_model(args.verifier, **device_kwargs(args))
     prompts = training_prompts(args.task or [], args.n, args.prompts)
@@ -80,5 +82,6 @@ def register(subparsers) -> None:
                    help="verifier answers generated at once (raise it on a GPU)")
     add_device_args(t)
     t.add_argument("--threads", type=int, default=1)
-    t.add_argument("--stop-after", type=int, help="stop after this many steps (resume later)")
+    t.add_argument("--stop-after", type=int, help="stop after this many steps (resume later; 0: make the verifier's "
+                                                   "answers, the data set, and stop before training)")
     d.set_defaults(func=cmd_drafter)
