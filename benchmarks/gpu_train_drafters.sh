@@ -34,6 +34,10 @@ else
 fi
 HEADS=" ${HEADS:-mtp-a mtp-b mtp-c smol-a smol-b} "
 wants() { [[ "$HEADS" == *" $1 "* ]]; }
+for head in $HEADS; do
+    [[ " mtp-a mtp-b mtp-c smol-a smol-b " == *" $head "* ]] \
+        || { echo "gpu_train_drafters: unknown head $head in HEADS (mtp-a mtp-b mtp-c smol-a smol-b)" >&2; exit 2; }
+done
 T0=$(date +%s)
 TRAIN=("$PY" -m relaxspec drafter train --device "$DEV" --dtype float32 --threads 2)
 # A training still running BUDGET s after the start is stopped (its checkpoint and data stay in WORK: run the
