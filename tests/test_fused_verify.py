@@ -243,6 +243,45 @@ def test_rule_kernels_read_float32_logits_only(calls):
     assert_same(got, ref)
 
 
+def test_the_engines_step_checks_pads_pivot_prob_on_every_path(calls, monkeypatch):
+    # The engine's VerifyStep checks pivot_prob's values on every block, not in torch where the rule's C reads them
+    # (float32 on the block's device): the C refuses a value outside [0, 1] or NaN and the step raises the rule's own
+    # message; a float64 input, the kernels off and the greedy closed form check in torch. Bounds are accepted.
+    g = torch.Generator().manual_seed(5)
+    B, N, V = 2, 3, 40
+    target, draft, drafts = block(B, N, V, "sampled", g)
+    message = r"^rule 'pad': input 'pivot_prob' must lie in \[0, 1\] \(NaN not allowed\)$"
+    torch_checks = []
+    rule = RULES["pad"]
+    monkeypatch.setattr(type(rule), "_check_input_values",
+                        lambda self, spec, value, _check=type(rule)._check_input_values: (
+                            torch_checks.append(value.dtype), _check(self, spec, value))[1])
+    sampled = verify_module.VerifyStep("pad", temperature=0.7)
+    greedy = verify_module.VerifyStep("pad", temperature=0.0, greedy="strict")
+    assert sampled.kernel is not None and greedy.closed_form
+    for bad in (1.5, -1e-7, math.nan, math.inf):
+        for dtype, step, off in ((torch.float32, sampled, False), (torch.float64, sampled, False),
+                                 (torch.float32, sampled, True), (torch.float32, greedy, False)):
+            pivot_prob = torch.rand(B, N, generator=g, dtype=dtype)
+            pivot_prob[1, 2] = bad  # (the last column of the last row: every value is read)
+            torch_checks.clear()
+            with fused.loop_disabled() if off else contextlib.nullcontext():
+                with pytest.raises(ValueError, match=message):
+                    step(target, draft, drafts, random=draws("counter", B, N, 0), pivot_prob=pivot_prob)
+            assert torch_checks == [dtype]  # where the C refused it, the message's check ran after it
+    p, q = process_logits(target, temperature=0.7), process_logits(draft, temperature=0.7)
+    with pytest.raises(fused.InputOutOfRange):  # the C itself, without the step
+        fused.verify_default(p, q, drafts, None, None, torch.rand(B, N, dtype=torch.float64),
+                             torch.rand(B, N + 1, dtype=torch.float64), None, kernel=sampled.kernel, z=target, zq=draft,
+                             inp=torch.full((B, N), 1.0 + 1e-6), inp_range=(0.0, 1.0))
+    before = calls["verify_default"]
+    torch_checks.clear()
+    for edge in (0.0, 1.0):  # the bounds pass, in C (no torch check on the kernel's path)
+        got = sampled(target, draft, drafts, random=draws("counter", B, N, 1), pivot_prob=torch.full((B, N), edge))
+        assert got.num_accepted.shape == (B,)
+    assert calls["verify_default"] == before + 2 and torch_checks == []
+
+
 def test_a_step_made_with_the_kernels_off_leaves_them_for_later_steps():
     with fused.disabled():
         assert verify_module.VerifyStep("cactus", temperature=0.7).kernel is None

@@ -416,7 +416,8 @@ class Rule:
             )
         return out
 
-    def _check_input(self, spec: TensorInput, value, batch_shape) -> torch.Tensor:
+    def _check_input(self, spec: TensorInput, value, batch_shape, values: bool = True) -> torch.Tensor:
+        """The input's type and shape, and (`values`) its values (`_check_input_values`)."""
         where = f"rule {self.name!r}: input {spec.name!r}"
         if value is None:
             raise ValueError(f"{where} is required ({spec.doc})")
@@ -426,9 +427,16 @@ class Rule:
             raise ValueError(
                 f"{where} must have shape [B, N] = {list(batch_shape)}, got {list(value.shape)}"
             )
-        if value.numel() and not bool(((value >= spec.low) & (value <= spec.high)).all()):
-            raise ValueError(f"{where} must lie in [{spec.low:g}, {spec.high:g}] (NaN not allowed)")
+        if values:
+            self._check_input_values(spec, value)
         return value
+
+    def _check_input_values(self, spec: TensorInput, value: torch.Tensor) -> None:
+        """Every value in [spec.low, spec.high], no NaN (compared in the tensor's dtype). The verify loop's C does
+        the same where it reads the input as given (fused.verify_default's `inp_range`)."""
+        if value.numel() and not bool(((value >= spec.low) & (value <= spec.high)).all()):
+            raise ValueError(f"rule {self.name!r}: input {spec.name!r} must lie in [{spec.low:g}, {spec.high:g}] "
+                             "(NaN not allowed)")
 
     def needs_text(self) -> str:
         """One line: what the engine must give this rule (for `relaxspec methods`)."""

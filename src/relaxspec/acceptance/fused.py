@@ -382,7 +382,8 @@ static inline float rule_test(const float *p, const float *q, const float *z, co
    V], the verifier's raw logits z [B, N+1, V] and the drafter's zq [B, zq_rows, V] (float32, strides (sp0, sp1),
    (sq0, sq1), (sz0, sz1), (szq0, szq1), unit along V; z and zq may be NULL for a rule that does not read them), in
    one call: rs_first_rejection on the rule's ap (and strict, or NULL; row strides sa, ss), or, ap NULL, on ap_out[b,
-   i] = rule_test at each draft x = drafts[b, i], with its input in[b * sin + i] (in NULL: 0) (strict's min(1, p(x) /
+   i] = rule_test at each draft x = drafts[b, i], with its input in[b * sin + i] (in NULL: 0; every in[b, i] first
+   checked to lie in [in_low, in_high], as floats, NaN refused: -4 otherwise) (strict's min(1, p(x) /
    q(x)), 0 where q(x) <= 0, at_tokens and capped_ratio's float32 values, in the sampler's library) with strict_out[b,
    i] = strict's test beside it where strict_out is not NULL; then rs_finish's token: the residual of a row stopped at
    a rejection at its position n[b] is the rule's own (RULE_RESIDUAL), else (p - q)+ (float32, as torch's (p -
@@ -391,10 +392,11 @@ static inline float rule_test(const float *p, const float *q, const float *z, co
    drafter's row min(num_drafts[b], zq_rows - 1)), else p, at the row's bonus position (num_drafts[b], or N); sampled
    at ut[b * st0 + n[b] * st1] (st1 0: one uniform per row). ua: the acceptance uniforms, row stride sua. Returns 0,
    -1 when memory runs out, -2 for a draft outside [0, V), -3 where the rule's C declined the block (nothing drawn
-   from is changed: the outputs are then unspecified). */
+   from is changed: the outputs are then unspecified), -4 for an input outside its range (nothing written). */
 int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, int64_t sq0, int64_t sq1,
                       const float *z, int64_t sz0, int64_t sz1, const float *zq, int64_t szq0, int64_t szq1,
-                      int64_t zq_rows, const float *in, int64_t sin, const int64_t *drafts, int64_t sd,
+                      int64_t zq_rows, const float *in, int64_t sin, double in_low, double in_high,
+                      const int64_t *drafts, int64_t sd,
                       const int64_t *num_drafts, int64_t B, int64_t N, int64_t V, const float *ap, int64_t sa,
                       const float *strict, int64_t ss, float *ap_out, float *strict_out, const double *prm,
                       const double *ua, int64_t sua, const double *ut, int64_t st0, int64_t st1, int64_t argmax,
@@ -402,6 +404,14 @@ int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, 
                       uint8_t *relaxed, int64_t *n, int64_t *tokens, int64_t *last) {
 #define Z_AT(b, i) (z ? z + (b) * sz0 + (i) * sz1 : NULL)
 #define ZQ_AT(b, i) (zq ? zq + (b) * szq0 + (i) * szq1 : NULL)
+    if (in) {  /* as torch compares a float32 tensor with its bounds: in float32 */
+        const float lo = (float)in_low, hi = (float)in_high;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < N; i++) {
+                const float v = in[b * sin + i];
+                if (!(v >= lo && v <= hi)) return -4;
+            }
+    }
     for (int64_t b = 0; b < B && !ap; b++)
         for (int64_t i = 0; i < N; i++) {
             const int64_t x = drafts[b * sd + i];
@@ -529,9 +539,9 @@ void rs_round_table(const uint32_t *low, const uint32_t *high, int64_t K, const 
 SOURCE = _HEAD + _VERIFY + _TAIL  # the sampler's library: strict's test in the verify loop
 
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
-VERIFY_SIGNATURE = ("rs_verify_default", ctypes.c_int, (_P, _I, _I, _P, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, _I, _P,
-                                                         _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P, _I, _P,
-                                                         _I, _I, _I, _P, _P, _P, _P, _P, _P))
+VERIFY_SIGNATURE = ("rs_verify_default", ctypes.c_int, (_P, _I, _I, _P, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, _I, _D,
+                                                         _D, _P, _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P,
+                                                         _I, _P, _I, _I, _I, _P, _P, _P, _P, _P, _P))
 SIGNATURES = (
     ("rs_process", ctypes.c_int, (_P, _P, _I, _I, _D, _I, _D)),
     ("rs_sample", ctypes.c_int, (_P, _P, _P, _I, _I)),
@@ -697,12 +707,14 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
 def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accept_prob: torch.Tensor | None,
                    strict_accept_prob: torch.Tensor | None, u: torch.Tensor, u_token: torch.Tensor,
                    num_drafts: torch.Tensor | None, argmax: bool = False, kernel: RuleKernel | None = None,
-                   z: torch.Tensor | None = None, zq: torch.Tensor | None = None, inp: torch.Tensor | None = None):
+                   z: torch.Tensor | None = None, zq: torch.Tensor | None = None, inp: torch.Tensor | None = None,
+                   inp_range: tuple[float, float] = (0.0, 1.0)):
     """The verify loop in one call for a rule that keeps strict's bonus and residual (or, argmax, takes
     Rule.residual_argmax, or the kernel's rule's own), read from the blocks p [B, N+1, V] and q [B, N, V] (float32
     CPU): `first_rejection` on accept_prob (None: the test computed here, strict's min(1, p(x)/q(x)) at the drafts, or
     `kernel`'s rule's own, from p, q, the raw logits of the verifier, z [B, N+1, V], and of the drafter, zq [B, N or
-    N+1, V], and its input inp [B, N] float32 or None), then `finish` with the residual (p - q)+ (argmax: one-hot on
+    N+1, V], and its input inp [B, N] float32 or None, whose values are checked first to lie in inp_range, NaN refused:
+    InputOutOfRange otherwise), then `finish` with the residual (p - q)+ (argmax: one-hot on
     argmax p; the kernel's rule's own) at each stopped row's position and the bonus (p, or the kernel's rule's own) at
     its bonus position, the token of row b drawn at u_token[b, n[b]] (float64 [B, N+1], or a column expanded: one
     uniform per row).
@@ -728,7 +740,7 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     tokens, last = _token_outputs(B, N, drafts.device)
     num_drafts = _counts(num_drafts)
     ptr = flags.data_ptr()
-    kernel_inputs = _NO_KERNEL_INPUTS if kernel is None else _kernel_inputs(z, zq, inp)  # (held: the C reads them)
+    kernel_inputs = _NO_KERNEL_INPUTS if kernel is None else _kernel_inputs(z, zq, inp, inp_range)  # (held: C reads)
     status = (_lib if kernel is None else kernel.lib).rs_verify_default(
         p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1), *kernel_inputs[0],
         drafts.data_ptr(), drafts.stride(0), None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
@@ -741,21 +753,27 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
         return None
     if status == -2:
         raise ValueError(f"a token lies outside the vocabulary [0, {p.shape[-1]})")
+    if status == -4:
+        raise InputOutOfRange(f"the rule's input must lie in [{inp_range[0]:g}, {inp_range[1]:g}] (NaN not allowed)")
     if status != 0:
         raise MemoryError("relaxspec sampler: out of memory sampling")
     accepted, kept, relaxed_only = flags.unbind(0)
     return ap, strict_accept_prob, accepted, kept, n, relaxed_only, tokens, last
 
 
-def _kernel_inputs(z: torch.Tensor, zq: torch.Tensor, inp: torch.Tensor | None) -> tuple:
+def _kernel_inputs(z: torch.Tensor, zq: torch.Tensor, inp: torch.Tensor | None, inp_range: tuple[float, float]) -> tuple:
     """(rs_verify_default's arguments for a rule's own math: z and zq with their row strides and zq's rows, the
-    rule's input with its row stride; the tensors they point into, unit stride along their last dimension)."""
+    rule's input with its row stride and range; the tensors they point into, unit stride along their last dimension)."""
     z, zq, inp = _rows(z), _rows(zq), None if inp is None else _rows(inp)
     return ((z.data_ptr(), *z.stride()[:2], zq.data_ptr(), *zq.stride()[:2], zq.shape[1],
-             None if inp is None else inp.data_ptr(), 0 if inp is None else inp.stride(0)), (z, zq, inp))
+             None if inp is None else inp.data_ptr(), 0 if inp is None else inp.stride(0), *inp_range), (z, zq, inp))
 
 
-_NO_KERNEL_INPUTS = ((None, 0, 0, None, 0, 0, 0, None, 0), ())  # strict's test reads none
+_NO_KERNEL_INPUTS = ((None, 0, 0, None, 0, 0, 0, None, 0, 0.0, 0.0), ())  # strict's test reads none
+
+
+class InputOutOfRange(ValueError):
+    """`verify_default` found a value of the rule's input outside its range, or NaN (nothing was computed)."""
 
 
 @dataclass(frozen=True)

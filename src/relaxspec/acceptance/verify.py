@@ -244,9 +244,10 @@ class VerifyStep:
         """One block; `relax` [B, N+1] (bool, on the block's device): where the rule decides, strict elsewhere."""
         rule = self.rule
         params = dict(self.params)
-        for name, spec in rule.inputs.items():
-            params[name] = rule._check_input(spec, inputs.get(name), tuple(draft_tokens.shape))
+        for name, spec in rule.inputs.items():  # (its values: below, or by the C, which reads them)
+            params[name] = rule._check_input(spec, inputs.get(name), tuple(draft_tokens.shape), values=False)
         if self.closed_form:  # strict everywhere: nothing to relax
+            self._check_input_values(params)
             return _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens, draft_probs, num_drafts)
         ctx = _context(target_logits, draft_logits, draft_tokens, draft_probs, **self.sampling)
         B, N = ctx.batch_size, ctx.num_drafts
@@ -260,6 +261,11 @@ class VerifyStep:
             kernel = None
         rows = self.block_rows is not None and (relax is None or self.block_rows == "strict")
         one_call = (kernel is not None or rows) and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q)
+        # A rule's tensor input: its values are checked by the kernel's C, which reads them as given (float32 on the
+        # block's device: the same comparisons), and here otherwise, before any torch math reads them.
+        if not (one_call and kernel is not None and all(
+                params[name].dtype is torch.float32 and params[name].device == ctx.p.device for name in rule.inputs)):
+            self._check_input_values(params)
         if one_call and (kernel is not None or not own_test):
             accept_prob = strict_accept_prob = None  # (computed by the call)
         else:
@@ -271,11 +277,17 @@ class VerifyStep:
         u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, ctx.p if accept_prob is None else accept_prob))
         if one_call:
             # (the rule's one tensor input, if it has one, as its C reads it: float32 on the block's device)
-            inp = next((params[name].to(ctx.p.device, torch.float32) for name in rule.inputs), None) if kernel else None
-            out = fused.verify_default(
-                ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob if own_test else None, u,
-                random.token_uniforms(N), num_drafts, argmax=self.block_rows == "argmax", kernel=kernel,
-                z=ctx.target_logits, zq=ctx.draft_logits, inp=inp)
+            name, spec = next(iter(rule.inputs.items())) if kernel and rule.inputs else (None, None)
+            inp = None if name is None else params[name].to(ctx.p.device, torch.float32)
+            try:
+                out = fused.verify_default(
+                    ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob if own_test else None, u,
+                    random.token_uniforms(N), num_drafts, argmax=self.block_rows == "argmax", kernel=kernel,
+                    z=ctx.target_logits, zq=ctx.draft_logits, inp=inp,
+                    **({} if spec is None else {"inp_range": (spec.low, spec.high)}))
+            except fused.InputOutOfRange:
+                rule._check_input_values(spec, params[name])  # (raises the rule's own message)
+                raise
             if out is not None:
                 accept_prob, strict, accepted, kept, n, relaxed_only, tokens, last = out
                 return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
@@ -311,6 +323,11 @@ class VerifyStep:
             relaxed_only=relaxed_only,
             last_token=last,
         )
+
+    def _check_input_values(self, params: dict) -> None:
+        """The rule's tensor inputs' values (Rule._check_input_values)."""
+        for name, spec in self.rule.inputs.items():
+            self.rule._check_input_values(spec, params[name])
 
     def _tests(self, ctx: VerifyContext, params: dict, relax, own_test: bool):
         """(accept_prob, strict_accept_prob) [B, N] by the rule's torch math: strict's where `relax` leaves a
