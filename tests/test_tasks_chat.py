@@ -37,3 +37,12 @@ def test_training_prompts_mix_one_subject_audiences_and_pairs():
 def test_training_prompts_are_seeded():
     assert chat.training_prompts(50, seed=1) == chat.training_prompts(50, seed=1)
     assert chat.training_prompts(50, seed=1) != chat.training_prompts(50, seed=2)
+
+
+def test_more_prompts_than_the_pool_is_a_one_line_error(capsys, tmp_path):
+    from relaxspec.cli import main
+
+    n = chat.pool_size() + 1
+    assert main(["drafter", "train", "--task", "chat", "--n", str(n), "--out", str(tmp_path / "d")]) == 2
+    assert capsys.readouterr().err == (f"relaxspec: error: chat training prompts: n must be in 1..{n - 1} (the pool's "
+                                       f"size), got {n}\n")

@@ -229,6 +229,6 @@ def training_prompts(n: int, seed: int = 0) -> list[str]:
     most `pool_size()` of them."""
     pool = list(_pool())
     if not 0 < n <= len(pool):
-        raise ValueError(f"n must be in 1..{len(pool)}, got {n}")
+        raise ValueError(f"chat training prompts: n must be in 1..{len(pool)} (the pool's size), got {n}")
     random.Random(seed).shuffle(pool)
     return pool[:n]

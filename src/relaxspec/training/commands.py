@@ -28,8 +28,8 @@ def cmd_drafter(args) -> int:
     if args.stop_after is not None and args.stop_after < 0:
         raise ValueError(f"--stop-after must be >= 0 (0: make the data set only), got {args.stop_after}")
     torch.set_num_threads(args.threads)
+    prompts = training_prompts(args.task or [], args.n, args.prompts)  # (before the verifier: a bad --n fails at once)
     verifier = load_model(args.verifier, **device_kwargs(args))
-    prompts = training_prompts(args.task or [], args.n, args.prompts)
     head = HeadConfig(hidden=verifier.model.config.hidden_size, heads=args.heads, ffn=args.ffn, layers=args.layers,
                       draft_vocab=args.draft_vocab, feature_layers=args.feature_layers)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
