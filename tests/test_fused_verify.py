@@ -34,7 +34,8 @@ pytestmark = [
     pytest.mark.skipif(not native.enabled(), reason="RELAXSPEC_NATIVE=0: the kernels are off"),
 ]
 
-FIELDS = [f.name for f in dataclasses.fields(verify_module.VerifyResult)]
+# the result's tensors (inputs_ok: None but for a step that defers its input checks, tested on its own)
+FIELDS = [f.name for f in dataclasses.fields(verify_module.VerifyResult) if f.name != "inputs_ok"]
 SAMPLINGS = [dict(temperature=0.7), dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5, top_p=0.95),
              dict(temperature=1.0, top_k=3), dict(temperature=0.0)]  # (greedy: one-hot p and q, strict in closed form)
 
@@ -274,6 +275,21 @@ def test_the_engines_step_checks_pads_pivot_prob_on_every_path(calls, monkeypatc
         fused.verify_default(p, q, drafts, None, None, torch.rand(B, N, dtype=torch.float64),
                              torch.rand(B, N + 1, dtype=torch.float64), None, kernel=sampled.kernel, z=target, zq=draft,
                              inp=torch.full((B, N), 1.0 + 1e-6), inp_range=(0.0, 1.0))
+    # defer_input_checks (the engine's step): where torch checks, the rows' results come back unread (inputs_ok);
+    # the C still refuses at once
+    deferred = verify_module.VerifyStep("pad", temperature=0.7, defer_input_checks=True)
+    pivot_prob = torch.rand(B, N, generator=g)
+    pivot_prob[1, 2] = math.nan
+    for dtype in (torch.float64, torch.float32):
+        with fused.loop_disabled():
+            got = deferred(target, draft, drafts, random=draws("counter", B, N, 0), pivot_prob=pivot_prob.to(dtype))
+        assert got.inputs_ok.tolist() == [True, False]
+        with pytest.raises(ValueError, match=message):
+            raise deferred.input_error(pivot_prob=pivot_prob.to(dtype))
+        with pytest.raises(ValueError, match=message):  # the C reads the input (a float64 one converted)
+            deferred(target, draft, drafts, random=draws("counter", B, N, 0), pivot_prob=pivot_prob.to(dtype))
+    assert deferred(target, draft, drafts, random=draws("counter", B, N, 0),
+                    pivot_prob=pivot_prob.nan_to_num(0.5)).inputs_ok is None  # (checked by the C)
     before = calls["verify_default"]
     torch_checks.clear()
     for edge in (0.0, 1.0):  # the bounds pass, in C (no torch check on the kernel's path)

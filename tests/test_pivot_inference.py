@@ -161,3 +161,43 @@ def test_inference_weights_are_a_copy_made_when_pivot_fn_is():
     assert torch.equal(fn(*args), before)  # made before the change
     assert torch.equal(clf.pivot_fn()(*args), clf.predict_proba(*args))
     assert (clf.pivot_fn()(*args) - before).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kernels", ["on", "off"])
+def test_an_out_of_range_pivot_prob_stops_the_engine_with_one_read_per_round(pair, kernels, monkeypatch):
+    """A pivot_fn whose output leaves [0, 1] (or is NaN) in some round stops `generate` with the rule's message, on the
+    rule's C path (its C checks the values) and on the torch path (the engine reads the rows' check with the round's
+    one copy to the host: VerifyStep(defer_input_checks=True)); a run whose values stay in range reads no check on the
+    host per round (the rule's torch check runs once per call, on VerifyStep's placeholder)."""
+    from contextlib import nullcontext
+
+    from relaxspec.acceptance import RULES, fused
+
+    verifier, drafter = pair
+    clf = load_classifier(builtin_classifier_path())
+    real = clf.pivot_fn()
+    host_checks = []
+    rule = type(RULES["pad"])
+    check = rule._check_input_values
+    monkeypatch.setattr(rule, "_check_input_values",
+                        lambda self, spec, value: (host_checks.append(tuple(value.shape)), check(self, spec, value))[1])
+    prompts = [e.prompt for e in examples("arithmetic", "test", 3)]
+    kw = dict(method="pad", draft_length=3, max_new_tokens=40, temperature=0.7, seed=3, threshold=0.5)
+    message = r"^rule 'pad': input 'pivot_prob' must lie in \[0, 1\] \(NaN not allowed\)$"
+    with fused.disabled() if kernels == "off" else nullcontext():
+        fine = generate(verifier, drafter, prompts, pivot_fn=real, **kw)
+        assert fine.stats.verifier_forwards > 5 and host_checks == [()]  # the placeholder's, once
+        for bad in (1.5, float("nan")):
+            calls = []
+
+            def broken(*args):
+                out = real(*args)
+                calls.append(1)
+                if len(calls) == 4:  # the fourth round: one row's last draft
+                    out = out.clone()
+                    out[-1, -1] = bad
+                return out
+            broken.hidden_layer = real.hidden_layer
+            with pytest.raises(ValueError, match=message):
+                generate(verifier, drafter, prompts, pivot_fn=broken, **kw)
+            assert len(calls) == 4  # stopped in the round that read it

@@ -62,6 +62,9 @@ class VerifyResult:
     accepted: torch.Tensor  # bool [B, N]: u < accept_prob, before the first-rejection cut
     relaxed_only: torch.Tensor  # bool [B, N]: kept, though the strict test (same u) rejects
     last_token: torch.Tensor  # long [B]: the residual / bonus token, tokens[b, num_accepted[b]]
+    # bool [B]: the rows whose tensor inputs lie in range, for the caller to read (VerifyStep(defer_input_checks=True)
+    # where the torch path checks them); None: checked already (an input out of range raised)
+    inputs_ok: torch.Tensor | None = None
 
 
 def build_context(
@@ -212,11 +215,15 @@ class VerifyStep:
     """`verify` with its rule, parameters and sampling settings checked once: calling it runs one block
     without re-checking the block (the caller guarantees what `check_block` checks: float logits
     without NaN / +inf, drafts in range, matching shapes and devices). Per-block tensor inputs (e.g.
-    PAD's `pivot_prob`) are still checked on every call: they are new data each block."""
+    PAD's `pivot_prob`) are still checked on every call: they are new data each block (by the rule's C where it reads
+    them; by torch ops otherwise, whose result is read on the host at once, unless `defer_input_checks`: then the
+    result's `inputs_ok` says which rows' inputs were in range, for a caller that reads it with its own copy of the
+    round, as the engine does, so that a GPU round needs no second device-to-host sync)."""
 
     def __init__(self, method: str, *, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, greedy: str = "rule", **params):
+                 top_p: float | None = None, greedy: str = "rule", defer_input_checks: bool = False, **params):
         self.rule = get_rule(method)
+        self.defer_input_checks = defer_input_checks
         if greedy not in GREEDY_MODES:
             raise ValueError(f"greedy must be one of {', '.join(GREEDY_MODES)}, got {greedy!r}")
         check_sampling_args(temperature, top_k, top_p)
@@ -247,8 +254,10 @@ class VerifyStep:
         for name, spec in rule.inputs.items():  # (its values: below, or by the C, which reads them)
             params[name] = rule._check_input(spec, inputs.get(name), tuple(draft_tokens.shape), values=False)
         if self.closed_form:  # strict everywhere: nothing to relax
-            self._check_input_values(params)
-            return _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens, draft_probs, num_drafts)
+            inputs_ok = self._inputs_in_range(params)
+            result = _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens, draft_probs, num_drafts)
+            result.inputs_ok = inputs_ok
+            return result
         ctx = _context(target_logits, draft_logits, draft_tokens, draft_probs, **self.sampling)
         B, N = ctx.batch_size, ctx.num_drafts
         # A rule that keeps the base (strict) test gives strict's probabilities: not computed twice.
@@ -263,9 +272,10 @@ class VerifyStep:
         one_call = (kernel is not None or rows) and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q)
         # A rule's tensor input: its values are checked by the kernel's C, which reads them as given (float32 on the
         # block's device: the same comparisons), and here otherwise, before any torch math reads them.
+        inputs_ok = None
         if not (one_call and kernel is not None and all(
                 params[name].dtype is torch.float32 and params[name].device == ctx.p.device for name in rule.inputs)):
-            self._check_input_values(params)
+            inputs_ok = self._inputs_in_range(params)
         if one_call and (kernel is not None or not own_test):
             accept_prob = strict_accept_prob = None  # (computed by the call)
         else:
@@ -292,7 +302,7 @@ class VerifyStep:
                 accept_prob, strict, accepted, kept, n, relaxed_only, tokens, last = out
                 return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
                                     strict_accept_prob=accept_prob if strict is None else strict, accepted=accepted,
-                                    relaxed_only=relaxed_only, last_token=last)
+                                    relaxed_only=relaxed_only, last_token=last, inputs_ok=inputs_ok)
             # Declined by the rule's C (e.g. scores that overflow): its torch math serves the block (and says why).
             accept_prob, strict_accept_prob = self._tests(ctx, params, relax, own_test)
         # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
@@ -322,12 +332,32 @@ class VerifyStep:
             accepted=accepted,
             relaxed_only=relaxed_only,
             last_token=last,
+            inputs_ok=inputs_ok,
         )
 
-    def _check_input_values(self, params: dict) -> None:
-        """The rule's tensor inputs' values (Rule._check_input_values)."""
+    def _inputs_in_range(self, params: dict) -> torch.Tensor | None:
+        """The rule's tensor inputs' values (Rule._check_input_values): a ValueError now, or with
+        `defer_input_checks` the rows whose inputs lie in range (bool [B], not read here; None without inputs)."""
+        if not self.defer_input_checks:
+            for name, spec in self.rule.inputs.items():
+                self.rule._check_input_values(spec, params[name])
+            return None
+        ok = None
         for name, spec in self.rule.inputs.items():
-            self.rule._check_input_values(spec, params[name])
+            value = params[name]
+            in_range = ((value >= spec.low) & (value <= spec.high)).all(dim=-1)
+            ok = in_range if ok is None else ok & in_range
+        return ok
+
+    def input_error(self, **inputs) -> ValueError:
+        """The error for tensor inputs (given as to the call) of which one lies out of range, with the rule's own
+        message: for a caller that found `inputs_ok` False."""
+        try:
+            for name, spec in self.rule.inputs.items():
+                self.rule._check_input_values(spec, inputs[name])
+        except ValueError as error:
+            return error
+        return ValueError(f"rule {self.rule.name!r}: an input lies outside its range")
 
     def _tests(self, ctx: VerifyContext, params: dict, relax, own_test: bool):
         """(accept_prob, strict_accept_prob) [B, N] by the rule's torch math: strict's where `relax` leaves a

@@ -113,6 +113,7 @@ class _Book:
         self.positions = np.arange(N + 1)
         self.log = []  # per round: rows, accepted, tokens, drafts proposed, tokens emitted, appended, drafts, relaxed
         self.longest_kept = 0  # the most slots a live row keeps of this round's verifier block
+        self.inputs_failed = False  # a rule input of the last round recorded was out of range (`record`'s inputs_ok)
 
     @property
     def live_count(self) -> int:
@@ -142,10 +143,11 @@ class _Book:
         """Each live row's number of drafts this round, from the last `draft_lengths`."""
         return np.broadcast_to(self.proposed, (self.live_count,)).copy()
 
-    def record(self, tokens, accepted=None, drafts=None, relaxed_only=None) -> list[int] | None:
+    def record(self, tokens, accepted=None, drafts=None, relaxed_only=None, inputs_ok=None) -> list[int] | None:
         """Log each live row's round (tokens [L, C]: the kept drafts, then the emitted token; accepted [L], None
         for AR (C = 1, no drafts); for the trace, the round's drafts and relaxed_only [L, C - 1]); returns the
-        rows that stay live, or None if all do."""
+        rows that stay live, or None if all do. inputs_ok [L] (bool; None: none to read) rides on the same copy:
+        `inputs_failed` says whether a row's was False (the round is then not logged)."""
         width, pad = tokens.shape[1] - 1, self.N - tokens.shape[1] + 1
         if accepted is None:  # AR: its host row [n = 0, token] is made there
             host = tokens.cpu().numpy()  # the round's one copy to the host
@@ -157,9 +159,16 @@ class _Book:
             if pad:  # a fixed layout, so that the log is one array at the end: [n, tokens, drafts, relaxed] padded to N
                 filler = tokens.new_zeros((tokens.shape[0], pad))
                 parts = parts[:2] + [filler] + parts[2:3] + [filler] + parts[3:] + [filler]
+            if inputs_ok is not None:
+                parts.append(inputs_ok[:, None])
             # the round's one copy to the host (CPU tensors: their numpy views, concatenated there)
             host = (np.concatenate([part.numpy() for part in parts], axis=1, dtype=np.int64) if tokens.is_cpu
                     else torch.cat(parts, dim=1).cpu().numpy())
+        self.inputs_failed = False
+        if inputs_ok is not None:
+            host, self.inputs_failed = host[:, :-1], not host[:, -1].all()
+            if self.inputs_failed:
+                return None
         rows, n, tokens = self.live, host[:, 0], host[:, 1:width + 2]
         appended = emitted = n + 1  # (a row drafts at most its room minus one: its n + 1 tokens fit the length limit)
         stop = None
@@ -361,7 +370,8 @@ def generate(
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     greedy = is_greedy(temperature)
     # The rule's parameters are checked once here; each round runs the block unchecked.
-    step = None if rule is None else VerifyStep(method, **sampling, **{
+    # (a rule input's values, e.g. PAD's pivot_prob, checked with the round's one copy to the host: `inputs_ok`)
+    step = None if rule is None else VerifyStep(method, **sampling, defer_input_checks=True, **{
         name: value for name, value in rule_params.items() if name not in rule.inputs})
     inputs = {name: value for name, value in rule_params.items() if rule is not None and name in rule.inputs}
     encoded = encode_prompts(verifier.tokenizer, prompts, chat_template=chat_template, system=system)
@@ -430,7 +440,10 @@ def generate(
             stats.time_verify_s += time.perf_counter() - t1
 
         # One copy to the host per round: what each row appended and whether it is done.
-        done = book.record(tokens, accepted, *(() if results is None else (draft_tokens, results.relaxed_only)))
+        done = book.record(tokens, accepted, *(() if results is None else (draft_tokens, results.relaxed_only)),
+                           inputs_ok=None if results is None else results.inputs_ok)
+        if book.inputs_failed:  # a rule input out of range this round (the round is not logged)
+            raise step.input_error(**params)
         last = tokens if rule is None else results.last_token
         if rule is not None:
             # Roll back both to `last` + the accepted drafts (the drafter gets the verifier's hidden
