@@ -210,6 +210,40 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match(builtin_pair):
         load_drafter("ngram:n=x", verifier)
 
 
+def test_prompt_lookup_reads_its_rounds_from_the_engines_host_copy(builtin_pair):
+    """With `rounds` (the engine's host copy: each row's kept drafts, then the token it emitted) a round reads nothing
+    from the device: `last` and `accepted` on the meta device (no values to read) serve, with the same texts and the
+    same proposals as reading them; the engine's ngram outputs equal a run that reads them (rounds withheld)."""
+    verifier, _ = builtin_pair
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6], [0, 0, 1, 2, 3, 4, 5]])
+    mask = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])
+    host, read = NgramDrafter(vocab_size=20, max_n=3), NgramDrafter(vocab_size=20, max_n=3)
+    for d in (host, read):
+        d.prefill(ids, mask)
+        assert d.propose(torch.tensor([7, 6]), 4, 0, GREEDY).tokens.tolist() == [[8, 9, 5, 6], [6, 6, 6, 6]]
+    read.rollback(torch.tensor([2, 0]))
+    host.rollback(torch.empty(2, dtype=torch.long, device="meta"), rounds=[[8, 9, 5], [6]])
+    assert host.texts == read.texts == [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6]]
+    meta_last = torch.empty(2, dtype=torch.long, device="meta")
+    with pytest.raises(Exception):
+        meta_last.tolist()  # (the meta device has no values: reading them fails)
+    on_meta = host.propose(meta_last, 3, 0, GREEDY)  # (its tokens land on `last`'s device)
+    assert on_meta.tokens.shape == (2, 3) and host._proposed == read.propose(torch.tensor([5, 6]), 3, 0, GREEDY).tokens.tolist()
+    host.select(torch.tensor([1]))
+    read.select(torch.tensor([1]))
+    assert host.texts == read.texts and host._last == [6]
+
+    class Reading(NgramDrafter):
+        host_rounds = False  # the engine withholds `rounds`: the drafter reads `last` and `accepted`
+
+    prompts = ["Sort: 5 3 9 1 5 3 9 1", "What is 12 + 12 + 12?"]
+    kw = dict(method="strict", draft_length=3, max_new_tokens=40, temperature=0.7, seed=2)
+    out = generate(verifier, NgramDrafter(verifier.vocab_size), prompts, **kw)
+    ref = generate(verifier, Reading(verifier.vocab_size), prompts, **kw)
+    assert [r.token_ids for r in out.results] == [r.token_ids for r in ref.results]
+    assert out.stats.drafts_accepted == ref.stats.drafts_accepted > 0
+
+
 def test_prompt_lookup_refuses_rules_that_need_a_real_q(builtin_pair):
     verifier, _ = builtin_pair
     with pytest.raises(ValueError, match="bonus position.*ngram"):

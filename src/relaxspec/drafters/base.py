@@ -5,7 +5,8 @@ The engine talks to every drafter through one small protocol, as transformers' `
     drafter.prefill(ids, mask, hidden)        the prompt, less its last token (left-padded rows)
     drafter.propose(last, n, extra, sample, stop=None)
                                               n tokens per live row (+ `extra` rows of logits)
-    drafter.rollback(accepted, hidden, longest)  keep `last` and the first accepted[b] drafts
+    drafter.rollback(accepted, hidden, longest, rounds=None)
+                                              keep `last` and the first accepted[b] drafts
     drafter.select(rows)                      rows leave the batch
 
 `sample(logits, i)` is the engine's: it draws the token at draft offset i from the engine's
@@ -19,7 +20,9 @@ q = one-hot; it has no loop to stop (its confidence is 1: `stop` never applies t
 drafters name the verifier blocks they read in `hidden_layers` (e.g. (-1,): the last hidden state;
 several: their states concatenated, EAGLE-3's fused features): the engine then hands them those hidden
 states of the prompt and of every verified block. `longest` is accepted.max() when the caller has it on the
-host (the engine does: one copy per round), so a drafter needs no device sync for it.
+host (the engine does: one copy per round), so a drafter needs no device sync for it; a drafter whose work is on
+the host (prompt lookup) sets `host_rounds` and gets `rounds` too: each row's kept drafts, then the token it
+emitted (the next `last`), from that copy.
 
 Kinds: `LMDrafter` (a causal LM sharing the verifier's vocabulary), `NgramDrafter` (prompt
 lookup), and `relaxspec.drafters.mtp.MTPDrafter` (a head on the verifier's hidden states).
@@ -55,6 +58,7 @@ class Drafter:
     hidden_layers: tuple[int, ...] = ()  # verifier blocks whose hidden states prefill/rollback want (concatenated)
     one_hot_q = False  # proposes tokens without a distribution of its own
     max_extra_passes = 1  # drafter rows it can give beyond the N drafts (spec-cont-dec's bonus row)
+    host_rounds = False  # rollback wants `rounds`: each row's round on the host, from the engine's copy
 
     @property
     def needs_hidden(self) -> bool:
@@ -75,7 +79,8 @@ class Drafter:
     def propose(self, last: torch.Tensor, n: int, extra: int, sample, stop=None) -> Proposal:
         raise NotImplementedError
 
-    def rollback(self, accepted: torch.Tensor, hidden: torch.Tensor | None = None, longest: int | None = None) -> None:
+    def rollback(self, accepted: torch.Tensor, hidden: torch.Tensor | None = None, longest: int | None = None,
+                 rounds: list[list[int]] | None = None) -> None:
         raise NotImplementedError
 
     def select(self, rows: torch.Tensor) -> None:
@@ -142,7 +147,7 @@ class LMDrafter(Drafter):
         return Proposal(torch.stack(tokens, dim=1), torch.stack(logits_rows, dim=1),
                         None if probs[0] is None else torch.stack(probs, dim=1), forwards=n + extra)
 
-    def rollback(self, accepted, hidden=None, longest=None) -> None:
+    def rollback(self, accepted, hidden=None, longest=None, rounds=None) -> None:
         # This round appended [catch_up?, last, x_1..x_{n-1}] (+ x_n with the extra pass).
         fed_before, n, extra = self._fed
         drafts_fed = n - 1 + extra
@@ -175,11 +180,13 @@ class NgramDrafter(Drafter):
     occurrence of the row's last k tokens (k = max_n down to min_n) in the prompt and the text so
     far, and propose the tokens that followed it; when they run out, look up again on the text
     extended by the proposal. Nothing found: repeat the last token (free, valid, and right on
-    repetitive text). q is one-hot; no forward passes."""
+    repetitive text). q is one-hot; no forward passes. Its texts are host lists: the engine's host copy of each
+    round (`rounds`) extends them, so a round reads nothing from the device (but `last` in the first one)."""
 
     kind = "ngram"
     one_hot_q = True
     max_extra_passes = 0
+    host_rounds = True
 
     def __init__(self, vocab_size: int, max_n: int = 3, min_n: int = 1, name: str = "ngram"):
         if not 1 <= min_n <= max_n:
@@ -188,6 +195,7 @@ class NgramDrafter(Drafter):
 
     def prefill(self, ids, mask, hidden=None) -> None:
         self.texts = [row[m.bool()].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
+        self._last = None  # each row's `last` on the host, once a rollback's `rounds` gave it
 
     def _continuation(self, text: list[int], want: int) -> list[int]:
         """Up to `want` tokens that followed the most recent earlier match of text's longest suffix."""
@@ -201,7 +209,8 @@ class NgramDrafter(Drafter):
         return []
 
     def propose(self, last, n, extra, sample, stop=None) -> Proposal:
-        self._last = last.tolist()
+        if self._last is None:
+            self._last = last.tolist()
         rows = []
         for text, token in zip(self.texts, self._last):
             context = text + [token]
@@ -214,13 +223,21 @@ class NgramDrafter(Drafter):
         tokens = torch.tensor(rows, dtype=torch.long, device=last.device)
         return Proposal(tokens, one_hot_logits(tokens, self.vocab_size), None, forwards=0)
 
-    def rollback(self, accepted, hidden=None, longest=None) -> None:
-        for text, token, proposal, n in zip(self.texts, self._last, self._proposed, accepted.tolist()):
+    def rollback(self, accepted, hidden=None, longest=None, rounds=None) -> None:
+        if rounds is None:  # (without the host copy: `accepted` read here, and `last` at the next proposal)
+            rounds = [proposal[:n] + [None] for proposal, n in zip(self._proposed, accepted.tolist())]
+        for text, token, row in zip(self.texts, self._last, rounds):
             text.append(token)
-            text.extend(proposal[:n])
+            text.extend(row[:-1])
+        self._last = [row[-1] for row in rounds]
+        if self._last and self._last[0] is None:
+            self._last = None
 
     def select(self, rows) -> None:
-        self.texts = [self.texts[r] for r in rows.tolist()]
+        rows = rows.tolist()
+        self.texts = [self.texts[r] for r in rows]
+        if self._last is not None:
+            self._last = [self._last[r] for r in rows]
 
 
 def parse_ngram(spec: str) -> dict:

@@ -335,7 +335,7 @@ class MTPDrafter(Drafter):
         return full.index_copy_(1, self.draft_vocab, logits)
 
     @inference
-    def rollback(self, accepted, hidden=None, longest=None) -> None:
+    def rollback(self, accepted, hidden=None, longest=None, rounds=None) -> None:
         # Drop the entries made from the head's guesses (a pointer move); queue the accepted drafts' entries with
         # the verifier's features (hidden [B, n+1, k H] of [last, x_1..x_n]) plus the next `last`'s entry,
         # right-aligned so every row's entry for `last` is in the final column.

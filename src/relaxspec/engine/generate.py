@@ -450,9 +450,12 @@ def generate(
             # states of that block when it drafts from them); one row keeps what the host's `longest_kept` says.
             target.invalidate_tail(None if accepted.shape[0] == 1 else accepted + 1, width + 1,
                                    longest=book.longest_kept)
-            drafter.rollback(accepted, hidden if drafter_hidden else None, longest=book.longest_kept - 1)
-        if phases is not None:  # commit each row's emitted tokens to its phase state
-            phases.advance(book.last_round())
+            # (each row's kept drafts and emitted token, from the round's host copy, for what reads them there)
+            round_rows = book.last_round() if phases is not None or drafter.host_rounds else None
+            drafter.rollback(accepted, hidden if drafter_hidden else None, longest=book.longest_kept - 1,
+                             rounds=round_rows if drafter.host_rounds else None)
+            if phases is not None:  # commit each row's emitted tokens to its phase state
+                phases.advance(round_rows)
         if done is not None:
             keep = torch.tensor(done, dtype=torch.long, device=device)
             last = last[keep]
