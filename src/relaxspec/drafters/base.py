@@ -224,14 +224,13 @@ class NgramDrafter(Drafter):
         return Proposal(tokens, one_hot_logits(tokens, self.vocab_size), None, forwards=0)
 
     def rollback(self, accepted, hidden=None, longest=None, rounds=None) -> None:
-        if rounds is None:  # (without the host copy: `accepted` read here, and `last` at the next proposal)
-            rounds = [proposal[:n] + [None] for proposal, n in zip(self._proposed, accepted.tolist())]
-        for text, token, row in zip(self.texts, self._last, rounds):
+        kept = ([row[:-1] for row in rounds] if rounds is not None
+                else [proposal[:n] for proposal, n in zip(self._proposed, accepted.tolist())])
+        for text, token, drafts in zip(self.texts, self._last, kept):
             text.append(token)
-            text.extend(row[:-1])
-        self._last = [row[-1] for row in rounds]
-        if self._last and self._last[0] is None:
-            self._last = None
+            text.extend(drafts)
+        # the next `last`: the emitted tokens, from the host copy (without it, read at the next proposal)
+        self._last = None if rounds is None else [row[-1] for row in rounds]
 
     def select(self, rows) -> None:
         rows = rows.tolist()
