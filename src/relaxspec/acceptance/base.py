@@ -431,10 +431,15 @@ class Rule:
             self._check_input_values(spec, value)
         return value
 
+    @staticmethod
+    def _input_in_range(spec: TensorInput, value: torch.Tensor) -> torch.Tensor:
+        """Where `value` lies in [spec.low, spec.high] (NaN: False), compared in the tensor's dtype."""
+        return (value >= spec.low) & (value <= spec.high)
+
     def _check_input_values(self, spec: TensorInput, value: torch.Tensor) -> None:
         """Every value in [spec.low, spec.high], no NaN (compared in the tensor's dtype). The verify loop's C does
         the same where it reads the input as given (fused.verify_default's `inp_range`)."""
-        if value.numel() and not bool(((value >= spec.low) & (value <= spec.high)).all()):
+        if value.numel() and not bool(self._input_in_range(spec, value).all()):
             raise ValueError(f"rule {self.name!r}: input {spec.name!r} must lie in [{spec.low:g}, {spec.high:g}] "
                              "(NaN not allowed)")
 

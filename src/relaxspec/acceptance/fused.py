@@ -708,13 +708,13 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
                    strict_accept_prob: torch.Tensor | None, u: torch.Tensor, u_token: torch.Tensor,
                    num_drafts: torch.Tensor | None, argmax: bool = False, kernel: RuleKernel | None = None,
                    z: torch.Tensor | None = None, zq: torch.Tensor | None = None, inp: torch.Tensor | None = None,
-                   inp_range: tuple[float, float] = (0.0, 1.0)):
+                   inp_range: tuple[float, float] | None = None):
     """The verify loop in one call for a rule that keeps strict's bonus and residual (or, argmax, takes
     Rule.residual_argmax, or the kernel's rule's own), read from the blocks p [B, N+1, V] and q [B, N, V] (float32
     CPU): `first_rejection` on accept_prob (None: the test computed here, strict's min(1, p(x)/q(x)) at the drafts, or
     `kernel`'s rule's own, from p, q, the raw logits of the verifier, z [B, N+1, V], and of the drafter, zq [B, N or
-    N+1, V], and its input inp [B, N] float32 or None, whose values are checked first to lie in inp_range, NaN refused:
-    InputOutOfRange otherwise), then `finish` with the residual (p - q)+ (argmax: one-hot on
+    N+1, V], and its input inp [B, N] float32 or None, whose values are checked first to lie in inp_range (given with
+    inp), NaN refused: InputOutOfRange otherwise), then `finish` with the residual (p - q)+ (argmax: one-hot on
     argmax p; the kernel's rule's own) at each stopped row's position and the bonus (p, or the kernel's rule's own) at
     its bonus position, the token of row b drawn at u_token[b, n[b]] (float64 [B, N+1], or a column expanded: one
     uniform per row).
@@ -761,12 +761,16 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     return ap, strict_accept_prob, accepted, kept, n, relaxed_only, tokens, last
 
 
-def _kernel_inputs(z: torch.Tensor, zq: torch.Tensor, inp: torch.Tensor | None, inp_range: tuple[float, float]) -> tuple:
+def _kernel_inputs(z: torch.Tensor, zq: torch.Tensor, inp: torch.Tensor | None,
+                   inp_range: tuple[float, float] | None) -> tuple:
     """(rs_verify_default's arguments for a rule's own math: z and zq with their row strides and zq's rows, the
     rule's input with its row stride and range; the tensors they point into, unit stride along their last dimension)."""
+    if inp is not None and inp_range is None:
+        raise ValueError("verify_default: a rule input needs its range (inp_range)")
     z, zq, inp = _rows(z), _rows(zq), None if inp is None else _rows(inp)
     return ((z.data_ptr(), *z.stride()[:2], zq.data_ptr(), *zq.stride()[:2], zq.shape[1],
-             None if inp is None else inp.data_ptr(), 0 if inp is None else inp.stride(0), *inp_range), (z, zq, inp))
+             None if inp is None else inp.data_ptr(), 0 if inp is None else inp.stride(0),
+             *(inp_range or (0.0, 0.0))), (z, zq, inp))
 
 
 _NO_KERNEL_INPUTS = ((None, 0, 0, None, 0, 0, 0, None, 0, 0.0, 0.0), ())  # strict's test reads none

@@ -294,10 +294,9 @@ class VerifyStep:
                     ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob if own_test else None, u,
                     random.token_uniforms(N), num_drafts, argmax=self.block_rows == "argmax", kernel=kernel,
                     z=ctx.target_logits, zq=ctx.draft_logits, inp=inp,
-                    **({} if spec is None else {"inp_range": (spec.low, spec.high)}))
+                    inp_range=None if spec is None else (spec.low, spec.high))
             except fused.InputOutOfRange:
-                rule._check_input_values(spec, params[name])  # (raises the rule's own message)
-                raise
+                raise self.input_error(**params) from None  # (the rule's own message)
             if out is not None:
                 accept_prob, strict, accepted, kept, n, relaxed_only, tokens, last = out
                 return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
@@ -344,8 +343,7 @@ class VerifyStep:
             return None
         ok = None
         for name, spec in self.rule.inputs.items():
-            value = params[name]
-            in_range = ((value >= spec.low) & (value <= spec.high)).all(dim=-1)
+            in_range = self.rule._input_in_range(spec, params[name]).all(dim=-1)
             ok = in_range if ok is None else ok & in_range
         return ok
 
