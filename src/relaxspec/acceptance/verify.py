@@ -338,8 +338,7 @@ class VerifyStep:
         """The rule's tensor inputs' values (Rule._check_input_values): a ValueError now, or with
         `defer_input_checks` the rows whose inputs lie in range (bool [B], not read here; None without inputs)."""
         if not self.defer_input_checks:
-            for name, spec in self.rule.inputs.items():
-                self.rule._check_input_values(spec, params[name])
+            self._check_input_values(params)
             return None
         ok = None
         for name, spec in self.rule.inputs.items():
@@ -351,11 +350,15 @@ class VerifyStep:
         """The error for tensor inputs (given as to the call) of which one lies out of range, with the rule's own
         message: for a caller that found `inputs_ok` False."""
         try:
-            for name, spec in self.rule.inputs.items():
-                self.rule._check_input_values(spec, inputs[name])
+            self._check_input_values(inputs)
         except ValueError as error:
             return error
         return ValueError(f"rule {self.rule.name!r}: an input lies outside its range")
+
+    def _check_input_values(self, inputs: dict) -> None:
+        """A ValueError, with the rule's message, for the first tensor input of `inputs` with a value out of range."""
+        for name, spec in self.rule.inputs.items():
+            self.rule._check_input_values(spec, inputs[name])
 
     def _tests(self, ctx: VerifyContext, params: dict, relax, own_test: bool):
         """(accept_prob, strict_accept_prob) [B, N] by the rule's torch math: strict's where `relax` leaves a
