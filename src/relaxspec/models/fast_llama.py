@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from relaxspec.models import f32_kernels
 from relaxspec.models.device import inference
-from relaxspec.models.quant import Linear
+from relaxspec.models.quant import Int4Codes, Linear, cat_weights
 
 _MASKED = -1e30  # additive mask: finite, so a row with no visible slot (padding) stays NaN-free (capped by the dtype)
 
@@ -82,14 +82,16 @@ class KVCache:
         self.kv = [None if kv is None else kv[rows] for kv in self.kv]
 
 
-def _interleave_rope_pairs(weight: torch.Tensor, heads: int, head_dim: int, inverse: bool = False) -> torch.Tensor:
-    """Rows of a q/k projection reordered per head from [0..D/2-1 | D/2..D-1] to (0, D/2, 1, D/2+1, ...)
-    (`inverse`: back)."""
+def _interleave_rope_pairs(weight, heads: int, head_dim: int, inverse: bool = False):
+    """Rows of a q/k projection (a weight [heads * D, in], its bias [heads * D], or quant.Int4Codes) reordered per
+    head from [0..D/2-1 | D/2..D-1] to (0, D/2, 1, D/2+1, ...) (`inverse`: back)."""
     half = head_dim // 2
-    first = torch.arange(half, device=weight.device)
+    device = weight.codes.device if isinstance(weight, Int4Codes) else weight.device
+    first = torch.arange(half, device=device)
     order = torch.stack([first, first + half], dim=1).reshape(-1)
-    per_head = weight.view(heads, head_dim, -1)[:, order.argsort() if inverse else order]
-    return per_head.reshape(heads * head_dim, -1)
+    order = order.argsort() if inverse else order
+    rows = (torch.arange(heads, device=device)[:, None] * head_dim + order).reshape(-1)
+    return weight[rows]
 
 
 class DecoderLayers:
@@ -103,8 +105,10 @@ class DecoderLayers:
     def __init__(self, layers, heads: int, kv_heads: int, head_dim: int, eps: float, inv_freq: torch.Tensor,
                  rope_scale: float, device: torch.device, weights_dtype: torch.dtype, weight_format: str = "float32"):
         """`layers`: per layer the weights (input norm, q, k, v, o, post-attention norm, gate, up, down) in
-        transformers' layout (q and k rows half-split per head: interleaved here). `weight_format` applies on a
-        CPU; elsewhere the weights keep `weights_dtype`. Every matrix is copied into its format."""
+        transformers' layout (q and k rows half-split per head: interleaved here), optionally followed by the q, k,
+        v biases (Qwen2; None each where absent). A matrix is a tensor or a quant.Int4Codes (a GGUF file's own
+        codes). `weight_format` applies on a CPU (float32, bfloat16, int4, or "auto": Int4Codes kept in int4, every
+        other matrix in bfloat16); elsewhere the weights keep `weights_dtype`. Every matrix is copied into its format."""
         self.num_layers = len(layers)
         self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
         self.device = device
@@ -122,12 +126,24 @@ class DecoderLayers:
         self._scratch = torch.empty(0, dtype=torch.float32, device=device)  # the attention kernel's scores
         self.layers = []
         dt, fmt, kw = self.dtype, self.weight_format, self.linear_options
-        for w_in, q, k, v, o, w_post, gate, up, down in layers:
-            qkv = torch.cat([_interleave_rope_pairs(q, heads, head_dim), _interleave_rope_pairs(k, kv_heads, head_dim),
-                             v], dim=0)
-            self.layers.append((w_in.detach().to(dt), Linear(qkv, fmt, **kw), Linear(o, fmt, **kw),
-                                w_post.detach().to(dt), Linear(torch.cat([gate, up], dim=0), fmt, **kw),
-                                Linear(down, fmt, **kw)))
+        self.qkv_bias: list[torch.Tensor | None] = []  # per layer [q + 2 kv] in the compute dtype, or None
+        for w_in, q, k, v, o, w_post, gate, up, down, *bias in layers:
+            qkv = cat_weights([_interleave_rope_pairs(q, heads, head_dim),
+                               _interleave_rope_pairs(k, kv_heads, head_dim), v])
+            self.layers.append((w_in.detach().to(dt), self._linear(qkv), self._linear(o), w_post.detach().to(dt),
+                                self._linear(cat_weights([gate, up])), self._linear(down)))
+            bq, bk, bv = bias[0] if bias and bias[0] is not None else (None, None, None)
+            self.qkv_bias.append(None if bq is None else torch.cat([
+                _interleave_rope_pairs(bq.detach(), heads, head_dim), _interleave_rope_pairs(bk.detach(), kv_heads,
+                                                                                             head_dim),
+                bv.detach()]).to(device=device, dtype=dt))
+
+    def _linear(self, weight) -> Linear:
+        """A matrix in the layers' format ("auto": a GGUF file's own 4-bit codes in int4, anything else in bfloat16)."""
+        fmt = self.weight_format
+        if fmt == "auto":
+            fmt = "int4" if isinstance(weight, Int4Codes) else "bfloat16"
+        return Linear(weight, fmt, **self.linear_options)
 
     def new_cache(self) -> KVCache:
         return KVCache(self.num_layers)
@@ -207,7 +223,10 @@ class DecoderLayers:
         bias = self._attention_bias(attention_mask, past, B, T)
         hidden = {}
         for i, (w_in, qkv_proj, o_proj, w_post, gate_up_proj, down_proj) in enumerate(self.layers):
-            queries, kv = self._rope_and_cache(qkv_proj(self._rms_norm(x, w_in)), rotation, cache, i, past, B, T)
+            qkv = qkv_proj(self._rms_norm(x, w_in))
+            if self.qkv_bias[i] is not None:
+                qkv.add_(self.qkv_bias[i])
+            queries, kv = self._rope_and_cache(qkv, rotation, cache, i, past, B, T)
             x = o_proj(self._attention(queries, kv, bias, B, T), residual=x)
             gate, up = gate_up_proj(self._rms_norm(x, w_post)).chunk(2, dim=-1)
             x = down_proj(F.silu(gate) * up, residual=x)
@@ -218,31 +237,44 @@ class DecoderLayers:
 
 
 class FastLlama(DecoderLayers):
-    SUPPORTED = ("LlamaForCausalLM",)
+    """Llama and Qwen2 (q/k/v biases, an untied head) decoders run lean."""
 
-    def __init__(self, model, weight_format: str = "float32"):
-        """`weight_format` (float32, bfloat16, int4) applies on a CPU; elsewhere the weights keep their dtype.
-        The transformers model's linear weights are copied (its own stay usable: `release_weights` drops them,
-        `linear_weights` reads them back)."""
+    SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+
+    def __init__(self, model, weight_format: str = "float32", source=None):
+        """`weight_format` (float32, bfloat16, int4; "auto" with `source`) applies on a CPU; elsewhere the weights
+        keep their dtype. The transformers model's linear weights are copied (its own stay usable:
+        `release_weights` drops them, `linear_weights` reads them back). `source(name)`: the weight of that
+        transformers state_dict name (a tensor or a quant.Int4Codes), read one at a time (a GGUF file's tensors,
+        models/gguf_weights.py); default: the model's own parameters."""
         cfg = model.config
         inner = model.model
         rotary = inner.rotary_emb
-        self.embed = inner.embed_tokens.weight
+        if source is None:
+            params = dict(model.named_parameters())
+            source = params.get
+        self.embed = source("model.embed_tokens.weight")
         self.num_parameters = sum(p.numel() for p in model.parameters())
         weights = []
-        for layer in inner.layers:
-            a, m = layer.self_attn, layer.mlp
-            if any(getattr(p, "bias", None) is not None for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj)):
-                raise ValueError("FastLlama does not support attention biases")
-            weights.append((layer.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight,
-                            a.o_proj.weight, layer.post_attention_layernorm.weight, m.gate_proj.weight,
-                            m.up_proj.weight, m.down_proj.weight))
+        for i, layer in enumerate(inner.layers):
+            a = layer.self_attn
+            if getattr(a.o_proj, "bias", None) is not None or getattr(cfg, "mlp_bias", False):
+                raise ValueError("FastLlama supports q/k/v biases only (not the output projection's or the MLP's)")
+            name = f"model.layers.{i}."
+            w = [source(name + n + ".weight") for n in ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                                                         "self_attn.v_proj", "self_attn.o_proj",
+                                                         "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
+                                                         "mlp.down_proj")]
+            bias = tuple(source(name + f"self_attn.{n}_proj.bias") if getattr(a, f"{n}_proj").bias is not None
+                         else None for n in "qkv")
+            weights.append((*w, bias if bias[0] is not None else None))
         super().__init__(weights, cfg.num_attention_heads, cfg.num_key_value_heads,
                          getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
                          cfg.rms_norm_eps, rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)),
                          self.embed.device, self.embed.dtype, weight_format)
-        self.final_norm = inner.norm.weight.detach().to(self.dtype)
-        self.lm_head = Linear(model.lm_head.weight, self.weight_format, **self.linear_options)
+        self.final_norm = source("model.norm.weight").detach().to(self.dtype)
+        head = self.embed if getattr(cfg, "tie_word_embeddings", False) else source("lm_head.weight")
+        self.lm_head = self._linear(head)
 
     _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                 "mlp.up_proj", "mlp.down_proj")
@@ -259,10 +291,11 @@ class FastLlama(DecoderLayers):
                 linear.weight = torch.nn.Parameter(linear.weight.new_empty((0, linear.in_features)),
                                                    requires_grad=False)
 
-    def linear_weights(self) -> dict[str, torch.Tensor]:
+    def linear_weights(self, head: bool = False) -> dict[str, torch.Tensor]:
         """The decoder layers' linear weights under the transformers model's state_dict names, in float32, read
-        back from the copies it multiplies by (`quant.Linear.dense`: exact in float32 and bfloat16)."""
-        out = {}
+        back from the copies it multiplies by (`quant.Linear.dense`: exact in float32 and bfloat16); `head`: the
+        LM head's too (a model loaded from a GGUF file keeps no other copy of it)."""
+        out = {"lm_head.weight": self.lm_head.dense()} if head else {}
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for i, (_, qkv, o, _, gate_up, down) in enumerate(self.layers):
             w = qkv.dense()

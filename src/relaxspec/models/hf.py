@@ -96,7 +96,7 @@ class CausalLM:
         state = self.model.state_dict()
         released = [name for name, t in state.items() if t.numel() == 0]
         if released and self.fast is not None:
-            dense = self.fast.linear_weights()
+            dense = self.fast.linear_weights(head="lm_head.weight" in released)
             state.update({name: dense[name] for name in released if name in dense})
         return state
 

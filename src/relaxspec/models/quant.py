@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from relaxspec.models import f32_kernels, int4_block
+from relaxspec.native import enabled as native_enabled
 
 FORMATS = ("float32", "bfloat16", "int4")
 GROUP_SIZE = 32
@@ -77,6 +78,38 @@ def dequantize_int4(codes: torch.Tensor, scale_zero: torch.Tensor, group_size: i
     return groups.reshape(out_features, in_features)
 
 
+class Int4Codes:
+    """A weight already in the int4 form (a GGUF file's own 4-bit codes, models/gguf_weights.py): codes [out, in]
+    (uint8, 0..15) and (scale, zero) [in / group, out, 2] (bfloat16), w = (q - 8) * scale + zero. `Linear` stores
+    it as it is in the int4 format (no re-quantization) and dequantizes it for any other format."""
+
+    def __init__(self, codes: torch.Tensor, scale_zero: torch.Tensor):
+        self.codes, self.scale_zero = codes, scale_zero
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    def dense(self) -> torch.Tensor:
+        return dequantize_int4(self.codes, self.scale_zero, self.codes.shape[1] // self.scale_zero.shape[0])
+
+    def __getitem__(self, rows) -> "Int4Codes":
+        """The weight's output rows `rows` (an index tensor or a slice)."""
+        return Int4Codes(self.codes[rows], self.scale_zero[:, rows])
+
+    @staticmethod
+    def cat(parts: list) -> "Int4Codes":
+        """Weights stacked along their outputs (as torch.cat(dim=0) of the dense weights)."""
+        return Int4Codes(torch.cat([p.codes for p in parts]), torch.cat([p.scale_zero for p in parts], dim=1))
+
+
+def cat_weights(parts: list):
+    """Weights stacked along their outputs: Int4Codes when every part is one (the codes kept), else float32."""
+    if all(isinstance(p, Int4Codes) for p in parts):
+        return Int4Codes.cat(parts)
+    return torch.cat([p.dense() if isinstance(p, Int4Codes) else p.detach().float() for p in parts])
+
+
 class Linear:
     """x [M, in] (float32) @ W^T for one weight W [out, in] stored once in a format; float32 out [M, out].
     On a device other than the CPU (formats float32 / bfloat16 / float16 only) W^T is kept in that dtype and
@@ -88,6 +121,11 @@ class Linear:
         itself (the compiled step: inductor picks the kernel). `int4_impl`: the int4 kernel, "block"
         (models/int4_block.py; where it cannot be built, aten with one warning line) or "aten"; "auto": the
         environment's RELAXSPEC_INT4_KERNEL if set, else block (groups of 32)."""
+        codes = None
+        if isinstance(weight, Int4Codes):  # the int4 form already: kept as it is in int4, else dequantized
+            if fmt == "int4" and weight.codes.shape[1] // weight.scale_zero.shape[0] == group_size:
+                codes = weight
+            weight = weight.codes if codes is not None else weight.dense()
         weight = weight.detach()
         self.format, self.shape, self.group_size = fmt, tuple(weight.shape), group_size
         self.packed = self.t = self.w = self.scale_zero = self.block = self.tiles = self.native = None
@@ -100,12 +138,18 @@ class Linear:
                 raise ValueError(f"cannot store a weight {list(weight.shape)} as int4: {problem}")
             if int4_impl == "auto":
                 int4_impl = os.environ.get("RELAXSPEC_INT4_KERNEL", "block")
-            if int4_impl == "block" and group_size == int4_block.GROUP and int4_block.kernel() is not None:
-                self.block = int4_block.pack(*quantize_int4(weight, group_size))
+            if (int4_impl == "block" and group_size == int4_block.GROUP and native_enabled()
+                    and int4_block.kernel() is not None):
+                self.block = int4_block.pack(*((codes.codes, codes.scale_zero) if codes is not None
+                                               else quantize_int4(weight, group_size)))
                 return
             pad = -weight.shape[0] % INT4_OUT_MULTIPLE
-            codes, self.scale_zero = quantize_int4(F.pad(weight.float(), (0, 0, 0, pad)), group_size)
-            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
+            if codes is not None:  # padding rows: codes 0, scale and zero 0 (outputs sliced off)
+                q, self.scale_zero = codes.codes.to(torch.int32), F.pad(codes.scale_zero, (0, 0, 0, pad))
+                q = F.pad(q, (0, 0, 0, pad))
+            else:
+                q, self.scale_zero = quantize_int4(F.pad(weight.float(), (0, 0, 0, pad)), group_size)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
         elif transposed:
             self.t = weight.to(_DTYPES[fmt]).t().contiguous()
         elif fmt == "bfloat16" and cpu:
