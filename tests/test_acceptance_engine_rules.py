@@ -106,28 +106,37 @@ class FixedDraws(Draws):
 # ---------------------------------------------------------------- threshold (SGLang)
 
 
-@pytest.mark.parametrize("single,acc", [(1.0, 1.0), (0.3, 1.0), (1.0, 0.4), (0.05, 0.2), (1e-9, 1e-9)])
+@pytest.mark.parametrize("single,acc", [(1.0, 1.0), (0.3, 1.0), (1.0, 0.4), (0.05, 0.2), (1e-9, 1e-9), (0.0, 0.0),
+                                        (1.0, 0.0), (0.0, 1.0)])
 def test_threshold_matches_the_sglang_chain_kernel(single, acc):
-    """Hand-made processed p (temperature 1, no top-k: the logits are log p) and drafts; uniforms away from the
-    decision boundaries (SGLang accepts on coin <= ratio, the shared loop on u < ratio)."""
+    """Hand-made p (temperature 1, no top-k: the logits are log p; the kernel is given the processed p) and drafts;
+    a third of the uniforms exactly at the decision boundary p(x)/acc, where SGLang accepts (coin <= ratio), and so
+    does the rule (the shared loop's u < accept_prob, with accept_prob the next float above the ratio)."""
     p = torch.tensor([[0.50, 0.25, 0.15, 0.07, 0.03],
                       [0.05, 0.60, 0.20, 0.10, 0.05],
                       [0.40, 0.30, 0.20, 0.06, 0.04],
                       [0.10, 0.10, 0.10, 0.20, 0.50]], dtype=torch.float64)
-    B, N = 64, 3
+    B, N = 96, 3
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 5, (B, N), generator=g)
     coins = torch.rand(B, N, generator=g, dtype=torch.float64) * 0.98 + 0.01
-    final = torch.rand(B, generator=g, dtype=torch.float64)
     target = p.log().expand(B, N + 1, 5).clone()
+    processed = process_logits(target[0])  # [N+1, V], float64
+    ratio = processed[:N].gather(-1, x.T).T / max(acc, 1e-9)  # [B, N]: position j reads row j on a chain
+    at_tie = (torch.arange(B) % 3 == 0).unsqueeze(1) & (ratio < 1)
+    coins = torch.where(at_tie, ratio, coins)
+    final = torch.rand(B, generator=g, dtype=torch.float64)
     draft = torch.randn(B, N, 5, generator=g, dtype=torch.float64)  # never read
     res = verify("threshold", target, draft, x, random=FixedDraws(coins, final), single=single, acc=acc)
+    ties_decided = 0
     for b in range(B):
-        want_acc, want_token = sglang_chain(p.tolist(), x[b].tolist(), coins[b].tolist(), float(final[b]),
+        want_acc, want_token = sglang_chain(processed.tolist(), x[b].tolist(), coins[b].tolist(), float(final[b]),
                                             single, acc)
         n = int(res.num_accepted[b])
         assert res.tokens[b, :n].tolist() == want_acc, b
         assert int(res.tokens[b, n]) == want_token, b
+        ties_decided += bool(at_tie[b, :min(n + 1, N)].any())
+    assert ties_decided > 10 or not at_tie.any()  # (acc <= 1e-9: every ratio >= 1, no tie to meet)
 
 
 def test_threshold_at_one_one_is_lossless_though_not_strict():
@@ -145,12 +154,18 @@ def test_threshold_at_one_one_is_lossless_though_not_strict():
 
 
 def test_threshold_ignores_the_drafter_and_equals_strict_for_a_one_hot_q():
+    """With q one-hot on the draft strict accepts u < p(x), threshold (1, 1) u <= p(x): the same tokens but where a
+    uniform equals p(x) (none here), and accept_prob the next float above strict's (0 and 1 kept)."""
     target, _ = random_block(seed=61, B=2000, N=3, V=10)
     x = torch.randint(0, 10, (2000, 3), generator=torch.Generator().manual_seed(1))
     one_hot = torch.full((2000, 3, 10), -math.inf).scatter(-1, x.unsqueeze(-1), 0.0)
     a = verify("threshold", target, one_hot, x, generator=torch.Generator().manual_seed(2))
     b = verify("strict", target, one_hot, x, generator=torch.Generator().manual_seed(2))
-    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.accept_prob, b.accept_prob)
+    assert torch.equal(a.tokens, b.tokens)
+    inside = (b.accept_prob > 0) & (b.accept_prob < 1)
+    assert torch.equal(a.accept_prob, torch.where(inside, b.accept_prob.nextafter(torch.tensor(2.0)), b.accept_prob))
+    other = verify("threshold", target, torch.randn(2000, 3, 10), x, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(a.tokens, other.tokens)  # (q never read)
 
 
 # ---------------------------------------------------------------- topk-delta (TensorRT-LLM), topk-ratio (vLLM PR)

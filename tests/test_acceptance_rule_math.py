@@ -117,9 +117,16 @@ REFERENCES = {
     "spec-casc-opt": (lambda pos, alpha: ref_accept_or_strict(
         pos.q.amax(dim=-1) >= pos.p.amax(dim=-1) - alpha * (pos.p - pos.q).clamp_min(0.0).sum(dim=-1),
         pos.p_x, pos.q_x), None, None),
-    "threshold": (lambda pos, single, acc: torch.where(pos.p_x >= single, 1.0, (pos.p_x / acc).clamp(max=1.0)),
-                  None, None),
+    "threshold": (lambda pos, single, acc: ref_threshold(pos.p_x, single, acc), None, None),
 }
+
+
+def ref_threshold(p_x, single, acc):
+    """SGLang's test, u <= p(x)/max(acc, 1e-9) or p(x) >= single, as the bound the loop compares u < with: the next
+    float above the ratio (1 at or above 1), 0 for p(x) = 0 (never accepted by the ratio)."""
+    ratio = p_x / max(acc, 1e-9)
+    bound = torch.where(ratio < 1.0, torch.nextafter(ratio, torch.full_like(ratio, 2.0)), torch.ones_like(ratio))
+    return torch.where(p_x >= single, torch.ones_like(p_x), torch.where(p_x > 0, bound, torch.zeros_like(p_x)))
 
 # settings per rule: the defaults, the grid, the strict setting and extremes
 SETTINGS = {
@@ -132,7 +139,8 @@ SETTINGS = {
     "r-fuzzy": [dict(threshold=t) for t in (0.0, 0.05, 0.2, 0.3, 1.0)],
     "fuzzy": [dict(threshold=t) for t in (0.0, 0.2, 1.0)],
     "spec-casc-opt": [dict(alpha=a) for a in (-0.1, 0.0, 0.05, 3.0)],
-    "threshold": [dict(single=s, acc=a) for s, a in ((1.0, 1.0), (0.01, 1.0), (0.3, 0.5), (1.0, 1e-3))],
+    "threshold": [dict(single=s, acc=a) for s, a in ((1.0, 1.0), (0.01, 1.0), (0.3, 0.5), (1.0, 1e-3), (0.0, 1.0),
+                                                     (1.0, 0.0), (0.0, 0.0), (1.0, 1e-12))],
 }
 
 SAMPLINGS = {

@@ -90,7 +90,9 @@ def test_shape_checks():
     raises(r"draft_tokens must be an int64 or int32 tensor", "strict", t, d, x.float())
     raises(r"draft_tokens must be an int64 or int32 tensor", "strict", t, d, x.tolist())
     raises(r"draft_tokens must lie in \[0, V\) = \[0, 5\)", "strict", t, d, torch.full((B, N), V))
-    raises(r"draft_tokens must lie in", "strict", t, d, torch.full((B, N), -1))
+    raises(r"draft_tokens must lie in \[0, V\) = \[0, 5\), or be -1", "strict", t, d, torch.full((B, N), -2))
+    raises(r"draft_tokens must lie in \[0, V\) = \[0, 5\)$", "strict", t, d, torch.full((B, N), -1), fn=relaxed_targets)
+    assert verify("strict", t, d, torch.full((B, N), -1)).num_accepted.tolist() == [0] * B  # (-1: no draft)
     raises(r"target_logits must be a floating-point tensor", "strict", t.long(), d, x)
     raises(r"target_logits must be a torch.Tensor", "strict", t.tolist(), d, x)
     # The extra drafter row at the bonus position is accepted by every rule.
@@ -153,6 +155,12 @@ def test_draft_probs_given_are_used_as_q_and_checked():
     uniform = torch.full_like(q, 1.0 / V)  # a different q must change the acceptance test
     other = verify("strict", t, d, x, generator=torch.Generator().manual_seed(1), draft_probs=uniform, **sampling)
     assert not torch.allclose(other.accept_prob, plain.accept_prob)
-    raises(r"draft_probs must be a tensor \[B, N, V\] = \[3, 2, 5\], got \[3, 5\]", "strict", t, d, x,
-           draft_probs=q[:, 0])
-    raises(r"draft_probs must be a tensor", "strict", t, d, x, draft_probs=q[:, 0], temperature=0.0)  # greedy path too
+    raises(r"draft_probs must be a floating-point tensor \[B, N, V\] = \[3, 2, 5\], got torch.float32 \[3, 5\]",
+           "strict", t, d, x, draft_probs=q[:, 0])
+    raises(r"draft_probs must be a floating-point tensor", "strict", t, d, x, draft_probs=q[:, 0],
+           temperature=0.0)  # greedy path too
+    raises(r"draft_probs must be a floating-point tensor \[B, N, V\] = \[3, 2, 5\], got torch.int64",
+           "strict", t, d, x, draft_probs=q.long())
+    raises(r"draft_probs must be distributions: row \[1, 0\] sums to 0, not 1", "strict", t, d, x,
+           draft_probs=q.index_fill(0, torch.tensor([1]), 0.0), temperature=0.0)
+    raises(r"draft_probs must be probabilities: finite and >= 0", "strict", t, d, x, draft_probs=-q)

@@ -167,7 +167,8 @@ SETTINGS = {  # each NATIVE rule's edges and grid
     "r-fuzzy": [dict(threshold=t) for t in (0.0, 0.05, 0.3, 0.7)],
     "spec-casc-opt": [dict(alpha=a) for a in (-1.0, -0.1, 0.0, 0.05, 2.0)],
     "ensemble": [dict(weight=w) for w in (0.0, 0.5, 0.9, 1.0)],
-    "threshold": [dict(single=s_, acc=a) for s_, a in ((1.0, 1.0), (0.01, 1.0), (0.3, 0.5), (1e-6, 1e-6))],
+    "threshold": [dict(single=s_, acc=a) for s_, a in ((1.0, 1.0), (0.01, 1.0), (0.3, 0.5), (1e-6, 1e-6), (0.0, 1.0),
+                                                       (1.0, 0.0), (0.0, 0.0), (1.0, 1e-12))],
     "pad": [dict(threshold=t, min_prob=m, floor=f) for t, m, f in (
         (0.0, 1e-4, "classifier"), (0.5, 1e-4, "classifier"), (1.0, 0.0, "classifier"), (0.7, 0.05, "classifier"),
         (0.5, 1e-4, "authors"), (0.3, 0.05, "authors"), (1.0, 0.0, "authors"))],

@@ -248,9 +248,11 @@ def check_sampling_args(temperature, top_k, top_p) -> None:
             raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
 
 
-def check_logits(name: str, logits) -> None:
+def check_logits(name: str, logits, masked_rows: bool = False) -> torch.Tensor | None:
     """Floating tensor; NaN and +inf are errors, -inf (masked tokens) is allowed,
-    but every row needs at least one finite logit."""
+    but every row needs at least one finite logit. masked_rows: rows where every logit is -inf are
+    returned instead (bool over the rows, None where there are none), for a caller that reads only some
+    rows (`verify`: the rows after a draft rejected for sure)."""
     if not isinstance(logits, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
     if not logits.is_floating_point():
@@ -259,9 +261,11 @@ def check_logits(name: str, logits) -> None:
         raise ValueError(f"{name} is empty (shape {tuple(logits.shape)})")
     row_max = logits.amax(dim=-1)  # one pass: amax propagates NaN and +inf
     if bool(torch.isfinite(row_max).all()):  # the common case costs one check
-        return
+        return None
     if torch.isnan(row_max).any():
         raise ValueError(f"{name} contains NaN (only -inf is allowed, for masked tokens)")
     if torch.isposinf(row_max).any():
         raise ValueError(f"{name} contains +inf (only -inf is allowed, for masked tokens)")
+    if masked_rows:
+        return torch.isneginf(row_max)
     raise ValueError(f"{name} has a row where every logit is -inf (no token left to sample)")

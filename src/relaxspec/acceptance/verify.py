@@ -40,6 +40,7 @@ from relaxspec.acceptance.random import ACCEPT, TOKEN, CounterDraws, Draws, Gene
 from relaxspec.acceptance.processing import (
     as_float,
     capped_ratio,
+    cdf_dtype,
     check_logits,
     check_sampling_args,
     is_greedy,
@@ -95,9 +96,40 @@ def _context(target_logits, draft_logits, draft_tokens, draft_probs, **sampling)
     )
 
 
+# A draft id that stands for "no draft here" in a padded batch (vLLM's PLACEHOLDER_TOKEN_ID): `verify` reads a row's
+# first -1 as the end of its drafts, as num_drafts says.
+PLACEHOLDER = -1
+# How far from 1 a proposed row of draft_probs may sum: float32 rounding of a softmax over any vocabulary is far below
+# 1e-3 (which moves min(1, p(x)/q(x)) by 0.1% at most); a row missing more mass is not the drafter's distribution (a
+# row cut by top-k and not renormalised, logits, a slice). Half / bfloat16 rows round each value by up to 2^-9.
+DRAFT_PROBS_TOLERANCE = 1e-3
+DRAFT_PROBS_TOLERANCE_16BIT = 1e-2
+
+
+@dataclass
+class _Block:
+    """What `_check_block` found: N, the rows of target_logits / draft_logits where every logit is -inf (bool [B, rows],
+    None for none; `verify` allows those it does not read) and whether a draft id is -1 (`verify` only)."""
+
+    num_drafts: int
+    masked_target: torch.Tensor | None = None
+    masked_draft: torch.Tensor | None = None
+    placeholder: bool = False
+
+
 def check_block(target_logits, draft_logits, draft_tokens, draft_probs=None) -> int:
-    """N, the number of drafts of a well-formed verify block; ValueError naming what is wrong otherwise."""
-    check_logits("target_logits", target_logits)
+    """N, the number of drafts of a well-formed verify block; ValueError naming what is wrong otherwise (every row
+    is read: no row of -inf logits, no -1 draft, every row of draft_probs a distribution)."""
+    N = _check_block(target_logits, draft_logits, draft_tokens, draft_probs, direct=False).num_drafts
+    if draft_probs is not None:
+        _check_draft_probs_mass(draft_probs, None)
+    return N
+
+
+def _check_block(target_logits, draft_logits, draft_tokens, draft_probs, direct: bool) -> _Block:
+    """check_block's checks; direct (`verify`): rows of -inf logits and -1 drafts are returned, not refused, and
+    draft_probs' mass is left to `_check_draft_probs_mass` (which reads only the rows a draft is proposed at)."""
+    masked_target = check_logits("target_logits", target_logits, masked_rows=direct)
     if not isinstance(draft_logits, torch.Tensor):
         raise ValueError(f"draft_logits must be a torch.Tensor, got {type(draft_logits).__name__}")
     if target_logits.dim() != 3:
@@ -124,7 +156,7 @@ def check_block(target_logits, draft_logits, draft_tokens, draft_probs=None) -> 
             f"draft_logits must have shape [B, N, V] or [B, N+1, V] = [{B}, {N}(+1), {V}] to match "
             f"target_logits {list(target_logits.shape)}, got {list(draft_logits.shape)}"
         )
-    check_logits("draft_logits", draft_logits)
+    masked_draft = check_logits("draft_logits", draft_logits, masked_rows=direct)
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in (torch.long, torch.int32):
         got = draft_tokens.dtype if isinstance(draft_tokens, torch.Tensor) else type(draft_tokens).__name__
         raise ValueError(f"draft_tokens must be an int64 or int32 tensor [B, N], got {got}")
@@ -133,22 +165,86 @@ def check_block(target_logits, draft_logits, draft_tokens, draft_probs=None) -> 
             f"draft_tokens must have shape [B, N] = [{B}, {N}] to match target_logits "
             f"{list(target_logits.shape)}, got {list(draft_tokens.shape)}"
         )
-    devices = {target_logits.device, draft_logits.device, draft_tokens.device}
-    if len(devices) > 1:
-        raise ValueError(f"target_logits, draft_logits and draft_tokens are on different devices: {devices}")
-    lowest, highest = draft_tokens.aminmax()
-    if lowest < 0 or highest >= V:
-        raise ValueError(f"draft_tokens must lie in [0, V) = [0, {V})")
-    if draft_probs is not None and (not isinstance(draft_probs, torch.Tensor)
+    if draft_probs is not None and (not isinstance(draft_probs, torch.Tensor) or not draft_probs.is_floating_point()
                                     or tuple(draft_probs.shape) != (B, N, V)):
-        got = list(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
-        raise ValueError(f"draft_probs must be a tensor [B, N, V] = [{B}, {N}, {V}], got {got}")
+        got = (f"{draft_probs.dtype} {list(draft_probs.shape)}" if isinstance(draft_probs, torch.Tensor)
+               else type(draft_probs).__name__)
+        raise ValueError(f"draft_probs must be a floating-point tensor [B, N, V] = [{B}, {N}, {V}], got {got}")
+    devices = {target_logits.device, draft_logits.device, draft_tokens.device}
+    devices |= set() if draft_probs is None else {draft_probs.device}
+    if len(devices) > 1:
+        raise ValueError(f"target_logits, draft_logits, draft_tokens (and draft_probs) are on different devices: "
+                         f"{devices}")
+    lowest, highest = (int(v) for v in draft_tokens.aminmax())
+    if highest >= V or lowest < (PLACEHOLDER if direct else 0):
+        raise ValueError(f"draft_tokens must lie in [0, V) = [0, {V})"
+                         + (", or be -1 (no draft: the row's drafts end at its first -1)" if direct else ""))
     if draft_probs is not None:
         if not bool(torch.isfinite(draft_probs).all()) or bool((draft_probs < 0).any()):
             raise ValueError("draft_probs must be probabilities: finite and >= 0 (got NaN, inf or a negative value)")
-        if bool((draft_probs.sum(-1) <= 0).any()):
-            raise ValueError("draft_probs must be distributions: a row sums to 0 (every token has probability 0)")
-    return N
+    return _Block(N, masked_target, masked_draft, placeholder=lowest == PLACEHOLDER)
+
+
+def _check_draft_probs_mass(draft_probs: torch.Tensor, num_drafts: torch.Tensor | None) -> None:
+    """Each row of draft_probs [B, N, V] a draft is proposed at (every row, or the first num_drafts[b] of row b) sums
+    to 1 within DRAFT_PROBS_TOLERANCE; a ValueError naming the first that does not. Padding rows are not read."""
+    tolerance = (DRAFT_PROBS_TOLERANCE_16BIT if draft_probs.dtype in (torch.float16, torch.bfloat16)
+                 else DRAFT_PROBS_TOLERANCE)
+    mass = draft_probs.sum(dim=-1, dtype=cdf_dtype(draft_probs.device))
+    off = (mass - 1.0).abs() > tolerance
+    if num_drafts is not None:
+        off &= cached_arange(off.shape[1], off.device) < num_drafts.unsqueeze(1)
+    if bool(off.any()):
+        b, i = off.nonzero()[0].tolist()
+        raise ValueError(f"draft_probs must be distributions: row [{b}, {i}] sums to {float(mass[b, i]):.6g}, not 1 "
+                         f"(within {tolerance:g}); pass the drafter's processed probabilities (process_logits), "
+                         f"renormalised after any top-k / top-p cut")
+
+
+def _placeholder_rows(draft_tokens: torch.Tensor, num_drafts: torch.Tensor | None):
+    """(draft_tokens with each -1 read as token 0, never proposed; num_drafts [B]: each row's drafts end at its first
+    -1, or at num_drafts[b] if that comes first); a ValueError for a draft after a -1 in its row."""
+    N = draft_tokens.shape[1]
+    empty = draft_tokens == PLACEHOLDER
+    if bool((empty.cumsum(dim=1).bool() & ~empty).any()):
+        raise ValueError("draft_tokens: a -1 (no draft) must be followed by -1 only in its row "
+                         "(the row's drafts end at its first -1; num_drafts says the same)")
+    ends = torch.where(empty, cached_arange(N, draft_tokens.device), N).amin(dim=1)
+    num_drafts = ends if num_drafts is None else torch.minimum(num_drafts, ends)
+    return draft_tokens.clamp(min=0), num_drafts
+
+
+def _without_masked_rows(logits: torch.Tensor, masked: torch.Tensor | None) -> torch.Tensor:
+    """logits with each row where every logit is -inf set to 0 (any finite row would do: `verify` refuses the block
+    after the step if the step may have read one)."""
+    return logits if masked is None else logits.masked_fill(masked.unsqueeze(-1), 0.0)
+
+
+def _check_masked_rows_unread(result: VerifyResult, block: _Block, num_drafts, extra_draft_passes: int) -> None:
+    """A ValueError if the step may have read a row where every logit is -inf: position j of row b is reached unless a
+    draft before it is rejected for sure (accept_prob 0) or j is past the row's bonus position (num_drafts[b]); there
+    the verifier's row j is read, the drafter's row j if j is a draft position, or if it is the bonus position of a rule
+    that reads the drafter's bonus-position row (extra_draft_passes)."""
+    accept_prob = result.accept_prob
+    B, N = accept_prob.shape
+    ends = torch.full((B,), N, device=accept_prob.device) if num_drafts is None else num_drafts
+    positions = cached_arange(N + 1, accept_prob.device)
+    open_before = torch.cat([torch.ones(B, 1, dtype=torch.bool, device=accept_prob.device),
+                             (accept_prob > 0).cumprod(dim=1).bool()], dim=1)
+    reached = open_before & (positions <= ends.unsqueeze(1))  # [B, N+1]
+    draft_read = reached & (positions < ends.unsqueeze(1))
+    if extra_draft_passes:
+        draft_read |= reached & (positions == ends.unsqueeze(1))
+    for name, masked, read in (("target_logits", block.masked_target, reached),
+                               ("draft_logits", block.masked_draft, draft_read)):
+        if masked is None:
+            continue
+        hit = masked & read[:, :masked.shape[1]]
+        if bool(hit.any()):
+            b, j = hit.nonzero()[0].tolist()
+            raise ValueError(f"{name} has a row where every logit is -inf ([{b}, {j}]) that the verify step may read "
+                             f"(every draft before it may be accepted); such a row is allowed only after a draft "
+                             f"rejected for sure or past the row's last draft (num_drafts, -1)")
 
 
 def verify(
@@ -170,12 +266,16 @@ def verify(
 ) -> VerifyResult:
     """Verify a block of drafts with acceptance rule `method` (see `RULES`).
 
+    The whole input contract (shapes, dtypes, ranges, padding, what is refused): docs/verify.md.
     target_logits [B, N+1, V] (N draft positions + bonus), draft_logits [B, N, V]
     (or [B, N+1, V] with the drafter's bonus-position row; required by rules with
-    `extra_draft_passes`, ignored by the others), draft_tokens int64 or int32 [B, N]; params are the
-    rule's own. draft_probs [B, N, V]: the drafter's processed distributions, when the caller has
-    them already (they are then not recomputed from draft_logits; they must be what
-    `process_logits` gives on them). greedy: at a greedy temperature, "rule" (default) applies the
+    `extra_draft_passes`, ignored by the others): a row where every logit is -inf is allowed only where the
+    step cannot read it (after a draft rejected for sure, past a row's last draft); draft_tokens int64 or
+    int32 [B, N] in [0, V), or -1 (vLLM's placeholder: "no draft here"; a row's drafts end at its first -1,
+    as num_drafts says); params are the rule's own. draft_probs [B, N, V]: the drafter's processed
+    distributions, when the caller has them already (they are then not recomputed from draft_logits; they
+    must be what `process_logits` gives on them: each row a draft is proposed at sums to 1 within 1e-3,
+    1e-2 for half / bfloat16). greedy: at a greedy temperature, "rule" (default) applies the
     rule to one-hot p and q; "strict" makes every rule strict argmax matching (the reference's
     behaviour).
     random: where the acceptance uniforms and the residual/bonus sample come from (a `Draws`,
@@ -195,7 +295,8 @@ def verify(
         raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     step = VerifyStep(method, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, **{
         name: value for name, value in params.items() if name not in get_rule(method).inputs})
-    N = check_block(target_logits, draft_logits, draft_tokens, draft_probs)
+    block = _check_block(target_logits, draft_logits, draft_tokens, draft_probs, direct=True)
+    N = block.num_drafts
     inputs = {name: value for name, value in params.items() if name in step.rule.inputs}
     step.rule.validate({**step.params, **inputs}, batch_shape=tuple(draft_tokens.shape),
                        draft_rows=draft_logits.shape[1])
@@ -207,8 +308,19 @@ def verify(
             raise ValueError(f"num_drafts must lie in [0, N] = [0, {N}], on the drafts' device")
         num_drafts = num_drafts.long()
     relax = _check_relax(relax, draft_tokens.shape[0], N, draft_tokens.device)
-    return step(target_logits, draft_logits, draft_tokens.long(), generator=generator, random=random,
-                draft_probs=draft_probs, num_drafts=num_drafts, relax=relax, **inputs)
+    if block.placeholder:
+        draft_tokens, num_drafts = _placeholder_rows(draft_tokens, num_drafts)
+    if draft_probs is not None:
+        _check_draft_probs_mass(draft_probs, num_drafts)
+    masked = block.masked_target is not None or block.masked_draft is not None
+    if masked:
+        target_logits = _without_masked_rows(target_logits, block.masked_target)
+        draft_logits = _without_masked_rows(draft_logits, block.masked_draft)
+    result = step(target_logits, draft_logits, draft_tokens.long(), generator=generator, random=random,
+                  draft_probs=draft_probs, num_drafts=num_drafts, relax=relax, **inputs)
+    if masked:
+        _check_masked_rows_unread(result, block, num_drafts, step.rule.extra_draft_passes)
+    return result
 
 
 class VerifyStep:
