@@ -185,6 +185,11 @@ def test_placeholder_drafts_end_a_row(path):
                        generator=torch.Generator().manual_seed(1), **kw)
             same(a, b)
             assert a.tokens[2, 1:].tolist() == [-1, -1] and a.num_accepted[2] == 0, method
+            if path == "c":  # the loop's C and its torch ops decide alike on the padded block
+                with fused.loop_disabled():
+                    ref = verify(method, target, bonus, spec, temperature=0.7,
+                                 generator=torch.Generator().manual_seed(1), **kw)
+                assert torch.equal(a.tokens, ref.tokens) and torch.equal(a.num_accepted, ref.num_accepted), method
         # with num_drafts too: a row ends at whichever comes first
         c = verify("strict", target, drafter, spec, temperature=0.0, num_drafts=torch.tensor([1, 2, 2]))
         assert c.tokens.tolist() == [[1, 2, -1], [3, 4, -1], [7, -1, -1]]
