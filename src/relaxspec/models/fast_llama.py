@@ -104,12 +104,12 @@ class DecoderLayers:
 
     def __init__(self, layers, heads: int, kv_heads: int, head_dim: int, eps: float, inv_freq: torch.Tensor,
                  rope_scale: float, device: torch.device, weights_dtype: torch.dtype, weight_format: str = "float32"):
-        """`layers`: per layer the weights (input norm, q, k, v, o, post-attention norm, gate, up, down) in
+        """`layers`: an iterable (read once, layer by layer: a generator keeps one layer's source weights at a time)
+        of, per layer, the weights (input norm, q, k, v, o, post-attention norm, gate, up, down) in
         transformers' layout (q and k rows half-split per head: interleaved here), optionally followed by the q, k,
         v biases (Qwen2; None each where absent). A matrix is a tensor or a quant.Int4Codes (a GGUF file's own
         codes). `weight_format` applies on a CPU (float32, bfloat16, int4, or "auto": Int4Codes kept in int4, every
         other matrix in bfloat16); elsewhere the weights keep `weights_dtype`. Every matrix is copied into its format."""
-        self.num_layers = len(layers)
         self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
         self.device = device
         self.dtype = torch.float32 if device.type == "cpu" else weights_dtype  # compute dtype
@@ -137,6 +137,7 @@ class DecoderLayers:
                 _interleave_rope_pairs(bq.detach(), heads, head_dim), _interleave_rope_pairs(bk.detach(), kv_heads,
                                                                                              head_dim),
                 bv.detach()]).to(device=device, dtype=dt))
+        self.num_layers = len(self.layers)
 
     def _linear(self, weight) -> Linear:
         """A matrix in the layers' format ("auto": a GGUF file's own 4-bit codes in int4, anything else in bfloat16)."""
@@ -255,20 +256,22 @@ class FastLlama(DecoderLayers):
             source = params.get
         self.embed = source("model.embed_tokens.weight")
         self.num_parameters = sum(p.numel() for p in model.parameters())
-        weights = []
-        for i, layer in enumerate(inner.layers):
-            a = layer.self_attn
-            if getattr(a.o_proj, "bias", None) is not None or getattr(cfg, "mlp_bias", False):
-                raise ValueError("FastLlama supports q/k/v biases only (not the output projection's or the MLP's)")
-            name = f"model.layers.{i}."
-            w = [source(name + n + ".weight") for n in ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-                                                         "self_attn.v_proj", "self_attn.o_proj",
-                                                         "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
-                                                         "mlp.down_proj")]
-            bias = tuple(source(name + f"self_attn.{n}_proj.bias") if getattr(a, f"{n}_proj").bias is not None
-                         else None for n in "qkv")
-            weights.append((*w, bias if bias[0] is not None else None))
-        super().__init__(weights, cfg.num_attention_heads, cfg.num_key_value_heads,
+        if any(getattr(layer.self_attn.o_proj, "bias", None) is not None for layer in inner.layers) or getattr(
+                cfg, "mlp_bias", False):
+            raise ValueError("FastLlama supports q/k/v biases only (not the output projection's or the MLP's)")
+
+        def weights():  # one layer's source weights at a time
+            for i, layer in enumerate(inner.layers):
+                name = f"model.layers.{i}."
+                w = [source(name + n + ".weight") for n in ("input_layernorm", "self_attn.q_proj",
+                                                             "self_attn.k_proj", "self_attn.v_proj",
+                                                             "self_attn.o_proj", "post_attention_layernorm",
+                                                             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+                bias = tuple(source(name + f"self_attn.{n}_proj.bias")
+                             if getattr(layer.self_attn, f"{n}_proj").bias is not None else None for n in "qkv")
+                yield (*w, bias if bias[0] is not None else None)
+
+        super().__init__(weights(), cfg.num_attention_heads, cfg.num_key_value_heads,
                          getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
                          cfg.rms_norm_eps, rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)),
                          self.embed.device, self.embed.dtype, weight_format)

@@ -232,6 +232,16 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     if is_gguf(name):
         directory, gguf_file = split_gguf(name)
         check_gguf_packages()
+        if backend != "transformers" and not compile:
+            from relaxspec.models import gguf_weights  # the file's own quantization, tensor by tensor
+
+            loaded = gguf_weights.load(name, directory / gguf_file, weight_format, device)
+            if loaded is not None:
+                model, tokenizer, fast = loaded
+                _return_freed_memory()
+                return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=fast, weight_format=weight_format)
+        if weight_format == "auto":  # (transformers' loader: the file's class as a whole)
+            weight_format = gguf_format(directory / gguf_file)
         source, extra = directory, {"gguf_file": gguf_file}
     elif not is_builtin(name) and not Path(name_or_path).exists() and HUB_ID.fullmatch(name):
         # A hub id (org/name): resolved from the local Hugging Face cache (offline unless HF_HUB_OFFLINE=0).
@@ -283,11 +293,17 @@ def _return_freed_memory() -> None:
 
 
 def _gguf_format(name: str) -> str | None:
-    """The precision class of a GGUF model reference (None for another model)."""
+    """`--dtype auto` for a GGUF model reference (None for another model): "auto" (each tensor in the file's own
+    class, models/gguf_weights.py) where the file's architecture is read natively, else the file's class as a whole
+    (quant.gguf_format)."""
     if not is_gguf(name):
         return None
     check_gguf_packages()
     directory, file = split_gguf(name)
+    from relaxspec.models import gguf_weights
+
+    if gguf_weights.architecture(directory / file) in gguf_weights.SUPPORTED:
+        return "auto"
     return gguf_format(directory / file)
 
 

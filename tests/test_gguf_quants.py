@@ -1,0 +1,185 @@
+"""GGUF files read tensor by tensor in their own quantization (models/gguf_weights.py): each quant type against
+the `gguf` package's dequantization, the 4-bit types' codes kept exactly in int4, and a small Qwen2 file written
+here loaded natively against transformers' own GGUF loader."""
+
+import numpy as np
+import pytest
+import torch
+
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from relaxspec.models import load_model
+from relaxspec.models.gguf_weights import AFFINE, GGUFWeights, affine_dense, architecture, open_reader
+
+RNG = np.random.default_rng(0)
+BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
+
+
+def random_blocks(kind: str, rows: int, cols: int, scale: float = 2e-3) -> np.ndarray:
+    """Random bytes of a K-quant tensor [rows, cols] with valid, small float16 scales (the python `gguf` package
+    quantizes no K-quant)."""
+    size = BLOCK_BYTES[kind]
+    blocks = RNG.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    d = RNG.uniform(0.5, 1.0, (rows, cols // 256)).astype(np.float16) * np.float16(scale)
+    if kind == "Q4_K":  # d, dmin at the start
+        blocks[..., 0:2] = d.view(np.uint8).reshape(rows, -1, 2)
+        blocks[..., 2:4] = (d * np.float16(4)).view(np.uint8).reshape(rows, -1, 2)
+    else:  # Q6_K: d at the end
+        blocks[..., 208:210] = d.view(np.uint8).reshape(rows, -1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def four_bit(kind: str, rows: int, cols: int) -> np.ndarray:
+    if kind == "Q4_K":
+        return random_blocks(kind, rows, cols)
+    return quantize(RNG.standard_normal((rows, cols)).astype(np.float32) * 0.05, GGMLQuantizationType[kind])
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q4_0", "Q4_1"])
+def test_four_bit_types_map_exactly_onto_the_int4_form(kind):
+    data = four_bit(kind, 8, 512)
+    reference = dequantize(data, GGMLQuantizationType[kind])
+    codes, scale, zero = AFFINE[kind](data)
+    assert codes.min() >= 0 and codes.max() <= 15 and codes.shape == reference.shape
+    assert np.array_equal(affine_dense(codes, scale, zero), reference)  # the file's own values, exactly
+
+
+def write_qwen2(path, kinds: dict, layers: int = 2, hidden: int = 256, ffn: int = 512, heads: int = 4,
+                kv_heads: int = 2):
+    """A small Qwen2 GGUF file (random weights in the given quant types, a byte-level tokenizer) at `path`."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = ["<|endoftext|>", "<|im_end|>", *alphabet, "ab"]
+    vocab = len(tokens)
+    w = GGUFWriter(str(path), "qwen2")
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3] + [1] * (vocab - 2))
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_pad_token_id(0)
+
+    def matrix(name, rows, cols, kind):
+        if kind in BLOCK_BYTES:
+            w.add_tensor(name, random_blocks(kind, rows, cols), raw_dtype=GGMLQuantizationType[kind])
+        elif kind == "F32":
+            w.add_tensor(name, RNG.standard_normal((rows, cols)).astype(np.float32) * 0.05)
+        else:
+            w.add_tensor(name, quantize(RNG.standard_normal((rows, cols)).astype(np.float32) * 0.05,
+                                        GGMLQuantizationType[kind]), raw_dtype=GGMLQuantizationType[kind])
+
+    def vector(name, n, value=None):
+        w.add_tensor(name, (np.full(n, value, np.float32) if value is not None
+                            else RNG.standard_normal(n).astype(np.float32) * 0.3))
+
+    d, kv = hidden // heads, kv_heads * hidden // heads
+    matrix("token_embd.weight", vocab, hidden, kinds.get("embed", "Q4_K"))
+    for i in range(layers):
+        vector(f"blk.{i}.attn_norm.weight", hidden, 1.0)
+        matrix(f"blk.{i}.attn_q.weight", heads * d, hidden, kinds.get("q", "Q4_K"))
+        vector(f"blk.{i}.attn_q.bias", heads * d)
+        matrix(f"blk.{i}.attn_k.weight", kv, hidden, kinds.get("k", "Q4_K"))
+        vector(f"blk.{i}.attn_k.bias", kv)
+        matrix(f"blk.{i}.attn_v.weight", kv, hidden, kinds.get("v", "Q8_0"))
+        vector(f"blk.{i}.attn_v.bias", kv)
+        matrix(f"blk.{i}.attn_output.weight", hidden, heads * d, kinds.get("o", "Q4_0"))
+        vector(f"blk.{i}.ffn_norm.weight", hidden, 1.0)
+        matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden, kinds.get("gate", "Q4_K"))
+        matrix(f"blk.{i}.ffn_up.weight", ffn, hidden, kinds.get("up", "Q4_1"))
+        matrix(f"blk.{i}.ffn_down.weight", hidden, ffn, kinds.get("down", "Q5_0"))
+    vector("output_norm.weight", hidden, 1.0)
+    if kinds.get("head", "Q6_K") is not None:
+        matrix("output.weight", vocab, hidden, kinds.get("head", "Q6_K"))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen2_file(tmp_path_factory):
+    return write_qwen2(tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf", {})
+
+
+def logits_of(lm, text="def ab(x): return x"):
+    ids = torch.tensor([lm.tokenizer(text)["input_ids"]])
+    out, _ = lm.forward(ids, lm.new_cache(), None, torch.arange(ids.shape[1])[None])
+    return out
+
+
+def test_native_float32_load_matches_transformers_gguf_loader(qwen2_file):
+    assert architecture(qwen2_file) == "qwen2"
+    native = load_model(qwen2_file, dtype="float32")
+    slow = load_model(qwen2_file, dtype="float32", backend="transformers")
+    assert native.backend == "fast" and native.model.lm_head.weight.numel() == 0  # one copy: FastLlama's
+    assert native.vocab_size == slow.vocab_size and native.num_layers == slow.num_layers
+    a, b = logits_of(native), logits_of(slow)
+    assert torch.allclose(a, b, atol=1e-3), (a - b).abs().max()
+    state, reference = native.state_dict(), slow.model.state_dict()
+    for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.bias", "lm_head.weight"):
+        assert torch.allclose(state[name], reference[name], atol=1e-5), name
+
+
+def test_int4_keeps_the_files_codes_and_requantizes_the_rest(qwen2_file, capsys):
+    source = GGUFWeights(qwen2_file, open_reader(qwen2_file), "int4")
+    gate = source("model.layers.0.mlp.gate_proj.weight")  # Q4_K: the file's codes
+    reader = open_reader(qwen2_file)
+    raw = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate.weight")
+    codes, _, _ = AFFINE["Q4_K"](np.asarray(raw.data))
+    assert np.array_equal(gate.codes.numpy(), codes)
+    down = source("model.layers.0.mlp.down_proj.weight")  # Q5_0: re-quantized
+    assert down.codes.max() <= 15 and source.converted == {"Q5_0": 1}
+    int4 = load_model(qwen2_file, dtype="int4")
+    assert int4.weight_format == "int4"
+    assert "re-quantized to int4" in capsys.readouterr().err
+    # int4 computes with the weights it holds (read back dequantized): transformers on those weights agrees
+    reference = load_model(qwen2_file, dtype="float32", backend="transformers")
+    with torch.no_grad():
+        for name, weight in int4.state_dict().items():
+            reference.model.get_parameter(name).copy_(weight)
+    a, b = logits_of(int4), logits_of(reference)
+    assert (a - b).abs().max() < 0.01 * b.abs().max(), (a - b).abs().max()
+
+
+def test_auto_keeps_four_bit_in_int4_and_the_rest_in_bfloat16(qwen2_file, capsys):
+    lm = load_model(qwen2_file, dtype="auto")
+    assert lm.weight_format == "auto"
+    qkv, o, gate_up, down = (lm.fast.layers[0][i] for i in (1, 2, 4, 5))
+    assert o.format == "int4" and gate_up.format == "int4"  # Q4_0; Q4_K and Q4_1 stacked
+    assert qkv.format == "bfloat16" and down.format == "bfloat16"  # q, k Q4_K with v Q8_0; Q5_0
+    assert "kept in bfloat16" in capsys.readouterr().err
+
+
+def test_a_file_truncated_mid_tensor_is_one_line(qwen2_file, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    data = qwen2_file.read_bytes()
+    cut.write_bytes(data[:len(data) - 5000])
+    with pytest.raises(ValueError, match="truncated or corrupt") as error:
+        load_model(cut, dtype="int4")
+    assert "\n" not in str(error.value)
+
+
+def test_gguf_weights_float_formats_match_the_packages_dequantization(qwen2_file):
+    reader = open_reader(qwen2_file)
+    raw = {t.name: t for t in reader.tensors}
+    for fmt, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        source = GGUFWeights(qwen2_file, reader, fmt)
+        for hf, name in (("lm_head.weight", "output.weight"), ("model.layers.0.mlp.down_proj.weight",
+                                                                "blk.0.ffn_down.weight"),
+                         ("model.layers.1.self_attn.v_proj.weight", "blk.1.attn_v.weight")):
+            t = raw[name]
+            reference = torch.from_numpy(dequantize(np.asarray(t.data), t.tensor_type)).to(dtype)
+            assert torch.equal(source(hf), reference), (fmt, hf)
