@@ -11,6 +11,7 @@ from gguf.quants import dequantize, quantize
 
 from relaxspec.models import load_model
 from relaxspec.models.gguf_weights import AFFINE, GGUFWeights, affine_dense, architecture, open_reader
+from relaxspec.models.quant import quantize_int4
 
 RNG = np.random.default_rng(0)
 BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
@@ -183,3 +184,36 @@ def test_gguf_weights_float_formats_match_the_packages_dequantization(qwen2_file
             t = raw[name]
             reference = torch.from_numpy(dequantize(np.asarray(t.data), t.tensor_type)).to(dtype)
             assert torch.equal(source(hf), reference), (fmt, hf)
+
+
+# (transformers name, file name, type) of every tensor type the fixture file holds
+TYPES = [("model.layers.0.mlp.gate_proj.weight", "blk.0.ffn_gate.weight", "Q4_K"),
+         ("model.layers.0.self_attn.o_proj.weight", "blk.0.attn_output.weight", "Q4_0"),
+         ("model.layers.0.mlp.up_proj.weight", "blk.0.ffn_up.weight", "Q4_1"),
+         ("model.layers.0.mlp.down_proj.weight", "blk.0.ffn_down.weight", "Q5_0"),
+         ("model.layers.0.self_attn.v_proj.weight", "blk.0.attn_v.weight", "Q8_0"),
+         ("lm_head.weight", "output.weight", "Q6_K")]
+
+
+@pytest.mark.parametrize("fmt", ["int4", "auto"])
+@pytest.mark.parametrize("hf, name, kind", TYPES)
+def test_each_quant_type_in_int4_and_auto_follows_the_documented_policy(qwen2_file, fmt, hf, name, kind):
+    reader = open_reader(qwen2_file)
+    raw = next(t for t in reader.tensors if t.name == name)
+    assert raw.tensor_type.name == kind
+    reference = dequantize(np.asarray(raw.data), raw.tensor_type)  # the gguf package's own values
+    got = GGUFWeights(qwen2_file, reader, fmt)(hf)
+    if kind in AFFINE:  # the file's codes; its values up to bfloat16's rounding of each group's scale and zero
+        codes, scale, zero = AFFINE[kind](np.asarray(raw.data))
+        assert np.array_equal(got.codes.numpy(), codes)
+        rounded = affine_dense(codes, torch.from_numpy(scale).bfloat16().float().numpy(),
+                               torch.from_numpy(zero).bfloat16().float().numpy())
+        assert torch.equal(got.dense(), torch.from_numpy(rounded))
+        bound = 2 ** -8 * (8 * np.abs(scale) + np.abs(zero))  # bfloat16: a relative 2^-9 on each of scale, zero
+        error = np.abs(rounded - reference).reshape(*scale.shape, -1).max(axis=-1)
+        assert (error <= bound + 1e-12).all()
+    elif fmt == "int4":  # 5-, 6- and 8-bit: re-quantized min-max from the file's dequantized values
+        codes, scale_zero = quantize_int4(torch.from_numpy(reference))
+        assert torch.equal(got.codes, codes) and torch.equal(got.scale_zero, scale_zero)
+    else:  # auto: those in bfloat16
+        assert got.dtype == torch.bfloat16 and torch.equal(got, torch.from_numpy(reference).bfloat16())

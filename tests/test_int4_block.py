@@ -95,6 +95,25 @@ def test_without_a_compiler_int4_falls_back_to_aten_with_one_warning_line(tmp_pa
     assert message.startswith("relaxspec int4 block kernel unavailable (") and "aten" in message
 
 
+def test_relaxspec_native_0_turns_the_block_kernel_off_too():
+    """RELAXSPEC_NATIVE=0 turns off every kernel relaxspec builds, this one included: int4 runs aten's kernel, with
+    no build and no warning, for a weight quantized here and for a file's own codes (quant.Int4Codes)."""
+    code = ("import warnings, torch\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    from relaxspec.models.quant import Int4Codes, Linear, quantize_int4\n"
+            "    w = torch.randn(64, 96)\n"
+            "    lins = [Linear(w, 'int4', int4_impl='block'), Linear(Int4Codes(*quantize_int4(w)), 'int4')]\n"
+            "    ys = [lin(torch.randn(3, 96)) for lin in lins]\n"
+            "print([(lin.block is None, lin.packed is not None) for lin in lins], len(caught))\n")
+    env = {**os.environ, "RELAXSPEC_NATIVE": "0", "RELAXSPEC_INT4_KERNEL": "block",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[(True, True), (True, True)] 0", out.stdout + out.stderr[-2000:]
+    assert "int4 block kernel" not in out.stderr
+
+
 @needs_kernel
 def test_the_block_kernel_runs_a_model_and_a_verify_block_gets_the_logits_of_single_steps(monkeypatch):
     """Through a whole model (FastLlama's linears and the LM head): every row's numbers independent of the block,
