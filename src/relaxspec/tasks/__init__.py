@@ -3,7 +3,8 @@
 `get_task(spec)` builds one from a spec string:
   "arithmetic", "sorting"   built-in synthetic tasks (held-out "test" split)
   "jsonl:PATH[:METRIC]"     a user dataset, METRIC one of exact (default), numeric, contains
-  "NAME" or "NAME:PATH"     a benchmark (gsm8k, math500, aime24, gpqa, mbpp, humaneval, livecodebench):
+  "NAME" or "NAME:PATH"     a benchmark (gsm8k, math500, aime24, gpqa, mbpp, humaneval, humaneval-instruct,
+                            livecodebench):
                             from the Hugging Face hub, or from a local JSONL / parquet file in the
                             dataset's own schema (see relaxspec.tasks.benchmarks)
 """

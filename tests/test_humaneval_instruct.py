@@ -1,0 +1,79 @@
+"""humaneval-instruct: EvalPlus's instruct prompt, the answer's code block, the HumanEval scorer in the sandbox."""
+
+import subprocess
+import sys
+
+import pytest
+
+from relaxspec.tasks import get_task, runs_code
+from relaxspec.tasks.humaneval import problems
+from relaxspec.tasks.humaneval_instruct import INSTRUCTION, answer_code, sanitize
+
+FENCE = "`" * 3
+
+
+def fenced(code, lang="python"):
+    return f"{FENCE}{lang}\n{code}\n{FENCE}"
+
+
+def solution(task_id):
+    p = problems()[task_id]
+    return p["prompt"] + p["canonical_solution"]
+
+
+def test_prompt_is_evalplus_instruct():
+    task = get_task("humaneval-instruct")
+    assert len(task.examples) == 164 and runs_code("humaneval-instruct")
+    first = problems()["HumanEval/0"]["prompt"].strip()
+    assert task.prompts[0] == (
+        "Please provide a self-contained Python script that solves the following problem in a markdown code "
+        f"block:\n{FENCE}\n{first}\n{FENCE}\n")
+    assert INSTRUCTION in task.prompts[163] and task.references[163] == "HumanEval/163"
+
+
+def test_answer_code_picks_the_first_python_block():
+    assert answer_code(f"Sure.\n{fenced('a = 1')}\nand\n{fenced('b = 2')}") == "a = 1"
+    assert answer_code(f"{fenced('x y z', 'text')}\n{fenced('b = 2')}") == "b = 2"  # python before other langs
+    assert answer_code(f"{fenced('c = 3', '')}\ntext") == "c = 3"  # unlabelled fence: the fallback
+    assert answer_code(f"{FENCE}python\nd = 4\ne = 5") == "d = 4\ne = 5"  # unclosed: to the end
+    assert answer_code("def f():\n    return 1\n") == "def f():\n    return 1\n"  # no fence: the whole answer
+
+
+def test_sanitize_keeps_definitions_drops_top_level_code():
+    code = ("import math\nfrom typing import List\nK = 3\n\n@staticmethod\ndef f(x):\n    return x\n\n"
+            "class C:\n    pass\n\nprint(f(2))\nassert f(1) == 2\nif __name__ == '__main__':\n    input()\n")
+    out = sanitize(code)
+    assert "print(" not in out and "assert" not in out and "__main__" not in out and "input()" not in out
+    for kept in ("import math", "from typing import List", "K = 3", "@staticmethod\ndef f(x):\n    return x",
+                 "class C:\n    pass"):
+        assert kept in out
+    assert sanitize("def broken(:\n") == "def broken(:\n"  # unparsable: run as it is (and fails)
+
+
+@pytest.mark.parametrize("task_id", ["HumanEval/0", "HumanEval/2", "HumanEval/4"])
+def test_fenced_canonical_solution_passes(task_id):
+    task = get_task("humaneval-instruct")
+    response = f"Here is the script:\n{fenced(solution(task_id))}\n\nIt loops over the pairs."
+    assert task.score(response, task_id) == 1.0
+
+
+def test_wrong_or_missing_code_fails():
+    task = get_task("humaneval-instruct")
+    assert task.score(fenced("def truncate_number(number: float) -> float:\n    return 0.0"), "HumanEval/2") == 0.0
+    assert task.score("I cannot solve this.", "HumanEval/2") == 0.0
+    assert task.score(fenced("def truncate_number(number:"), "HumanEval/2") == 0.0  # syntax error
+
+
+def test_answer_with_its_own_wrong_assert_and_main_still_passes():
+    """The model's example code is not what is scored: a wrong assert of its own, a print and an input() in a
+    __main__ block (empty stdin in the sandbox) would fail a correct answer if they ran."""
+    task = get_task("humaneval-instruct")
+    extra = "\n\nassert truncate_number(3.5) == 0.7\nif __name__ == '__main__':\n    print(truncate_number(float(input())))"
+    assert task.score(fenced(solution("HumanEval/2") + extra), "HumanEval/2") == 1.0
+
+
+def test_tasks_show_prints_the_prompt():
+    out = subprocess.run([sys.executable, "-m", "relaxspec", "tasks", "show", "humaneval-instruct"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert INSTRUCTION in out.stdout and "HumanEval/0" in out.stdout
