@@ -217,3 +217,27 @@ def test_each_quant_type_in_int4_and_auto_follows_the_documented_policy(qwen2_fi
         assert torch.equal(got.codes, codes) and torch.equal(got.scale_zero, scale_zero)
     else:  # auto: those in bfloat16
         assert got.dtype == torch.bfloat16 and torch.equal(got, torch.from_numpy(reference).bfloat16())
+
+
+def test_a_tied_head_file_loads_natively_and_strict_greedy_equals_ar_greedy(qwen2_file, tmp_path):
+    """No output.weight (the 0.5B's layout: the head is the embedding, here Q8_0): each format loads natively with
+    transformers' properties; float32 against transformers' loader; an int4 pair of files decodes greedy alike."""
+    from relaxspec.engine import generate
+
+    tied = write_qwen2(tmp_path / "tied.gguf", {"head": None, "embed": "Q8_0"}, layers=1)
+    slow = load_model(tied, dtype="float32", backend="transformers")
+    for fmt in ("float32", "bfloat16", "int4", "auto"):
+        lm = load_model(tied, dtype=fmt)
+        assert lm.backend == "fast" and lm.model.config.tie_word_embeddings
+        assert (lm.vocab_size, lm.num_parameters(), lm.device.type) == (slow.vocab_size, slow.num_parameters(), "cpu")
+        assert sorted(lm.state_dict()) == sorted(slow.model.state_dict())
+        if fmt == "float32":
+            a, b = logits_of(lm), logits_of(slow)
+            assert torch.allclose(a, b, atol=1e-3), (a - b).abs().max()
+    verifier, drafter = load_model(qwen2_file, dtype="int4"), load_model(tied, dtype="int4")
+    prompts = ["def ab(x):", "print(ab)"]
+    ar = generate(verifier, None, prompts, method="ar", max_new_tokens=16, temperature=0.0, chat_template="off")
+    strict = generate(verifier, drafter, prompts, method="strict", draft_length=3, max_new_tokens=16,
+                      temperature=0.0, chat_template="off")
+    assert [r.token_ids for r in strict.results] == [r.token_ids for r in ar.results]
+    assert min(len(r.token_ids) for r in ar.results) > 4, [r.token_ids for r in ar.results]
