@@ -60,6 +60,7 @@ class Cells:
     """Tune's cells in the bench store: run the samples a cell lacks, read what it has."""
 
     def __init__(self, config: TuneConfig, executor=None):
+        config.resolve_bands()
         self.config = config
         self.executor = executor  # None: every sample runs in this process
         self.remote_samples = 0  # samples run on the executor's workers

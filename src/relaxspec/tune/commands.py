@@ -62,10 +62,12 @@ def register(subparsers) -> None:
     t.add_argument("--budget-minutes", type=float, default=DEFAULT_BUDGET_MINUTES,
                    help=f"wall time of the search; later rungs start only if they fit (default "
                         f"{DEFAULT_BUDGET_MINUTES:g}); the confirmation runs after it")
-    t.add_argument("--search-prompts", type=int, default=DEFAULT_SEARCH_PROMPTS,
-                   help=f"the task's first prompts, searched (default {DEFAULT_SEARCH_PROMPTS})")
-    t.add_argument("--heldout-prompts", type=int, default=DEFAULT_HELDOUT_PROMPTS,
-                   help=f"the next prompts, for the confirmation (default {DEFAULT_HELDOUT_PROMPTS})")
+    t.add_argument("--search-prompts", type=int,
+                   help=f"the task's first prompts, searched (default {DEFAULT_SEARCH_PROMPTS}; a smaller task is "
+                        "split: half searched, e.g. HumanEval's 164 as 82 + 82)")
+    t.add_argument("--heldout-prompts", type=int,
+                   help=f"the next prompts, for the confirmation (default {DEFAULT_HELDOUT_PROMPTS}; a smaller task: "
+                        "the prompts after the search ones)")
     t.add_argument("--heldout-repeats", type=int, default=DEFAULT_HELDOUT_REPEATS,
                    help=f"samples per held-out prompt (default {DEFAULT_HELDOUT_REPEATS})")
     t.add_argument("--rungs", type=csv_list(int), help="samples per configuration at each rung (default 6,24,72,240)")

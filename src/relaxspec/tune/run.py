@@ -49,8 +49,8 @@ class TuneConfig:
     draft_lengths: list[int | str] = field(default_factory=lambda: list(DEFAULT_DRAFT_LENGTHS))  # "auto" among them
     draft_confidence: float | None = None  # every configuration: the engine's confidence stop (None: off)
     budget_minutes: float = DEFAULT_BUDGET_MINUTES  # the search's wall time; the confirmation runs after it
-    search_prompts: int = DEFAULT_SEARCH_PROMPTS
-    heldout_prompts: int = DEFAULT_HELDOUT_PROMPTS
+    search_prompts: int | None = None  # None: DEFAULT_SEARCH_PROMPTS, or the task's size split (prompt_bands)
+    heldout_prompts: int | None = None  # None: DEFAULT_HELDOUT_PROMPTS, or the rest of the task (prompt_bands)
     heldout_repeats: int = DEFAULT_HELDOUT_REPEATS
     sizes: tuple = DEFAULT_SIZES  # samples per configuration at each rung
     caps: tuple | None = None  # configurations going on after each rung but the last (None: the default caps,
@@ -77,6 +77,8 @@ class TuneConfig:
                 raise ValueError(f"tune: {name.replace('_', '-')} must be > 0 or 'measured', got {value}")
         for name in ("search_prompts", "heldout_prompts", "heldout_repeats"):
             value = getattr(self, name)
+            if value is None and name != "heldout_repeats":
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"tune: {name.replace('_', ' ')} must be a positive integer, got {value!r}")
         check_seed(self.seed, "tune: seed")
@@ -89,6 +91,12 @@ class TuneConfig:
         check_phase_setting(self.phase, [self.task])
         check_draft_confidence_setting(self.draft_confidence, "tune")
 
+    def resolve_bands(self) -> None:
+        """Fix the search and held-out bands not given to the task's size (prompt_bands); loads the task."""
+        if self.search_prompts is None or self.heldout_prompts is None:
+            self.search_prompts, self.heldout_prompts = prompt_bands(task_pool(self.task), self.search_prompts,
+                                                                     self.heldout_prompts)
+
     def bench_config(self, limit: int) -> BenchConfig:
         """The bench settings of tune's cells (`limit`: the prompts the cells draw from)."""
         from relaxspec.models.family import DEFAULT_DRAFTER, DEFAULT_VERIFIER
@@ -97,6 +105,33 @@ class TuneConfig:
                            top_k=self.top_k, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
                            speed_prompts=self.speed_prompts, pad_classifier=self.pad_classifier, out=str(self.out),
                            compile=self.compile, phase=self.phase, draft_confidence=self.draft_confidence)
+
+
+def prompt_bands(pool: int | None, search: int | None, heldout: int | None) -> tuple[int, int]:
+    """(search prompts, held-out prompts) for a task of `pool` examples (None: unlimited, a synthetic task). Each
+    band not given is DEFAULT_SEARCH_PROMPTS / DEFAULT_HELDOUT_PROMPTS when both fit the task; otherwise the task
+    is split: half (rounded up) searched, the rest held out (HumanEval's 164: 82 + 82), or a band given takes
+    its prompts and the other band the rest. ValueError (one line) when the task cannot hold both bands."""
+    want_search = DEFAULT_SEARCH_PROMPTS if search is None else search
+    want_heldout = DEFAULT_HELDOUT_PROMPTS if heldout is None else heldout
+    if pool is None or pool >= want_search + want_heldout or (search is not None and heldout is not None):
+        bands = want_search, want_heldout
+    elif search is None and heldout is None:
+        bands = pool - pool // 2, pool // 2
+    elif search is None:
+        bands = pool - heldout, heldout
+    else:
+        bands = search, pool - search
+    if pool is not None and (min(bands) < 1 or sum(bands) > pool):
+        raise ValueError(f"tune: the task has {pool} prompts; it cannot hold {bands[0]} search + {bands[1]} held-out "
+                         "ones (set --search-prompts / --heldout-prompts within it)")
+    return bands
+
+
+def task_pool(spec: str) -> int | None:
+    """How many prompts the task offers (None: a synthetic task, which draws as many as asked)."""
+    from relaxspec.tasks import get_task, synthetic
+    return None if spec in synthetic.GENERATORS else len(get_task(spec).examples)
 
 
 def search_jobs(n: int, prompts: int) -> list[tuple[int, int]]:
@@ -291,4 +326,4 @@ def confirm(cells: Cells, result: Race, config: TuneConfig) -> Confirmation:
         beats_strict=None if strict_arm is None else speed.mean > strict_arm.speed(1 - ALPHA).mean)
 
 
-__all__ = ["TuneConfig", "TuneResult", "Confirmation", "run_tune", "search_jobs", "heldout_jobs", "make_config"]
+__all__ = ["prompt_bands", "TuneConfig", "TuneResult", "Confirmation", "run_tune", "search_jobs", "heldout_jobs", "make_config"]
