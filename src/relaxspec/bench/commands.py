@@ -92,8 +92,10 @@ def register(subparsers) -> None:
                    help=f"prompts timed at batch 1 per speculative cell (default {DEFAULT_SPEED_PROMPTS}; 0: none)")
     b.add_argument("--workers", type=int,
                    help=f"processes running cells (default {DEFAULT_WORKERS}; the store is written by the driver)")
-    b.add_argument("--preset", choices=sorted(RUN_PRESETS),
-                   help="run preset (paper: the findings' grid, see below); explicit flags override it")
+    b.add_argument("--preset", choices=sorted([*RUN_PRESETS, "qwen-coder"]),
+                   help="run preset (paper: the findings' grid, see below; qwen-coder: the Qwen2.5-Coder pair on "
+                        "humaneval-instruct in 3 hours, bench.presets and docs/real-answer.md); explicit flags "
+                        "override it")
     b.add_argument("--sampling", choices=sorted(SAMPLING_PRESETS),
                    help="sampling preset (paper: temperature 0.6, top_k 20, top_p 0.95); explicit flags override it")
     b.add_argument("--temperature", type=float, help="default 0.7")
@@ -161,6 +163,12 @@ def config_from_args(args) -> BenchConfig:
     return config
 
 
+def check_threads(threads: int) -> None:
+    """--threads: ValueError (one line) unless a positive number of torch CPU threads."""
+    if threads < 1:
+        raise ValueError(f"--threads must be a positive integer, got {threads}")
+
+
 def interrupted(command: str, what: str, out: Path) -> int:
     """Ctrl-C in a long run: say what is kept and how to resume; the shell's exit status for SIGINT."""
     print(f"\n{command}: interrupted; {what} stored in {out / 'results.sqlite'}; re-run the same command to resume",
@@ -177,12 +185,18 @@ def cmd_bench(args) -> int:
 
     import warnings
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
+    if getattr(args, "preset", None) == "qwen-coder":  # three bench runs (stages) into one store: bench.presets
+        from relaxspec.bench import presets
+        if args.config:
+            raise ValueError("--preset qwen-coder takes flags, not --config")
+        return presets.run(args, {name: str(value) if name == "out" else value for flag, name in _FLAG_TO_FIELD.items()
+                                  if (value := getattr(args, flag, None)) is not None})
     config = config_from_args(args)
     check_tasks(config.tasks, config.limit)
     if any(runs_code(t) for t in config.tasks):  # refused here, before any model loads, if unisolated
         require_isolation(args.unsafe_exec)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    check_threads(args.threads)
+    torch.set_num_threads(args.threads)
     cells = len(plan(config))
     print(f"bench: {cells} cells; the first look takes about {estimate_minutes(config, cells):.0f} min on 2 CPU cores "
           f"with the built-in family; later looks only within the time budget ({config.time_budget_s / 60:g} min)")

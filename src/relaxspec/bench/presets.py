@@ -1,0 +1,211 @@
+"""`relaxspec bench --preset qwen-coder`: the Qwen2.5-Coder pair on humaneval-instruct, in stages, within 3 hours.
+
+A bench run has one sampling setting, so this preset is three bench runs (stages) into one store, one after the
+other; each stage is an ordinary grid (resumable cell by cell: a re-run skips every stored cell) and the report at
+the end covers all of them (`relaxspec report DIR --all`).
+
+  greedy   T = 0: AR, strict, and only the rules that still relax at T = 0 (on one-hot p and q the others are
+           exactly strict and would repeat strict's tokens): topk-delta 0.6 (TensorRT-LLM's setting), topk-ratio
+           0.3, spec-casc-tok 0.35 (the drafter's argmax inside the verifier's top set), at N = 3.
+  sampled  T = 0.7, top-p 0.95: AR, strict, and each rule the drafter can run at the strengths the built-in
+           default run found within its 0.03 budget plus the next one beyond (README, "Default run"): cactus 0.1
+           / 0.25, mentored 0.3 / 0.7, spec-casc-tok 0 / 0.35 / 0.8, typical (its one point), topk-delta 0.3 /
+           0.6, topk-ratio 0.3 / 0.1, fuzzy 0.05 / 0.2, r-fuzzy 0.05, threshold single 0.01, at N = 3.
+  lengths  T = 0.7: strict and topk-delta 0.6 at N = 5 and auto (AR shared with the sampled stage).
+
+Drafter: prompt lookup (`ngram`). On this CPU the 0.5B LM drafter's step costs 0.57 of the verifier's, so a
+strict round at N = 3 costs (1.3 + 3 x 0.57) verifier steps and needs tau > 3 just to break even, while a
+prompt lookup draft is free and HumanEval answers repeat their prompt's signature and docstring. The rules
+that read the drafter's logits (ensemble, spec-casc-opt, spec-cont-dec) cannot run on a one-hot drafter and
+PAD has no classifier for this pair: they are left out (`--drafter qwen2.5-coder-0.5b` runs the grid with the
+LM drafter instead). Every cell is one batch of all its problems (`batch_size` = problems), one look (the
+budget goes into the first look), no batch-1 timing (speed-ups are the modelled ones at the measured c_rel and
+c_block, plus the batch throughput ratio).
+
+Problems: the estimate (`estimate`) prices each cell from the measured costs below; `fit_problems` gives every
+cell the same first problems, as many as fit the 3-hour budget (164 = all of HumanEval when they do; more
+samples per problem after that, for the sampled stages only).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from relaxspec.bench.names import AR, AUTO
+
+QWEN_CODER = "qwen-coder"
+VERIFIER = "qwen2.5-coder-1.5b"
+DRAFTER = "ngram"
+TASK = "humaneval-instruct"
+PROBLEMS = 164  # HumanEval
+BUDGET_S = 3 * 3600.0
+AUTO_AS = 5  # draft length that prices N = auto (the schedule starts at 5)
+
+STAGES = {
+    "greedy": {"temperature": 0.0, "top_p": None, "draft_lengths": [3],
+               "methods": ["ar", "strict", "topk-delta:delta=0.6", "topk-ratio:ratio=0.3", "spec-casc-tok:alpha=0.35"]},
+    "sampled": {"temperature": 0.7, "top_p": 0.95, "draft_lengths": [3],
+                "methods": ["ar", "strict", "cactus:delta=0.1/0.25", "mentored:alpha=0.3/0.7",
+                            "spec-casc-tok:alpha=0/0.35/0.8", "typical", "topk-delta:delta=0.3/0.6",
+                            "topk-ratio:ratio=0.3/0.1", "fuzzy:threshold=0.05/0.2", "r-fuzzy:threshold=0.05",
+                            "threshold:single=0.01"]},
+    "lengths": {"temperature": 0.7, "top_p": 0.95, "draft_lengths": [5, AUTO],
+                "methods": ["ar", "strict", "topk-delta:delta=0.6"]},
+}
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What a sample costs on this project's 2-core machine (2026-12-05, 2 threads; see docs/real-answer.md):
+    our int4 AR of the 1.5B ~55 ms/token (llama.cpp: 47 ms), HumanEval answers ~150-300 tokens (priced at 300:
+    an answer runs on after its code block to the end of the turn), a verifier block of N + 1 tokens
+    1 + 0.1 N steps (1.3 at N = 3), a drafter step 0 (prompt lookup) or 0.57 (the 0.5B) of a verifier step.
+    tau (tokens per round) is assumed, not measured: 1.5 for prompt lookup, 2.4 for the 0.5B at N = 3, so a
+    speculative cell is priced at 0.87 (lookup) or 1.25 (0.5B) of AR. batch_gain: how much faster a token is
+    in a batch of all the problems than alone (1: none assumed; measure it and the grid grows)."""
+    ar_s_per_token: float = 0.055
+    tokens_per_answer: int = 300
+    c_block_per_draft: float = 0.1
+    drafter_step: dict = field(default_factory=lambda: {"ngram": 0.0, "lm": 0.57})
+    tau: dict = field(default_factory=lambda: {"ngram": 1.5, "lm": 2.4})
+    batch_gain: float = 1.0
+    overhead_s: float = 180.0  # per stage: loading the pair (GGUF int4 ~40 s a process), speed constants, report
+
+    @property
+    def sample_s(self) -> float:
+        """Seconds of one AR answer."""
+        return self.ar_s_per_token * self.tokens_per_answer / self.batch_gain
+
+    def ratio(self, method: str, n, drafter: str) -> float:
+        """A cell's cost per sample relative to AR's."""
+        if method == AR:
+            return 1.0
+        kind = "ngram" if drafter.split(":")[0] == "ngram" else "lm"
+        n = AUTO_AS if n == AUTO else n
+        return (1 + self.c_block_per_draft * n + n * self.drafter_step[kind]) / self.tau[kind]
+
+
+def stage_cells(stage: dict, drafter: str = DRAFTER) -> list[tuple[str, dict, object]]:
+    """(method, params, N) of a stage's cells (N 0 for AR), as the bench plans them."""
+    from relaxspec.bench.config import parse_method
+    specs = [spec for item in stage["methods"] for spec in parse_method(item)]
+    cells = [(AR, {}, 0)] if any(m == AR for m, _ in specs) else []
+    return cells + [(m, p, n) for n in stage["draft_lengths"] for m, p in specs if m != AR]
+
+
+def grid(drafter: str = DRAFTER) -> dict[str, list[tuple[str, dict, object]]]:
+    """Every stage's cells; AR once (the lengths stage shares the sampled stage's AR cell)."""
+    out, seen = {}, set()
+    for name, stage in STAGES.items():
+        cells = []
+        for m, p, n in stage_cells(stage, drafter):
+            key = (m, stage["temperature"]) if m == AR else (m, tuple(sorted(p.items())), n, stage["temperature"])
+            if key not in seen:
+                seen.add(key)
+                cells.append((m, p, n))
+        out[name] = cells
+    return out
+
+
+def estimate(problems: int, repeats: int = 1, costs: Costs = Costs(), drafter: str = DRAFTER) -> dict:
+    """{stage: seconds} and "total" for `problems` problems x `repeats` samples (sampled stages; greedy: 1)."""
+    out = {}
+    for name, cells in grid(drafter).items():
+        reps = 1 if STAGES[name]["temperature"] == 0 else repeats
+        out[name] = costs.overhead_s + sum(costs.ratio(m, n, drafter) for m, _, n in cells) * \
+            problems * reps * costs.sample_s
+    out["total"] = sum(out.values())
+    return out
+
+
+def fit_problems(budget_s: float = BUDGET_S, costs: Costs = Costs(), drafter: str = DRAFTER,
+                 pool: int = PROBLEMS) -> tuple[int, int]:
+    """(problems, repeats): the most problems (<= pool) whose estimate fits the budget, then, with all of them,
+    the most repeats of the sampled stages. ValueError when not even one problem fits."""
+    if estimate(1, 1, costs, drafter)["total"] > budget_s:
+        raise ValueError(f"bench --preset {QWEN_CODER}: not even one problem fits {budget_s / 3600:g} h")
+    lo, hi = 1, pool
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if estimate(mid, 1, costs, drafter)["total"] <= budget_s else (lo, mid - 1)
+    repeats = 1
+    while lo == pool and estimate(pool, repeats + 1, costs, drafter)["total"] <= budget_s:
+        repeats += 1
+    return lo, repeats
+
+
+def stage_configs(explicit: dict, costs: Costs = Costs()) -> list[tuple[str, "BenchConfig"]]:
+    """(stage, BenchConfig) in run order: the preset's settings, `explicit` (BenchConfig fields from flags) over
+    them. Problems and repeats from fit_problems unless `limit` / `repeats` are given."""
+    from relaxspec.bench.config import BenchConfig
+    drafter = (explicit.get("drafters") or [DRAFTER])[0]
+    problems, repeats = fit_problems(costs=costs, drafter=drafter)
+    problems, repeats = explicit.get("limit", problems), explicit.get("repeats", repeats)
+    configs = []
+    for name, stage in STAGES.items():
+        reps = 1 if stage["temperature"] == 0 else repeats  # greedy repeats would repeat the same answers
+        settings = {"verifiers": [VERIFIER], "drafters": [DRAFTER], "tasks": [TASK], "looks": 1, "speed_prompts": 0,
+                    "max_new_tokens": 512, "batch_size": problems * reps, "time_budget_s": BUDGET_S, "max_drop": 0.03,
+                    **stage, **explicit, "limit": problems, "repeats": reps}
+        configs.append((name, BenchConfig(**settings)))
+    return configs
+
+
+def describe(configs, costs: Costs = Costs()) -> str:
+    """The stages, their cells and the estimate, as printed before the run."""
+    drafter = configs[0][1].drafters[0]
+    problems = configs[0][1].limit
+    repeats = max(c.repeats for _, c in configs)
+    est = estimate(problems, repeats, costs, drafter)
+    cells = grid(drafter)
+    lines = [f"bench --preset {QWEN_CODER}: {sum(len(c) for c in cells.values())} cells on the first {problems} of "
+             f"{PROBLEMS} problems ({repeats} sample(s) a problem when sampling), drafter {drafter}:"]
+    for name, config in configs:
+        lines.append(f"  {name:<8} T={config.temperature:g}: {len(cells[name])} cells, about "
+                     f"{est[name] / 60:.0f} min")
+    lines.append(f"  about {est['total'] / 3600:.1f} h in all for {configs[0][1].verifiers[0]} int4 on 2 CPU cores "
+                 f"({costs.ar_s_per_token * 1000:.0f} ms/token AR, {costs.tokens_per_answer} tokens an answer, "
+                 f"assumed tau {costs.tau['ngram'] if drafter.startswith('ngram') else costs.tau['lm']}); "
+                 "a re-run resumes cell by cell")
+    return "\n".join(lines)
+
+
+def run(args, explicit: dict) -> int:
+    """`relaxspec bench --preset qwen-coder`: every stage in turn, then the report of all of them."""
+    import sys
+    from pathlib import Path
+
+    from relaxspec.bench.commands import _report, interrupted
+    from relaxspec.bench.executors import executor_options, print_failed
+    from relaxspec.bench.runner import run_grid
+
+    import torch
+
+    from relaxspec.tasks import check_tasks
+    from relaxspec.tasks.sandbox import require_isolation
+
+    configs = stage_configs(explicit)
+    for _, config in configs:
+        config.validate()
+    check_tasks(configs[0][1].tasks, configs[0][1].limit)
+    require_isolation(args.unsafe_exec)  # humaneval-instruct runs code: refused now if unisolated, before any model
+    if args.threads and args.threads > 0:
+        torch.set_num_threads(args.threads)
+    print(describe(configs))
+    failed = []
+    for i, (name, config) in enumerate(configs, 1):
+        print(f"bench: stage {i}/{len(configs)} ({name}, T={config.temperature:g})", file=sys.stderr)
+        try:
+            summary = run_grid(config, progress=not args.no_progress, executor=executor_options(args))
+        except KeyboardInterrupt:
+            return interrupted("bench", "finished cells are", Path(config.out))
+        print(f"bench: {name}: ran {len(summary.ran)} cells, skipped {len(summary.skipped)} finished ones, "
+              f"in {summary.wall_s:.1f} s")
+        failed += summary.failed
+    print_failed(failed)
+    code = _report(Path(configs[0][1].out), None, configs[0][1].max_drop, not args.no_plots, everything=True)
+    return 1 if failed else code
+
+
+__all__ = ["QWEN_CODER", "STAGES", "Costs", "grid", "estimate", "fit_problems", "stage_configs", "describe", "run"]
