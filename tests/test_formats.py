@@ -235,7 +235,8 @@ def test_int4_off_a_cpu_and_auto_resolution():
     assert resolve_format("auto", cpu, lambda: "int4") == (torch.float32, "int4")
     assert resolve_format("auto", cpu, lambda: None) == (torch.float32, "float32")
     assert resolve_format("bfloat16", cpu) == (torch.float32, "bfloat16")
-    assert resolve_format("float16", cpu) == (torch.float16, "float32")  # as before: float16 loads, runs float32
+    with pytest.raises(ValueError, match="runs on a GPU only; on a CPU use float32, bfloat16, int4 or auto"):
+        resolve_format("float16", cpu)
     with pytest.raises(ValueError, match="int4 runs on a CPU only"):
         resolve_format("int4", torch.device("meta"))
 

@@ -63,7 +63,7 @@ class ParamSpec:
         """The value as a float, or ValueError naming the rule, parameter and range."""
         where = f"rule {rule!r}: parameter {self.name!r}"
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ValueError(f"{where} must be a number in {self.range_str()}, got {value!r}")
+            raise ValueError(f"{where} must be {'' if self.integer else 'a number in '}{self.range_str()}, got {value!r}")
         v = float(value)
         lo = -math.inf if self.low is None else self.low
         hi = math.inf if self.high is None else self.high

@@ -90,6 +90,15 @@ class BenchConfig:
         for name in ("verifiers", "drafters", "tasks", "draft_lengths", "seeds"):
             if not getattr(self, name):
                 raise ValueError(f"bench: {name.replace('_', ' ')} must not be empty")
+        check_settings_types(self, "bench", {**{name: str for name in ("verifiers", "drafters", "tasks", "methods")},
+                                             "seeds": int, "draft_lengths": (int, str), "pad_thresholds": float},
+                             {**{name: float for name in ("max_drop", "time_budget_s", "temperature", "top_p",
+                                                          "draft_confidence")},
+                              **{name: int for name in ("max_new_tokens", "top_k")},
+                              **{name: str for name in ("device", "dtype", "phase", "pad_classifier", "system",
+                                                        "chat_template")}})
+        for name in ("verifiers", "drafters", "tasks", "draft_lengths", "seeds", "pad_thresholds"):
+            setattr(self, name, list(dict.fromkeys(getattr(self, name))))  # a repeated value: one cell, not two
         for seed in self.seeds:
             check_seed(seed, "bench: a seed")
         for n in self.draft_lengths:
@@ -147,6 +156,30 @@ class BenchConfig:
         return cls(**kwargs)
 
 
+def check_settings_types(config, who: str, lists: dict, scalars: dict | None = None) -> None:
+    """ValueError '<who>: <name> must be a list of <kind>' for a list setting (None allowed) of the wrong kind
+    (e.g. `methods = 3` in a TOML file), and '<who>: <name> must be <kind>' for a scalar one."""
+    def kind_ok(value, kind) -> bool:
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool):
+            return bool in kinds
+        return isinstance(value, tuple(k for k in kinds if k is not float)) or (
+            float in kinds and isinstance(value, (int, float)))
+
+    def kind_name(kind, plural: bool) -> str:
+        names = {str: ("a string", "strings"), int: ("an integer", "integers"), float: ("a number", "numbers")}
+        return " or ".join(names[k][plural] for k in (kind if isinstance(kind, tuple) else (kind,)))
+
+    for name, kind in lists.items():
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, list) or not all(kind_ok(v, kind) for v in value)):
+            raise ValueError(f"{who}: {name.replace('_', ' ')} must be a list of {kind_name(kind, True)}, got {value!r}")
+    for name, kind in (scalars or {}).items():
+        value = getattr(config, name)
+        if value is not None and not kind_ok(value, kind):
+            raise ValueError(f"{who}: {name.replace('_', ' ')} must be {kind_name(kind, False)}, got {value!r}")
+
+
 def check_draft_confidence_setting(value, who: str) -> None:
     """ValueError '<who>: draft_confidence must be ...' unless value is None or a threshold the engine takes."""
     if value is not None:
@@ -185,11 +218,21 @@ def _default_model(attr: str) -> str:
 
 
 def check_out_dir(out, flag: str) -> None:
-    """ValueError unless `out` is a directory or can be created as one (no file in its way)."""
+    """ValueError unless `out` is a directory or can be created as one (no file in its way), and this user can
+    write it and its results store: checked before any work, not when the first cell is stored."""
+    import os
+    from relaxspec.bench.store import DB_NAME
     for path in [Path(out), *Path(out).parents]:
         if path.exists():
             if not path.is_dir():
                 raise ValueError(f"{flag} {out}: {path} is a file, not a directory")
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise ValueError(f"{flag} {out}: {path} is not writable")
+            store = Path(out) / DB_NAME
+            if store.is_dir():
+                raise ValueError(f"{flag} {out}: {store} is a directory, not a relaxspec results store")
+            if store.exists() and not os.access(store, os.R_OK | os.W_OK):
+                raise ValueError(f"{flag} {out}: the results store {store} is not writable")
             return
 
 
@@ -204,6 +247,8 @@ def load_toml(path: str | Path, what: str = "bench config") -> dict:
         raise ValueError(f"{what} {str(path)!r} is a directory, not a TOML file") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{what} {path}: invalid TOML ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} {path}: not UTF-8 text (byte {e.start}), as TOML must be") from None
 
 
 # ---------------------------------------------------------------------------------------------

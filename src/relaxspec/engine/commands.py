@@ -58,6 +58,12 @@ GENERATE_KEYS = ("verifier", "drafter", "method", "draft_length", "max_new_token
                  "seed", "phase", "draft_confidence")
 
 
+GENERATE_KEY_KINDS = {"verifier": (str,), "drafter": (str,), "method": (str,), "phase": (str,),
+                      "draft_length": (int, str), "temperature": (int, float), "top_p": (int, float),
+                      "draft_confidence": (int, float)}  # other keys: integers
+KIND_NAMES = {(str,): "a string", (int,): "an integer", (int, float): "a number", (int, str): "an integer or 'auto'"}
+
+
 def apply_generate_config(args, defaults: dict) -> dict:
     """Fill the generate options left at their defaults from args.config; the method's parameters, given in the
     bench's grammar 'NAME:PARAM=V;PARAM=V', come back as a dict (explicit --param wins)."""
@@ -76,6 +82,10 @@ def apply_generate_config(args, defaults: dict) -> dict:
             if len(value) != 1:
                 raise ValueError(f"generate config: {key!r} must be one value, got {value!r}")
             value = value[0]
+        kind = GENERATE_KEY_KINDS.get(name, (int,))
+        if isinstance(value, bool) or not isinstance(value, kind) or (isinstance(value, str) and kind == (int, str)
+                                                                       and value != AUTO):
+            raise ValueError(f"generate config {args.config}: {key!r} must be {KIND_NAMES[kind]}, got {value!r}")
         if getattr(args, name) == defaults[name]:
             setattr(args, name, value)
     params = {}

@@ -41,15 +41,20 @@ def resolve_device(device=None) -> torch.device:
 
 def resolve_format(dtype=None, device: torch.device | None = None, gguf_format=None) -> tuple[torch.dtype, str]:
     """(dtype to load the weights in, the format they run in) for a `--dtype` value. On a CPU the weights load
-    in float32 and run in the format (float32, bfloat16 or int4, models/quant.py); float16 on a CPU loads in float16
-    and runs in float32, as before. Elsewhere the format is the dtype. "auto": `gguf_format()` (a callable giving a GGUF
+    in float32 and run in the format (float32, bfloat16 or int4, models/quant.py); float16 on a CPU is a ValueError
+    (it would run in float32). Elsewhere the format is the dtype. "auto": `gguf_format()` (a callable giving a GGUF
     file's class, None for another model) on a CPU, else the default. int4 off a CPU is a ValueError."""
+    from_env = dtype is None and bool(os.environ.get(DTYPE_ENV))
     if dtype is None:
         dtype = os.environ.get(DTYPE_ENV) or None
+    where = f"${DTYPE_ENV}={dtype}" if from_env else f"--dtype {dtype}"
+    if isinstance(dtype, str) and dtype not in DTYPE_CHOICES and str(dtype).removeprefix("torch.") not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}" + (f" (from ${DTYPE_ENV})" if from_env else "")
+                         + f"; use one of {', '.join(DTYPE_CHOICES)}")
     if isinstance(dtype, str) and dtype in ("int4", "auto"):
         cpu = device is None or device.type == "cpu"
         if dtype == "int4" and not cpu:
-            raise ValueError(f"--dtype int4 runs on a CPU only (device {str(device)!r}); use bfloat16 or float32")
+            raise ValueError(f"{where} runs on a CPU only (device {str(device)!r}); use bfloat16 or float32")
         if dtype == "int4":
             return torch.float32, "int4"
         shipped = gguf_format() if cpu and gguf_format is not None else None
@@ -57,9 +62,10 @@ def resolve_format(dtype=None, device: torch.device | None = None, gguf_format=N
             return torch.float32, shipped
         dtype = None
     resolved = resolve_dtype(dtype, device)
-    if device is None or device.type == "cpu":  # (float16 loads as asked and runs in float32, as before)
-        return (torch.float16 if resolved == torch.float16 else torch.float32,
-                "bfloat16" if resolved == torch.bfloat16 else "float32")
+    if device is None or device.type == "cpu":
+        if resolved == torch.float16:  # a CPU runs float32, bfloat16 and int4 (float16 would run in float32)
+            raise ValueError(f"{where} runs on a GPU only; on a CPU use float32, bfloat16, int4 or auto")
+        return torch.float32, "bfloat16" if resolved == torch.bfloat16 else "float32"
     return resolved, str(resolved).removeprefix("torch.")
 
 
@@ -76,7 +82,8 @@ def resolve_dtype(dtype=None, device: torch.device | None = None) -> torch.dtype
         return dtype
     name = str(dtype).removeprefix("torch.")
     if name not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)}")
+        source = f" (from ${DTYPE_ENV})" if dtype == os.environ.get(DTYPE_ENV) else ""
+        raise ValueError(f"unknown dtype {dtype!r}{source}; use one of {', '.join(DTYPE_CHOICES)}")
     return DTYPES[name]
 
 

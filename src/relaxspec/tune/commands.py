@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 TUNE_EPILOG = """\
@@ -23,6 +24,8 @@ def _positive_or_measured(text: str):
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number or 'measured', got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0 or 'measured', got {text!r}")
     return value
 
 
@@ -83,7 +86,8 @@ def register(subparsers) -> None:
                                    "or 'BEGIN..END' (as bench --phase)")
     t.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=f"output directory (default ./{DEFAULT_OUT})")
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    from relaxspec.models.options import add_compile_arg
+    from relaxspec.models.options import add_compile_arg, add_device_args
+    add_device_args(t)
     add_compile_arg(t)
     t.add_argument("--no-plots", action="store_true")
     t.add_argument("--no-progress", action="store_true")
@@ -105,6 +109,8 @@ def cmd_tune(args) -> int:
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
     if runs_code(args.task):  # refused here, before any model loads, if unisolated
         require_isolation(args.unsafe_exec)
+    from relaxspec.bench.commands import check_threads
+    check_threads(args.threads)
     torch.set_num_threads(args.threads)
     config = TuneConfig(verifier=args.verifier, drafter=args.drafter, task=args.task, max_drop=args.max_drop,
                         objective=args.objective, c_rel=args.c_rel, c_block=args.c_block, methods=args.methods,
@@ -112,7 +118,8 @@ def cmd_tune(args) -> int:
                         heldout_prompts=args.heldout_prompts, heldout_repeats=args.heldout_repeats, seed=args.seed,
                         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_new_tokens=args.max_new_tokens, pad_classifier=args.pad_classifier, out=str(args.out),
-                        compile=bool(args.compile), phase=args.phase, draft_confidence=args.draft_confidence)
+                        compile=bool(args.compile), phase=args.phase, draft_confidence=args.draft_confidence,
+                        device=args.device, dtype=args.dtype)
     for flag, name in (("draft_lengths", "draft_lengths"), ("rungs", "sizes"), ("caps", "caps")):
         if getattr(args, flag) is not None:
             setattr(config, name, tuple(getattr(args, flag)) if name != "draft_lengths" else getattr(args, flag))

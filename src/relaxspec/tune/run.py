@@ -20,7 +20,9 @@ import warnings
 from dataclasses import dataclass, field
 
 from relaxspec.acceptance.random import check_seed
-from relaxspec.bench.config import BenchConfig, check_draft_confidence_setting, extra_draft_passes
+from relaxspec.bench.config import (BenchConfig, check_draft_confidence_setting, check_out_dir, check_settings_types,
+                                    extra_draft_passes)
+from relaxspec.bench.names import AR
 from relaxspec.bench.stats import Interval, paired_diff_interval
 from relaxspec.bench.sampling import TUNE_HELDOUT_PROMPTS
 from relaxspec.tune.cells import Cells
@@ -65,16 +67,28 @@ class TuneConfig:
     phase: str | None = None  # relax only inside a span (bench.phase): None, "task", "think" or "BEGIN..END"
     out: str = DEFAULT_OUT
     compile: bool = False  # load_model(compile=True) for the bench cells (models/compiled.py)
+    device: str | None = None  # load_model's, for the bench cells (None: the default)
+    dtype: str | None = None
 
     def validate(self) -> None:
+        check_settings_types(self, "tune", {"methods": str, "draft_lengths": (int, str)},
+                             {**{name: float for name in ("max_drop", "c_rel", "c_block", "budget_minutes",
+                                                          "temperature", "top_p", "draft_confidence")},
+                              **{name: int for name in ("seed", "top_k", "max_new_tokens", "speed_prompts")},
+                              **{name: str for name in ("verifier", "drafter", "task", "objective", "out", "phase",
+                                                        "pad_classifier", "device", "dtype")}})
+        if self.methods is not None and not [m for m in self.methods if m.split(":", 1)[0].strip() != AR]:
+            raise ValueError("tune: methods name nothing to search (ar is the speed reference, not searched; "
+                             "strict is always searched: name rules, or strict alone to pick its N)")
+        check_out_dir(self.out, "--out")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"tune: unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
         if not 0 <= self.max_drop < 1:
             raise ValueError(f"tune: max drop must lie in [0, 1), got {self.max_drop}")
         for name in ("c_rel", "c_block"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"tune: {name.replace('_', '-')} must be > 0 or 'measured', got {value}")
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"tune: {name.replace('_', '-')} must be a finite number > 0 or 'measured', got {value}")
         for name in ("search_prompts", "heldout_prompts", "heldout_repeats"):
             value = getattr(self, name)
             if value is None and name != "heldout_repeats":
@@ -104,7 +118,8 @@ class TuneConfig:
                            tasks=[self.task], seeds=[self.seed], limit=limit, temperature=self.temperature,
                            top_k=self.top_k, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
                            speed_prompts=self.speed_prompts, pad_classifier=self.pad_classifier, out=str(self.out),
-                           compile=self.compile, phase=self.phase, draft_confidence=self.draft_confidence)
+                           compile=self.compile, phase=self.phase, draft_confidence=self.draft_confidence,
+                           device=self.device, dtype=self.dtype)
 
 
 def prompt_bands(pool: int | None, search: int | None, heldout: int | None) -> tuple[int, int]:
