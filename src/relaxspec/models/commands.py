@@ -119,9 +119,14 @@ def cmd_models(args) -> int:
                              f"{', '.join([*family.FAMILY, *family.BUILTIN_HEADS])}")
         print(family.builtin_path(args.name))
         return 0
-    from relaxspec.models.options import device_kwargs
+    from relaxspec.bench.commands import check_threads
+    from relaxspec.models.options import check_positive, device_kwargs
     from relaxspec.tasks import runs_code
     from relaxspec.tasks.sandbox import require_isolation
+
+    check_positive(args, "n")  # --n 0 would fail later as 'no prompts given'
+    if args.models_cmd == "list":
+        check_threads(args.threads)
 
     if any(runs_code(t) for t in args.tasks):  # refused here, before any model loads, if unisolated
         require_isolation(args.unsafe_exec)
