@@ -1,0 +1,139 @@
+"""bench --preset qwen-coder: its grid, its priced time, and a resumed run that stores what an uninterrupted one does."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from relaxspec.bench import presets
+from relaxspec.bench.names import AR, AUTO
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def test_grid_stages_and_cells():
+    cells = presets.grid()
+    assert {k: len(v) for k, v in cells.items()} == {"greedy": 5, "sampled": 18, "lengths": 4}
+    assert sum(m == AR for v in cells.values() for m, _, _ in v) == 2  # greedy's and sampled's; lengths shares it
+    greedy = {m for m, _, _ in cells["greedy"]}
+    assert greedy == {AR, "strict", "topk-delta", "topk-ratio", "spec-casc-tok"}
+    assert {n for _, _, n in cells["lengths"]} == {5, AUTO}
+    sampled = {(m, tuple(p.values())) for m, p, _ in cells["sampled"]}
+    assert ("cactus", (0.1,)) in sampled and ("cactus", (0.25,)) in sampled and ("spec-casc-tok", (0.8,)) in sampled
+    # every rule of the grid runs on prompt lookup's one-hot drafts; the ones that cannot are left out
+    from relaxspec.acceptance import check_one_hot_q
+    for m, _, _ in [c for v in cells.values() for c in v if c[0] != AR]:
+        check_one_hot_q(m)
+    assert not {"ensemble", "spec-casc-opt", "spec-cont-dec", "pad"} & {m for v in cells.values() for m, _, _ in v}
+
+
+def test_rules_left_out_at_greedy_repeat_strict():
+    """At T=0 the sampled stage's other rules are exactly strict on the built-in pair: same token ids."""
+    import torch
+    torch.set_num_threads(1)
+    from relaxspec import generate
+    from relaxspec.tasks import get_task
+    prompts = get_task("arithmetic", limit=6).prompts
+    kw = dict(draft_length=3, max_new_tokens=24, temperature=0.0)
+    strict = generate("verifier", "drafter-weak", prompts, method="strict", **kw)
+    greedy_rules = {m for m, _, _ in presets.grid()["greedy"]}
+    left_out = [(m, p) for m, p, _ in presets.grid()["sampled"] if m not in greedy_rules]
+    assert len(left_out) == 9
+    for m, p in left_out:
+        out = generate("verifier", "drafter-weak", prompts, method=m, **kw, **p)
+        assert [r.token_ids for r in out.results] == [r.token_ids for r in strict.results], (m, p)
+
+
+def test_estimate_prices_every_cell():
+    c = presets.Costs()
+    assert c.sample_s == pytest.approx(0.055 * 300)
+    assert c.ratio(AR, 0, "ngram") == 1.0
+    assert c.ratio("strict", 3, "ngram") == pytest.approx(1.3 / 1.5)
+    assert c.ratio("strict", 3, "qwen2.5-coder-0.5b") == pytest.approx((1.3 + 3 * 0.57) / 2.4)
+    assert c.ratio("strict", AUTO, "ngram") == c.ratio("strict", 5, "ngram") == pytest.approx(1.0)
+    per_problem = (1 + 4 * 1.3 / 1.5) + (1 + 17 * 1.3 / 1.5) + 4 * 1.0  # greedy, sampled, lengths
+    est = presets.estimate(10)
+    assert est["total"] == pytest.approx(3 * c.overhead_s + 10 * per_problem * c.sample_s)
+    assert presets.estimate(10, repeats=2)["greedy"] == est["greedy"]  # greedy never repeats
+    assert presets.estimate(10, repeats=2)["sampled"] > est["sampled"]
+
+
+def test_fit_problems_is_the_most_that_fits():
+    problems, repeats = presets.fit_problems()
+    assert (problems, repeats) == (25, 1)
+    assert presets.estimate(25)["total"] <= presets.BUDGET_S < presets.estimate(26)["total"]
+    fast = presets.Costs(batch_gain=20.0)
+    problems, repeats = presets.fit_problems(costs=fast)
+    assert problems == 164 and repeats > 1
+    assert presets.estimate(164, repeats, fast)["total"] <= presets.BUDGET_S < \
+        presets.estimate(164, repeats + 1, fast)["total"]
+    with pytest.raises(ValueError, match="not even one problem fits"):
+        presets.fit_problems(budget_s=60.0)
+
+
+def test_stage_configs_take_flags_over_the_preset():
+    configs = dict(presets.stage_configs({"verifiers": ["verifier"], "limit": 2, "repeats": 3}))
+    assert list(configs) == ["greedy", "sampled", "lengths"]
+    for name, config in configs.items():
+        config.validate()
+        assert config.verifiers == ["verifier"] and config.drafters == ["ngram"]
+        assert config.tasks == ["humaneval-instruct"] and config.limit == 2 and config.looks == 1
+        assert config.max_new_tokens == 512 and config.speed_prompts == 0
+    assert configs["greedy"].temperature == 0 and configs["greedy"].repeats == 1
+    assert configs["sampled"].temperature == 0.7 and configs["sampled"].top_p == 0.95 and configs["sampled"].repeats == 3
+    assert configs["sampled"].batch_size == 6
+    text = presets.describe(presets.stage_configs({}))
+    assert "27 cells on the first 25 of 164 problems" in text and "2.9 h" in text
+
+
+def _bench(out, *extra):
+    return [sys.executable, "-m", "relaxspec", "bench", "--preset", "qwen-coder", "--verifier", "verifier",
+            "--drafter", "ngram", "--limit", "2", "--max-new-tokens", "12", "--workers", "1", "--no-plots",
+            "--no-progress", "--out", str(out), *extra]
+
+
+def _rows(out):
+    with sqlite3.connect(Path(out) / "results.sqlite") as db:
+        return sorted(db.execute("SELECT cell_key, prompt_index, repeat, response, utility, tokens, token_hash "
+                                 "FROM rows").fetchall())
+
+
+def _stored_cells(out):
+    path = Path(out) / "results.sqlite"
+    if not path.exists():
+        return 0
+    try:
+        with sqlite3.connect(path, timeout=1) as db:
+            return db.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def test_interrupted_run_resumes_to_the_same_rows(tmp_path):
+    env = {**os.environ, "PYTHONPATH": SRC}
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run = subprocess.run(_bench(whole), capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "27 cells on the first 2 of 164 problems" in run.stdout
+    want = _rows(whole)
+    assert len(want) == 27 * 2
+
+    proc = subprocess.Popen(_bench(resumed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 600
+    while _stored_cells(resumed) < 8 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "re-run the same command to resume" in err
+    part = _rows(resumed)
+    assert 0 < len(part) < len(want)
+    again = subprocess.run(_bench(resumed), capture_output=True, text=True, env=env, timeout=900)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "skipped" in again.stdout
+    assert _rows(resumed) == want
