@@ -154,10 +154,10 @@ def format_constants(verifiers: dict, drafters: dict, drafter: str, draft_length
 
 def measure(verifier: str, drafter: str, formats, prompts: list[tuple[str, str]], *, threads=(1, 2),
             draft_lengths=(2, 3, 5, AUTO), max_new_tokens=128, with_llamacpp=True, binary: Path | None = None,
-            rounds=20, progress=True) -> dict:
+            rounds=20, progress=True, device="cpu") -> dict:
     from tqdm import tqdm
 
-    verifiers = {fmt: load_model(verifier, device="cpu", dtype=fmt) for fmt in formats}
+    verifiers = {fmt: load_model(verifier, device=device, dtype=fmt) for fmt in formats}
     drafters = {fmt: {d: load_drafter(d, v) for d in dict.fromkeys([drafter, NGRAM])} for fmt, v in verifiers.items()}
     tokenizer = next(iter(verifiers.values())).tokenizer
     texts = [p for _, p in prompts]
@@ -323,6 +323,7 @@ def main(argv=None) -> None:
     ap.add_argument("--chat-prompts", type=int, default=10, help=f"held-out chat prompts (at most {len(chat.HELDOUT)})")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=20, help="interleaved rounds of the speed constants")
+    ap.add_argument("--device", default="cpu", help="relaxspec's device (llama.cpp's rows: on a CPU only)")
     ap.add_argument("--llama-bin", help=f"directory holding {SPEC_BINARY} (default ${BIN_ENV})")
     ap.add_argument("--no-llamacpp", action="store_true", help="no llama.cpp rows")
     ap.add_argument("--csv", type=Path, default=Path("relaxspec-results/real_pair_peer.csv"))
@@ -335,6 +336,7 @@ def main(argv=None) -> None:
     if args.max_new_tokens < 1:
         ap.error("--max-new-tokens must be >= 1")
     ggufs = is_gguf(args.verifier) and is_gguf(args.drafter)
+    args.no_llamacpp = args.no_llamacpp or args.device != "cpu"
     with_llamacpp = not args.no_llamacpp and is_gguf(args.verifier) and llama_cpp_available()
     binary = spec_binary(args.llama_bin) if not args.no_llamacpp and ggufs else None
     if args.llama_bin and binary is None and not args.no_llamacpp:
@@ -343,10 +345,11 @@ def main(argv=None) -> None:
     prompts = pair_prompts(args.code_prompts, args.chat_prompts)
     result = measure(args.verifier, args.drafter, args.formats, prompts, threads=args.threads,
                      draft_lengths=list(dict.fromkeys(args.draft_lengths)), max_new_tokens=args.max_new_tokens,
-                     with_llamacpp=with_llamacpp, binary=binary, rounds=args.rounds, progress=not args.no_progress)
+                     with_llamacpp=with_llamacpp, binary=binary, rounds=args.rounds, progress=not args.no_progress,
+                     device=args.device)
     text, table_rows = table(result)
     print(f"verifier {args.verifier}, drafter {args.drafter}, {args.code_prompts} HumanEval (instruct) + "
-          f"{args.chat_prompts} chat prompts, max {args.max_new_tokens} new tokens, greedy, batch 1")
+          f"{args.chat_prompts} chat prompts, max {args.max_new_tokens} new tokens, greedy, batch 1, {args.device}")
     print(text)
     write_csv(args.csv, table_rows)
     print(f"CSV: {args.csv}")
