@@ -1,4 +1,5 @@
-"""The package's layers (docs/design.md, "Layers"): imports point down, and no packages import each other.
+"""The package's layers (docs/design.md, "Layers"): imports point down, no packages import each other, and no
+modules inside a package import each other in a cycle.
 
 The import graph is built from the source with `ast` (imports inside functions included, relative imports
 resolved); the layer order is read from the table in docs/design.md, so the two cannot drift apart.
@@ -54,14 +55,12 @@ def _is_module(top: Path, module: str) -> bool:
     return path.is_dir() or path.with_suffix(".py").is_file()
 
 
-def import_graph(top: Path) -> dict[str, dict[str, list[str]]]:
-    """{entry: {imported entry: ["file:line", ...]}} over every .py file under `top` (a package directory)."""
-    graph: dict[str, dict[str, list[str]]] = {}
+def module_imports(top: Path):
+    """(file, imported module, "file:line") for every import of every .py file under `top` (a package directory):
+    file relative to top's parent, imports inside functions included, relative imports resolved."""
     for path in sorted(top.rglob("*.py")):
         rel = path.relative_to(top.parent)
         package = list(rel.parts[:-1])  # the package a relative import starts from
-        source = entry_of(path, top)
-        edges = graph.setdefault(source, {})
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -74,9 +73,42 @@ def import_graph(top: Path) -> dict[str, dict[str, list[str]]]:
             else:
                 continue
             for target in targets:
-                entry = _module_entry(target, top)
-                if entry is not None and entry != source:
-                    edges.setdefault(entry, []).append(f"{rel}:{node.lineno}")
+                yield path, target, f"{rel}:{node.lineno}"
+
+
+def import_graph(top: Path) -> dict[str, dict[str, list[str]]]:
+    """{entry: {imported entry: ["file:line", ...]}} over every .py file under `top` (a package directory)."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(top.rglob("*.py")):
+        graph.setdefault(entry_of(path, top), {})
+    for path, target, where in module_imports(top):
+        source, entry = entry_of(path, top), _module_entry(target, top)
+        if entry is not None and entry != source:
+            graph[source].setdefault(entry, []).append(where)
+    return graph
+
+
+def _module_file(module: str, top: Path) -> Path | None:
+    """The file of module `relaxspec.x.y` under top (x/y.py or x/y/__init__.py; None: not one of this package's)."""
+    if module.split(".")[0] != top.name:
+        return None
+    path = top.parent / module.replace(".", "/")
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def module_graph(top: Path) -> dict[str, dict[str, list[str]]]:
+    """{module file: {imported module file: ["file:line", ...]}} between the modules of each package under `top`
+    (files relative to top; the package's __init__.py is one of its modules), imports inside functions included."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for path, target, where in module_imports(top):
+        found = _module_file(target, top)
+        if path.parent == top or found is None or found == path or found.parent != path.parent:
+            continue  # (the top level's modules are the layer table's entries, checked by import_graph)
+        source = str(path.relative_to(top))
+        graph.setdefault(source, {}).setdefault(str(found.relative_to(top)), []).append(where)
     return graph
 
 
@@ -124,12 +156,26 @@ def violations(graph: dict[str, dict[str, list[str]]], layers: list[list[str]]) 
     return problems
 
 
+def module_cycles(top: Path) -> list[str]:
+    """Cycles of imports between the modules inside one package (imports inside functions count), one line each."""
+    graph = module_graph(top)
+    problems = []
+    for c in cycles(graph):
+        where = dict.fromkeys(w for a in c for b in c for w in graph.get(a, {}).get(b, []))  # (in order, once)
+        problems.append(f"import cycle between {' '.join(c)} ({', '.join(where)})")
+    return problems
+
+
 def test_the_package_follows_the_layer_table():
     layers = read_layers(DESIGN.read_text(encoding="utf-8"))
     graph = import_graph(SRC)
     assert violations(graph, layers) == []
     listed = {entry for row in layers for entry in row}
     assert listed == set(graph), f"table entries without source: {sorted(listed - set(graph))}"
+
+
+def test_no_modules_of_a_package_import_each_other_in_a_cycle():
+    assert module_cycles(SRC) == []
 
 
 # ------------------------------------------------------------------ the checker on a package made here
@@ -209,3 +255,17 @@ def test_a_command_module_belongs_to_the_cli_row_and_a_package_without_a_row_fai
         "extra/ is not in the layer table",
         "upward import: high/ imports */commands.py (pkg/high/__init__.py:1)",
         "import cycle between */commands.py high/"]
+
+
+def test_a_cycle_between_modules_inside_a_package_fails(tmp_path):
+    top = _package(tmp_path, {
+        "base.py": "",
+        "low/__init__.py": "from pkg.low.a import A\n",
+        "low/a.py": "A = 1\ndef f():\n    from pkg.low import b\n",  # inside a function: counts
+        "low/b.py": "from .a import A\n",
+        "high/__init__.py": "",
+        "high/c.py": "from pkg.low.a import A\n",  # across packages: the layer table's business
+    })
+    assert module_cycles(top) == ["import cycle between low/a.py low/b.py (pkg/low/a.py:3, pkg/low/b.py:1)"]
+    (top / "low" / "a.py").write_text("A = 1\n")
+    assert module_cycles(top) == []

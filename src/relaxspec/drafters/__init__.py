@@ -2,8 +2,9 @@
 (`LMDrafter`), prompt lookup (`NgramDrafter`) and an MTP head on the verifier's hidden states
 (`relaxspec.drafters.mtp`); `load_drafter(name, verifier)` builds any of them from a name."""
 
-from relaxspec.drafters.base import (Drafter, LMDrafter, NgramDrafter, Proposal, as_drafter, load_drafter,
-                                     draft_timer, measure_draft_latency, one_hot_logits, parse_ngram)
+from relaxspec.drafters.base import (Drafter, LMDrafter, NgramDrafter, Proposal, draft_timer, measure_draft_latency,
+                                     one_hot_logits, parse_ngram)
+from relaxspec.drafters.load import as_drafter, load_drafter
 
 __all__ = ["Drafter", "Proposal", "LMDrafter", "NgramDrafter", "load_drafter", "as_drafter", "measure_draft_latency", "draft_timer",
            "one_hot_logits", "parse_ngram"]

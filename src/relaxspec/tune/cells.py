@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from relaxspec.acceptance import RULES
 from relaxspec.bench.cell import (CellRunner, CellSpec, cell_config, cell_runner, generate_samples, pad_applies,
@@ -19,9 +18,6 @@ from relaxspec.bench.store import Row, Store, cell_key, token_hash
 from relaxspec.bench.versions import code_version, model_version
 from relaxspec.tune.objective import priced_round
 from relaxspec.tune.space import Config
-
-if TYPE_CHECKING:
-    from relaxspec.tune.run import TuneConfig
 
 
 @dataclass
@@ -57,9 +53,10 @@ class SampleJob(SpecJob):
 
 
 class Cells:
-    """Tune's cells in the bench store: run the samples a cell lacks, read what it has."""
+    """Tune's cells in the bench store: run the samples a cell lacks, read what it has. `config`: the run's settings,
+    a run.TuneConfig (run.py builds on this module, so it is not imported here)."""
 
-    def __init__(self, config: TuneConfig, executor=None):
+    def __init__(self, config, executor=None):
         config.resolve_bands()
         self.config = config
         self.executor = executor  # None: every sample runs in this process
@@ -81,6 +78,7 @@ class Cells:
                 self.versions["pad_classifier"] = info
         self.classifier_rule = classifier_rules[0] if self.pad_fits else None  # whose cells c_pivot is measured for
         self.store = Store(config.out)
+        self.store.check_consistent()
         self.grid = CellRunner(bench, self.pivot_fn)  # the bench's models and tasks of one process
         self.cache = {"runner_key": SampleJob.cache_key(bench, self.pad_fits), "runner": self.grid}  # SampleJob's, here
         self._speed = {}
