@@ -8,10 +8,15 @@ import sys
 import pytest
 import torch
 
+from relaxspec import native
 from relaxspec.models import int4_block
 from relaxspec.models.quant import Linear, dequantize_int4, quantize_int4
 
-needs_kernel = pytest.mark.skipif(int4_block.kernel() is None, reason="no AVX-512 BF16 CPU or no C++ toolchain")
+# Skipped only where the kernel cannot run here (no compiler, no AVX-512 BF16, kernels off); where it can, a build
+# that fails fails these tests (kernel() None) and tests/test_native_build.py.
+needs_kernel = pytest.mark.skipif(
+    native.compiler() is None or not native.enabled() or not set(int4_block.CPU_FLAGS) <= native.cpu_flags(),
+    reason="no C compiler, no AVX-512 BF16 CPU, or RELAXSPEC_NATIVE=0")
 
 SHAPES = ((50, 96), (7, 64), (960, 576), (576, 1536), (3, 32))  # odd output counts (tails of the 4- and 2-tiles)
 
@@ -76,6 +81,11 @@ def test_block_and_aten_kernels_agree_and_store_the_same_bytes():
     assert torch.equal(block.dense(), dequantize_int4(*quantize_int4(w)).bfloat16().float())
 
 
+@needs_kernel
+def test_the_kernel_builds_here():
+    assert int4_block.kernel() is not None
+
+
 def test_without_a_compiler_int4_falls_back_to_aten_with_one_warning_line(tmp_path):
     """RELAXSPEC_INT4_KERNEL=block asks for the block kernel; a build that fails is one warning, then aten."""
     code = ("import warnings, torch\n"
@@ -86,13 +96,30 @@ def test_without_a_compiler_int4_falls_back_to_aten_with_one_warning_line(tmp_pa
             "    y = lin(torch.randn(3, 96))\n"
             "print(lin.block is None, lin.packed is not None, tuple(y.shape))\n"
             "print(len(caught)); print(caught[0].message if caught else '')\n")
-    env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path), "RELAXSPEC_INT4_KERNEL": "block",
+    env = {**os.environ, "CC": "/bin/false", "RELAXSPEC_CACHE": str(tmp_path), "RELAXSPEC_INT4_KERNEL": "block",
            "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("RELAXSPEC_NATIVE", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     used, count, message = out.stdout.strip().splitlines()
     assert (used, count) == ("True True (3, 64)", "1")  # aten's kernel, one warning
     assert message.startswith("relaxspec int4 block kernel unavailable (") and "aten" in message
+
+
+def test_relaxspec_native_0_turns_the_int4_kernel_off_silently():
+    """RELAXSPEC_NATIVE=0 turns off every native kernel, int4's too: aten's kernel, no build, no warning."""
+    code = ("import warnings, torch\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    from relaxspec.models import int4_block\n"
+            "    from relaxspec.models.quant import Linear\n"
+            "    lin = Linear(torch.randn(64, 96), 'int4', int4_impl='block')\n"
+            "    y = lin(torch.randn(3, 96))\n"
+            "print(int4_block.kernel() is None, lin.block is None, lin.packed is not None, len(caught))\n")
+    env = {**os.environ, "RELAXSPEC_NATIVE": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "True", "0"]
 
 
 def test_relaxspec_native_0_turns_the_block_kernel_off_too():

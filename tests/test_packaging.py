@@ -40,3 +40,12 @@ def test_the_wheel_ships_every_file_of_the_package(tmp_path):
     expected = package_files()
     assert any(f.endswith(".pt") for f in expected) and any(f.endswith(".safetensors") for f in expected)
     assert sorted(expected - shipped) == []
+    # the C kernels' sources, which relaxspec.native builds on first use: every kernel's translation unit and header
+    from relaxspec.acceptance import RULES
+    kernel_files = {f for f in shipped if "/csrc/" in f and f.endswith((".c", ".h"))}
+    for name in ("csrc/exp_nonpositive.h", "acceptance/csrc/sampler.c", "acceptance/csrc/sampler.h",
+                 "acceptance/csrc/sampler_core.c", "acceptance/csrc/verify_loop.c", "acceptance/csrc/rule.c",
+                 "acceptance/csrc/rule.h", "models/csrc/f32_kernels.c", "models/csrc/f32_kernels.h",
+                 "models/csrc/int4_block.c", "models/csrc/int4_block.h",
+                 *(f"acceptance/csrc/rules/{r.native_test}" for r in RULES.values() if r.native_test)):
+        assert f"relaxspec/{name}" in kernel_files, name

@@ -1,15 +1,22 @@
-"""Small C kernels for the CPU, built on first use with the system's C compiler and loaded with ctypes.
+"""The builder of the package's C kernels: each built on first use with the system's C compiler into a shared
+library and loaded with ctypes.
 
 The engine's round on a small model is made of many tiny tensor operations (a few microseconds each of
-dispatch); a kernel here does the work of several of them in one call. Each kernel is plain C (no torch
-headers: a build takes about a second), compiled with `-O3 -march=native` into a shared library cached under
-`$RELAXSPEC_CACHE` (default `~/.cache/relaxspec/kernels`), keyed by the source, the flags, the compiler and the
-CPU, and written atomically (parallel workers may build the same one; the last rename wins, both are equal).
+dispatch); a kernel does the work of several of them in one call. A kernel's sources are files shipped with the
+package (`csrc/` beside the module that uses it; `relaxspec/csrc/` holds what several share): one translation
+unit and one header, its interface, that declares every function the library exports. The translation unit
+includes its header, so the compiler checks each definition against its declaration, and the ctypes
+signatures are read from the header's prototypes (`signatures`): no argument list is written twice. Plain C, no
+torch headers (a build takes about a second), compiled with `-O3 -march=native` (a kernel may give its own
+flags) into a library cached under `$RELAXSPEC_CACHE` (default `~/.cache/relaxspec/kernels`), keyed by the
+sources (every file of its include folders), the flags, the compiler and the CPU, and written atomically
+(parallel workers may build the same one; the last rename wins, both are equal).
 
 Callers pass tensors' data pointers (`tensor.data_ptr()`): CPU, contiguous, of the dtype the C function expects;
-the callers check that and keep a torch path for everything else (another device or dtype). `load` returns None, with one
-warning line per kernel, where no compiler is found or the build fails, and always when `RELAXSPEC_NATIVE=0`
-(the torch path then serves: tests compare the two).
+the callers check that and keep a torch path for everything else (another device or dtype). `load` returns None,
+with one warning line per kernel, where no compiler is found or the build fails, and always when
+`RELAXSPEC_NATIVE=0` (the torch path then serves: tests compare the two; tests/test_native_build.py builds every
+kernel with warnings as errors and fails where one does not build).
 """
 
 from __future__ import annotations
@@ -19,44 +26,59 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
+CSRC = Path(__file__).resolve().parent / "csrc"  # C shared by the kernels (exp_nonpositive.h), on every include path
+WARNINGS = ("-Wall", "-Wextra", "-Werror")  # the build test's flags (tests/test_native_build.py)
 
-# C shared by the kernels (a source puts it after its #includes; it needs <stdint.h> and <string.h>).
-EXP_NONPOSITIVE = r"""
-/* exp(x) in float32 for x <= 0 (-inf included), within ~1 ulp: Cephes' expf, written so that loops over it
-   vectorise (2^n as two normal factors, so results down to the smallest subnormal, 0 below) */
-static inline float exp_nonpositive(float x) {
-    const float round = 12582912.0f;  /* 1.5 * 2^23: adding it rounds to an integer */
-    float xc = x < -104.0f ? -104.0f : x;
-    float n = (xc * 1.44269504088896341f + round) - round;
-    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
-    int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
-    float s1, s2;
-    memcpy(&s1, &b1, sizeof s1);
-    memcpy(&s2, &b2, sizeof s2);
-    return x < -103.972077f ? 0.0f : y * s1 * s2;
-}
-"""
+
+@dataclass(frozen=True)
+class Kernel:
+    """One library: `source`, the translation unit compiled (its folder and CSRC on the include path, with
+    `include`); `header`, its interface, whose prototypes give the ctypes signatures of the functions in
+    `functions` (None: every one it declares); `defines`, (name, value) pairs passed as -D; `flags`, the compiler's
+    flags."""
+
+    name: str
+    source: Path
+    header: Path
+    include: tuple[Path, ...] = ()
+    defines: tuple[tuple[str, str], ...] = ()
+    flags: tuple[str, ...] = FLAGS
+    functions: tuple[str, ...] | None = None
+
+    def include_dirs(self) -> tuple[Path, ...]:
+        return (self.source.parent, *self.include, CSRC)
+
+    def command(self, compiler: str, out: Path, extra: tuple[str, ...] = ()) -> list[str]:
+        return [compiler, *self.flags, *extra, *(f"-I{d}" for d in self.include_dirs()),
+                *(f"-D{k}={v}" if v else f"-D{k}" for k, v in self.defines), "-o", str(out), str(self.source), "-lm"]
+
+
+class BuildError(RuntimeError):
+    """A kernel that cannot be built or loaded: `summary` in one line, the compiler's messages in full after it."""
+
+    def __init__(self, summary: str, detail: str = ""):
+        super().__init__(summary + (f"\n{detail}" if detail else ""))
+        self.summary = summary
 
 
 def enabled() -> bool:
     """False when RELAXSPEC_NATIVE=0 (every kernel then stays unused)."""
     return os.environ.get("RELAXSPEC_NATIVE", "1") != "0"
+
+
+def compiler() -> str | None:
+    """The C compiler the kernels are built with ($CC, else cc or gcc on the PATH), or None."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def cache_dir() -> Path:
@@ -73,45 +95,114 @@ def _cpu_identity() -> str:
         return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _sources_key(kernel: Kernel, compiler_path: str, extra: tuple[str, ...]) -> str:
+    """The cache key: every C file of the kernel's include folders (name and text), its defines and flags, the
+    compiler and the CPU."""
+    h = hashlib.sha256()
+    for folder in kernel.include_dirs():
+        for path in sorted(p for p in folder.rglob("*") if p.suffix in (".c", ".h")):
+            h.update(f"{path.relative_to(folder)}\0".encode() + path.read_bytes() + b"\0")
+    h.update("\0".join((kernel.source.name, repr(kernel.defines), " ".join(kernel.flags + extra), compiler_path,
+                        _cpu_identity())).encode())
+    return h.hexdigest()[:16]
+
+
+def build(kernel: Kernel, extra: tuple[str, ...] = (), directory: Path | None = None) -> Path:
+    """The kernel's library, built (or found built) under `directory` (default: cache_dir()) with `extra` flags;
+    BuildError where there is no compiler or the build fails."""
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler (cc) found")
+    target = (directory or cache_dir()) / f"{kernel.name}-{_sources_key(kernel, cc, extra)}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        done = subprocess.run(kernel.command(cc, out, extra), capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            messages = done.stderr.strip() or done.stdout.strip()
+            raise BuildError(f"the build failed: {(messages.splitlines() or ['failed'])[0][:200]}",
+                             f"{messages}\n(command: {' '.join(kernel.command(cc, out, extra))})")
+        os.replace(out, target)
+    return target
+
+
 @functools.cache
-def load(name: str, source: str, signatures: tuple = ()) -> ctypes.CDLL | None:
-    """The library built from C `source` (None, with one warning line, where it cannot be built or is
-    disabled). `signatures`: (function, restype, (argtypes...)) to declare on the library."""
+def load(kernel: Kernel) -> ctypes.CDLL | None:
+    """The kernel's library (`open_library`), None, with one warning line, where it cannot be built or loaded, and
+    None where RELAXSPEC_NATIVE=0."""
     if not enabled():
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return _unavailable(name, "no C compiler (cc) found")
-    key = hashlib.sha256("\0".join((source, " ".join(FLAGS), compiler, _cpu_identity())).encode()).hexdigest()[:16]
-    target = cache_dir() / f"{name}-{key}.so"
-    if not target.exists():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                src = Path(tmp) / f"{name}.c"
-                src.write_text(source)
-                out = Path(tmp) / target.name
-                done = subprocess.run([compiler, *FLAGS, "-o", str(out), str(src), "-lm"], capture_output=True,
-                                      text=True, timeout=120)
-                if done.returncode != 0:
-                    first = (done.stderr.strip().splitlines() or ["failed"])[0]
-                    return _unavailable(name, f"the build failed: {first[:200]}")
-                os.replace(out, target)
-        except (OSError, subprocess.SubprocessError) as error:
-            return _unavailable(name, f"{type(error).__name__}: {error}")
+    try:
+        return open_library(kernel)
+    except BuildError as error:
+        return _unavailable(kernel.name, error.summary)
+
+
+def open_library(kernel: Kernel) -> ctypes.CDLL:
+    """The kernel's library, built if needed, with its functions' signatures declared from its header; BuildError
+    where it cannot be built or loaded."""
+    try:
+        target = build(kernel)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise BuildError(f"{type(error).__name__}: {error}") from error
     try:
         lib = ctypes.CDLL(str(target))
     except OSError as error:
-        return _unavailable(name, f"cannot load {target}: {error}")
-    for function, restype, argtypes in signatures:
+        raise BuildError(f"cannot load {target}: {error}") from error
+    declared = signatures(kernel.header)
+    for function in kernel.functions or tuple(declared):
         f = getattr(lib, function)
-        f.restype, f.argtypes = restype, list(argtypes)
+        f.restype, f.argtypes = declared[function]
     return lib
 
 
 def _unavailable(name: str, why: str):
     warnings.warn(f"relaxspec native kernel {name!r} unavailable ({why}); the torch path serves", stacklevel=3)
     return None
+
+
+_CTYPES = {"void": None, "int": ctypes.c_int, "long": ctypes.c_long, "int64_t": ctypes.c_int64,
+           "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32, "size_t": ctypes.c_size_t,
+           "float": ctypes.c_float, "double": ctypes.c_double}
+_PROTOTYPE = re.compile(r"([A-Za-z_][\w\s]*?[\s*]+)([A-Za-z_]\w*)\s*\(([^()]*)\)\s*;")
+
+
+@functools.cache
+def signatures(header: Path) -> dict[str, tuple]:
+    """{function: (restype, [argtypes])} of every prototype in a kernel's header: a pointer is c_void_p (callers
+    pass data pointers), a scalar its ctypes type (_CTYPES); ValueError for a type outside them."""
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", header.read_text(), flags=re.S)
+    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    found = {}
+    for ret, name, args in _PROTOTYPE.findall(text):
+        params = [] if args.strip() in ("", "void") else [a.strip() for a in args.split(",")]
+        found[name] = (_ctype(ret, header, name), [_ctype(re.sub(r"\w+$", "", a), header, name) for a in params])
+    if not found:
+        raise ValueError(f"{header}: no function prototypes")
+    return found
+
+
+def _ctype(decl: str, header: Path, function: str):
+    if "*" in decl:
+        return ctypes.c_void_p
+    words = [w for w in decl.split() if w not in ("const", "extern", "static", "inline")]
+    if len(words) != 1 or words[0] not in _CTYPES:
+        raise ValueError(f"{header}: {function}: the type {decl.strip()!r} has no ctypes mapping")
+    return _CTYPES[words[0]]
 
 
 @functools.cache

@@ -334,21 +334,23 @@ class Rule:
 
     # The rule's math in C, for the shared loop's one call on float32 CPU blocks when sampling (acceptance/fused.py,
     # `rule_library`; the torch methods below stay the reference, and serve every other case: a test compares the
-    # two). Each is C source defining one function of a position, which may call the sampler's C helpers (capped,
+    # two). native_test names the rule's C file, csrc/rules/<module>.c (one per rule), which defines one function of
+    # a position for each piece of math in C (declared in csrc/rule.h), and may call the sampler's C helpers (capped,
     # sum, max, exp_nonpositive, neg_entropy, jsd, total_variation, accept_or_strict, top_candidate_test): p, q the
     # processed rows there, z, zq the verifier's and the drafter's raw logits there, prm the parameters in `params`
     # order (a choice as its index in `choices`), then the temperature.
-    # native_test: `static inline float rule_test(const float *p, const float *q, const float *z, const float *zq,
+    # rule_test: `static inline float rule_test(const float *p, const float *q, const float *z, const float *zq,
     # int64_t V, int64_t x, const double *prm, float in)`, accept_prob of the draft x (in: the rule's one tensor input
     # there, e.g. PAD's pivot_prob; 0 for a rule without); NaN declines the block (the torch path serves it).
-    # native_residual: `static int rule_residual(p, q, z, zq, V, x, prm, float *out)`, the residual's V weights at
-    # the first rejection (x the rejected draft), for a rule whose residual is its own (None: strict's, or argmax p by
-    # `residual_argmax`). native_bonus: `static int rule_bonus(const float *p, const float *z, const float *zq,
-    # int64_t V, const double *prm, float *out)`, the bonus's V weights at the bonus position, for a rule whose bonus
-    # is its own (None: p). Those two return 0, or nonzero to decline the block.
+    # native_residual (True: the file defines it): `static int rule_residual(p, q, z, zq, V, x, prm, float *out)`,
+    # the residual's V weights at the first rejection (x the rejected draft), for a rule whose residual is its own
+    # (False: strict's, or argmax p by `residual_argmax`). native_bonus (True: the file defines it): `static int
+    # rule_bonus(const float *p, const float *z, const float *zq, int64_t V, const double *prm, float *out)`, the
+    # bonus's V weights at the bonus position, for a rule whose bonus is its own (False: p). Those two return 0, or
+    # nonzero to decline the block.
     native_test: str | None = None
-    native_residual: str | None = None
-    native_bonus: str | None = None
+    native_residual: bool = False
+    native_bonus: bool = False
 
     # --- the math (pure; no sampling) ---
 

@@ -4,7 +4,7 @@ and a round's counter-stream uniforms (random.py) in one call.
 On a small model the engine processes a few rows of logits many times a round (each draft, the verifier's N+1
 rows, the residual / bonus sample, every AR token), and the torch path spends ~20 tiny tensor ops on each:
 here a row costs one pass or a few over its V logits, in one ctypes call for all rows (`relaxspec.native`
-builds the C source below on first use). `processing.process_logits_unchecked` and
+builds the C, csrc/sampler.c, on first use; its interface: csrc/sampler.h). `processing.process_logits_unchecked` and
 `processing.sample_with_uniform` call these for float32 CPU tensors when the library loaded, and keep their
 torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`); tests compare the two.
 
@@ -15,7 +15,7 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
   to 32: a larger logit is never in a later bucket); walking the buckets from the max finds the one where the mass
   reaches top_p, every token before it is kept, and a quickselect on the mass (O(n) expected) picks, in that
   bucket only, the tokens the sorted walk would keep. exp in float32 of z - max as torch's softmax (Cephes'
-  polynomial, written to vectorise: `native.EXP_NONPOSITIVE`), sums in float64: probabilities may differ from
+  polynomial, written to vectorise: relaxspec/csrc/exp_nonpositive.h), sums in float64: probabilities may differ from
   torch's in the last bits.
 * `sample`: the cdf in float64 in vocabulary order (the same sequential sums as torch's cumsum, so the same
   bits), index i with cdf[i-1] <= u * total < cdf[i], the target clamped strictly below the total (a
@@ -28,7 +28,7 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
   p (Rule.residual_argmax): it reads them from the blocks p and q itself (and strict's test too, for a rule that
   keeps it).
 * `rule_library`: the same loop built with a rule's own math in C (`Rule.native_test`, `native_residual`,
-  `native_bonus`, in the rule's file) in place of strict's, one library per rule: its whole verify step in one call
+  `native_bonus`: the rule's C file, csrc/rules/<rule>.c) in place of strict's, one library per rule: its whole verify step in one call
   when sampling (`verify.VerifyStep`); the rule's torch methods stay the reference (tests compare the two).
 """
 
@@ -38,520 +38,15 @@ import contextlib
 import ctypes
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from relaxspec import native
 
-_HEAD = r"""
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-""" + native.EXP_NONPOSITIVE + r"""
-
-typedef struct { float z, e; int64_t i; } item;  /* a candidate token: its logit, exp(logit - max), index */
-
-/* a comes after b in a stable descending sort: a smaller logit, or an equal one at a larger index */
-static inline int after(item a, item b) { return a.z < b.z || (a.z == b.z && a.i > b.i); }
-
-/* a min-heap of floats */
-static void float_down(float *h, int64_t n, int64_t at) {
-    for (;;) {
-        int64_t l = 2 * at + 1, w = at;
-        if (l < n && h[l] < h[w]) w = l;
-        if (l + 1 < n && h[l + 1] < h[w]) w = l + 1;
-        if (w == at) return;
-        float t = h[at]; h[at] = h[w]; h[w] = t; at = w;
-    }
-}
-
-/* the k-th largest of z[V] (a multiset: ties count), 0 < k < V; h has room for k floats */
-static float kth_largest(const float *z, int64_t V, int64_t k, float *h) {
-    memcpy(h, z, k * sizeof(float));
-    for (int64_t at = k / 2; at-- > 0;) float_down(h, k, at);
-    for (int64_t i = k; i < V; i++)
-        if (z[i] > h[0]) { h[0] = z[i]; float_down(h, k, 0); }
-    return h[0];
-}
-
-/* sum of e[V] in float64 (eight running sums) */
-static double sum(const float *e, int64_t V) {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s = 0.0;
-    int64_t i = 0;
-    for (; i + 8 <= V; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += e[i + k];
-    for (; i < V; i++) s += e[i];
-    for (int k = 0; k < 8; k++) s += acc[k];
-    return s;
-}
-
-/* the largest of z[V] (-inf for none; eight running maxima, so that it vectorises) */
-static float max(const float *z, int64_t V) {
-    float acc[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    float m = -INFINITY;
-    int64_t i = 0;
-    for (; i + 8 <= V; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] = z[i + k] > acc[k] ? z[i + k] : acc[k];
-    for (; i < V; i++) m = z[i] > m ? z[i] : m;
-    for (int k = 0; k < 8; k++) m = acc[k] > m ? acc[k] : m;
-    return m;
-}
-
-/* e[i] = exp(z[i] - zmax) where z[i] >= floor, else 0; returns their sum */
-static double exps(const float *z, float *e, int64_t V, float zmax, float floor) {
-    for (int64_t i = 0; i < V; i++) e[i] = z[i] >= floor ? exp_nonpositive(z[i] - zmax) : 0.0f;
-    return sum(e, V);
-}
-
-/* How many of the n candidates a[] the top-p set keeps (a token is kept iff the mass before it, in stable
-   descending order, is < target), moving them to a[0..kept): a quickselect on the mass, O(n) expected. */
-static int64_t select_mass(item *a, int64_t n, double target) {
-    int64_t lo = 0, hi = n;  /* a[0..lo) kept; the answer in [lo, hi]; target: top_p mass minus a[0..lo)'s */
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2, last = hi - 1, p;
-        /* median of three as the pivot, moved to a[last] */
-        if (after(a[lo], a[mid])) { item t = a[lo]; a[lo] = a[mid]; a[mid] = t; }
-        if (after(a[mid], a[last])) { item t = a[mid]; a[mid] = a[last]; a[last] = t; }
-        if (after(a[lo], a[mid])) { item t = a[lo]; a[lo] = a[mid]; a[mid] = t; }
-        { item t = a[mid]; a[mid] = a[last]; a[last] = t; }
-        item pivot = a[last];
-        double mass = 0.0;
-        p = lo;
-        for (int64_t k = lo; k < last; k++)
-            if (after(pivot, a[k])) { mass += a[k].e; item t = a[k]; a[k] = a[p]; a[p] = t; p++; }
-        a[last] = a[p]; a[p] = pivot;
-        if (mass >= target) { hi = p; continue; }  /* a[lo..p) already hold the mass: the cut is among them */
-        if (mass + pivot.e >= target) return p + 1;  /* the pivot is the last token kept */
-        target -= mass + pivot.e;
-        lo = p + 1;
-    }
-    return lo;
-}
-
-#define BUCKETS 90  /* tokens by d = max - z: [0, 2^-6), 8 per octave up to 32 (float bits >> 20), [32, inf] */
-
-/* A token's bucket: never smaller for a smaller logit (max - z rounds monotonically), equal for equal ones. */
-static inline int32_t bucket(float z, float zmax) {
-    const float d = zmax - z;
-    int32_t bits;
-    memcpy(&bits, &d, sizeof bits);
-    const int32_t k = (bits >> 20) - 0x3C7;  /* 2^-6 is 0x3C800000: bucket 1 */
-    return k < 0 ? 0 : k > BUCKETS - 1 ? BUCKETS - 1 : k;
-}
-
-/* top-p of one row: z its logits (read before out is written: they may share memory), e = exp(z - zmax) (0 off
-   the candidates), target = top_p times their sum, key[V] scratch. A histogram of the mass by bucket finds the
-   bucket where the mass reaches the target (the tokens of the buckets before it are kept: their logits are
-   larger); a select on the mass among that bucket's tokens, in stable descending order, finds the rest. */
-static int top_p_row(const float *z, const float *e, float *out, int64_t V, float zmax, double target,
-                     uint8_t *key, item **items, int64_t *capacity) {
-    double hist[4][BUCKETS] = {{0}}, before = 0.0;  /* four, taking turns: shorter chains of adds to a bucket */
-    for (int64_t i = 0; i < V; i++) key[i] = (uint8_t)bucket(z[i], zmax);
-    int64_t i = 0;
-    for (; i + 4 <= V; i += 4)
-        for (int k = 0; k < 4; k++) hist[k][key[i + k]] += e[i + k];
-    for (; i < V; i++) hist[0][key[i]] += e[i];
-    int32_t b = 0;
-    for (; b < BUCKETS - 1; b++) {
-        const double mass = hist[0][b] + hist[1][b] + hist[2][b] + hist[3][b];
-        if (before + mass >= target) break;
-        before += mass;
-    }
-    int64_t n = 0;
-    for (i = 0; i < V; i++) n += key[i] == b && e[i] > 0.0f;
-    if (n > *capacity) {
-        free(*items);
-        *capacity = n;
-        if (!(*items = malloc(n * sizeof(item)))) return -1;
-    }
-    item *a = *items;
-    n = 0;
-    for (i = 0; i < V; i++)
-        if (key[i] == b && e[i] > 0.0f) { a[n].z = z[i]; a[n].e = e[i]; a[n].i = i; n++; }
-    const int64_t kept = select_mass(a, n, target - before);
-    double sk = before;
-    for (int64_t j = 0; j < kept; j++) sk += a[j].e;
-    const double inv = 1.0 / sk;
-    for (i = 0; i < V; i++) out[i] = key[i] < b ? (float)(e[i] * inv) : 0.0f;
-    for (int64_t j = 0; j < kept; j++) out[a[j].i] = (float)(a[j].e * inv);
-    return 0;
-}
-
-/* out[R, V] = processed probabilities of logits[R, V] (top_k <= 0 or >= V: off; top_p >= 1: off).
-   Returns 0, or -1 when memory runs out (out is then unspecified). */
-int rs_process(const float *logits, float *out, int64_t R, int64_t V, double temperature, int64_t top_k,
-               double top_p) {
-    const float t = (float)temperature;
-    const int use_k = top_k > 0 && top_k < V, use_p = top_p < 1.0;
-    float *kheap = use_k ? malloc(top_k * sizeof(float)) : NULL, *e = use_p ? malloc(V * sizeof(float)) : NULL;
-    uint8_t *key = use_p ? malloc(V) : NULL;
-    item *items = NULL;  /* a top-p boundary's candidates */
-    int64_t capacity = 0;
-    int status = -1;
-    if ((use_k && !kheap) || (use_p && (!e || !key))) goto done;
-    for (int64_t r = 0; r < R; r++) {
-        const float *x = logits + r * V;
-        float *z = out + r * V;
-        if (temperature != 1.0) for (int64_t i = 0; i < V; i++) z[i] = x[i] / t;
-        else memcpy(z, x, V * sizeof(float));
-        const float zmax = max(z, V);
-        const float floor = use_k ? kth_largest(z, V, top_k, kheap) : -INFINITY;
-        if (!use_p) {
-            const double inv = 1.0 / exps(z, z, V, zmax, floor);
-            for (int64_t i = 0; i < V; i++) z[i] = (float)(z[i] * inv);
-            continue;
-        }
-        if (top_p_row(z, e, z, V, zmax, top_p * exps(z, e, V, zmax, floor), key, &items, &capacity) != 0)
-            goto done;
-    }
-    status = 0;
-done:
-    free(items);
-    free(key);
-    free(e);
-    free(kheap);
-    return status;
-}
-
-/* The index i with cdf[i-1] <= u * total < cdf[i], cdf the float64 running sum of x[V] in order (the same sums
-   as torch's cumsum); the target clamped below the total, so a zero weight is never picked. cdf[V]: scratch. */
-static int64_t sample_row(const float *x, double u, double *cdf, int64_t V) {
-    double c = 0.0;
-    for (int64_t i = 0; i < V; i++) cdf[i] = c += x[i];
-    double target = u * c, below = nextafter(c, 0.0);
-    if (below < target) target = below;
-    int64_t lo = 0, hi = V;  /* the first i with cdf[i] > target (V if none) */
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (cdf[mid] > target) hi = mid; else lo = mid + 1;
-    }
-    return lo;
-}
-
-/* index[r] = sample_row of w[r, :] at u[r]. Returns 0, or -1 when memory runs out. */
-int rs_sample(const float *w, const double *u, int64_t *index, int64_t R, int64_t V) {
-    double *cdf = malloc(V * sizeof(double));
-    if (!cdf) return -1;
-    for (int64_t r = 0; r < R; r++) index[r] = sample_row(w + r * V, u[r], cdf, V);
-    free(cdf);
-    return 0;
-}
-
-/* min(1, num / den), and 0 where den <= 0 (processing.capped_ratio's float32 value) */
-static inline float capped(float num, float den) {
-    const float r = num / den;
-    return den <= 0.0f ? 0.0f : r > 1.0f ? 1.0f : r;
-}
-
-/* Helpers for the rules' math in C (Rule.native_test), as processing.py's: Σ x log x of a row in float64 (xlogy(0, 0)
-   = 0: minus the entropy), the Jensen-Shannon divergence of two rows in nats (the same formula as processing.jsd,
-   clamped to [0, ln 2]), and their total variation Σ (p - q)+. Sums in float64: within float32 rounding of torch's. */
-static inline double neg_entropy(const float *x, int64_t V) {
-    double s = 0.0;
-    for (int64_t i = 0; i < V; i++)
-        if (x[i] > 0.0f) s += (double)(x[i] * logf(x[i]));
-    return s;
-}
-
-static inline float jsd(const float *p, const float *q, int64_t V) {
-    double mix = 0.0, total = 0.0;
-    for (int64_t i = 0; i < V; i++) {
-        const float s = p[i] + q[i];
-        total += s;
-        if (s > 0.0f) mix += (double)(s * logf(s));
-    }
-    const double ln2 = 0.69314718055994530942, out = 0.5 * (neg_entropy(p, V) + neg_entropy(q, V) - mix)
-                                                      + 0.5 * ln2 * total;
-    return (float)(out < 0.0 ? 0.0 : out > ln2 ? ln2 : out);
-}
-
-static inline float total_variation(const float *p, const float *q, int64_t V) {
-    double s = 0.0;
-    for (int64_t i = 0; i < V; i++) {
-        const float d = p[i] - q[i];
-        s += d > 0.0f ? d : 0.0f;
-    }
-    return (float)s;
-}
-
-/* processing.accept_or_strict: a candidate draft is accepted, unless q(x) = 0; any other gets strict's test. */
-static inline float accept_or_strict(int candidate, float px, float qx) {
-    return candidate ? (qx > 0.0f ? 1.0f : 0.0f) : capped(px, qx);
-}
-
-/* topk-delta's and topk-ratio's test when sampling (processing.top_candidate, then accept_or_strict, the same float32
-   comparisons): a candidate is a draft among the k most probable tokens of p (fewer than k above it) with p(x) >=
-   scale * p(top-1) + shift and p(x) > 0. */
-static inline float top_candidate_test(const float *p, const float *q, int64_t V, int64_t x, double topk, float scale,
-                                       float shift) {
-    const float px = p[x];
-    const int64_t k = topk >= (double)V ? V : (int64_t)topk;
-    int candidate = 0;
-    if (k >= 1 && px > 0.0f) {
-        int64_t above = 0;
-        float top = p[0];
-        for (int64_t i = 0; i < V; i++) {
-            above += p[i] > px;
-            top = p[i] > top ? p[i] : top;
-        }
-        candidate = above < k && px >= scale * top + shift;
-    }
-    return accept_or_strict(candidate, px, q[x]);
-}
-
-/* Row b's acceptance tests (pointers at its row): accepted[i] = u < ap where i < proposed; kept[i] = the accepted
-   drafts before the first rejection; relaxed[i] = kept, though u < strict fails (strict NULL: never); returns their
-   count. u: float64 holding float32 values (exactly: the comparisons are float32's). */
-static int64_t reject_row(const double *u, const float *ap, const float *strict, int64_t proposed, int64_t N,
-                          uint8_t *accepted, uint8_t *kept, uint8_t *relaxed) {
-    int64_t count = 0;
-    for (int64_t i = 0; i < N; i++) {
-        const double x = u[i];
-        const uint8_t a = i < proposed && x < ap[i], k = a && count == i;
-        accepted[i] = a;
-        kept[i] = k;
-        relaxed[i] = k && strict && !(x < strict[i]);
-        count += k;
-    }
-    return count;
-}
-
-/* The verify loop's first rejection (acceptance/verify.py) on B rows of N drafts: accepted[b, i] = u < ap, where
-   i < num_drafts[b] (num_drafts NULL: every i); kept[b, i] = the accepted drafts before the first rejection; n[b] =
-   their count; relaxed[b, i] = kept, though u < strict fails (strict NULL: never). u: float64 holding float32 values
-   (exactly: the comparisons are float32's), ap, strict: float32; row strides su, sa, ss (unit column stride); the
-   bool outputs (one byte each) and n contiguous. */
-void rs_first_rejection(const double *u, int64_t su, const float *ap, int64_t sa, const float *strict, int64_t ss,
-                        const int64_t *num_drafts, int64_t B, int64_t N, uint8_t *accepted, uint8_t *kept,
-                        uint8_t *relaxed, int64_t *n) {
-    for (int64_t b = 0; b < B; b++)
-        n[b] = reject_row(u + b * su, ap + b * sa, strict ? strict + b * ss : NULL, num_drafts ? num_drafts[b] : N, N,
-                          accepted + b * N, kept + b * N, relaxed + b * N);
-}
-
-/* Row b's output: tokens[b, :N+1] = its n[b] kept drafts, last[b], then -1. */
-static void emit(int64_t b, int64_t N, int64_t n, const int64_t *drafts, int64_t sd, int64_t last, int64_t *tokens) {
-    int64_t *t = tokens + b * (N + 1);
-    for (int64_t i = 0; i <= N; i++) t[i] = i < n ? drafts[b * sd + i] : i == n ? last : -1;
-}
-
-/* The verify loop's finish on B rows: row b emits last[b], sampled (sample_row at u[b]) from its residual row
-   where it stopped at a rejection (n[b] < num_drafts[b], or N where num_drafts is NULL), from its p row there
-   when the residual has no mass (a sum that is not > 0: the weights are >= 0, so the same test as the float32
-   sum), else from its bonus row; tokens[b, :N+1] = its n[b] kept drafts, last[b], then -1. residual, p, bonus:
-   float32 rows of V with row strides sr, sp, sb; drafts int64 with row stride sd. Returns 0, or -1 when memory
-   runs out. */
-int rs_finish(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N, int64_t V, const float *residual,
-              int64_t sr, const float *p, int64_t sp, const float *bonus, int64_t sb, const double *u,
-              const int64_t *drafts, int64_t sd, int64_t *tokens, int64_t *last) {
-    double *cdf = malloc(V * sizeof(double));
-    if (!cdf) return -1;
-    for (int64_t b = 0; b < B; b++) {
-        const float *row = bonus + b * sb;
-        if (n[b] < (num_drafts ? num_drafts[b] : N)) {
-            row = residual + b * sr;
-            if (!(sum(row, V) > 0.0)) row = p + b * sp;
-        }
-        last[b] = sample_row(row, u[b], cdf, V);
-        emit(b, N, n[b], drafts, sd, last[b], tokens);
-    }
-    free(cdf);
-    return 0;
-}
-
-"""
-
-_VERIFY = r"""
-/* A rule's math at one position, in C: p and q the processed rows there, z and zq the verifier's and the drafter's raw
-   logits there (NULL where the caller passed none), x the draft (the rejected one for the residual), prm the rule's
-   parameters (a choice as its index) then the temperature, in the test the rule's input there (0 for none).
-   Strict's test here; a rule's own (Rule.native_test) takes its place in that rule's library (rule_library), with
-   its residual (RULE_RESIDUAL) and bonus (RULE_BONUS) where it has them in C. A test returns NaN, a residual or a
-   bonus nonzero, for a block the rule's C declines (the caller's torch path then serves it). */
-#ifndef RULE_TEST
-static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm, float in) {
-    (void)z; (void)zq; (void)V; (void)prm; (void)in;
-    return capped(p[x], q[x]);
-}
-#endif
-
-/* The verify loop for a rule with strict's bonus (Rule.bonus) or its own in C, from the blocks p [B, N+1, V], q [B, N,
-   V], the verifier's raw logits z [B, N+1, V] and the drafter's zq [B, zq_rows, V] (float32, strides (sp0, sp1),
-   (sq0, sq1), (sz0, sz1), (szq0, szq1), unit along V; z and zq may be NULL for a rule that does not read them), in
-   one call: rs_first_rejection on the rule's ap (and strict, or NULL; row strides sa, ss), or, ap NULL, on ap_out[b,
-   i] = rule_test at each draft x = drafts[b, i], with its input in[b * sin + i] (in NULL: 0; every in[b, i] first
-   checked to lie in [in_low, in_high], as floats, NaN refused: -4 otherwise) (strict's min(1, p(x) /
-   q(x)), 0 where q(x) <= 0, at_tokens and capped_ratio's float32 values, in the sampler's library) with strict_out[b,
-   i] = strict's test beside it where strict_out is not NULL; then rs_finish's token: the residual of a row stopped at
-   a rejection at its position n[b] is the rule's own (RULE_RESIDUAL), else (p - q)+ (float32, as torch's (p -
-   q).clamp_min_(0)), p there where it has no mass (argmax 0), or (argmax 1, Rule.residual_argmax) one-hot on the
-   first largest p there, whose sample is that index at any u; the bonus is the rule's own (RULE_BONUS, the
-   drafter's row min(num_drafts[b], zq_rows - 1)), else p, at the row's bonus position (num_drafts[b], or N); sampled
-   at ut[b * st0 + n[b] * st1] (st1 0: one uniform per row). ua: the acceptance uniforms, row stride sua. Returns 0,
-   -1 when memory runs out, -2 for a draft outside [0, V), -3 where the rule's C declined the block (nothing drawn
-   from is changed: the outputs are then unspecified), -4 for an input outside its range (nothing written). */
-int rs_verify_default(const float *p, int64_t sp0, int64_t sp1, const float *q, int64_t sq0, int64_t sq1,
-                      const float *z, int64_t sz0, int64_t sz1, const float *zq, int64_t szq0, int64_t szq1,
-                      int64_t zq_rows, const float *in, int64_t sin, double in_low, double in_high,
-                      const int64_t *drafts, int64_t sd,
-                      const int64_t *num_drafts, int64_t B, int64_t N, int64_t V, const float *ap, int64_t sa,
-                      const float *strict, int64_t ss, float *ap_out, float *strict_out, const double *prm,
-                      const double *ua, int64_t sua, const double *ut, int64_t st0, int64_t st1, int64_t argmax,
-                      uint8_t *accepted, uint8_t *kept,
-                      uint8_t *relaxed, int64_t *n, int64_t *tokens, int64_t *last) {
-#define Z_AT(b, i) (z ? z + (b) * sz0 + (i) * sz1 : NULL)
-#define ZQ_AT(b, i) (zq ? zq + (b) * szq0 + (i) * szq1 : NULL)
-    if (in) {  /* as torch compares a float32 tensor with its bounds: in float32 */
-        const float lo = (float)in_low, hi = (float)in_high;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t i = 0; i < N; i++) {
-                const float v = in[b * sin + i];
-                if (!(v >= lo && v <= hi)) return -4;
-            }
-    }
-    for (int64_t b = 0; b < B && !ap; b++)
-        for (int64_t i = 0; i < N; i++) {
-            const int64_t x = drafts[b * sd + i];
-            if (x < 0 || x >= V) return -2;
-            const float *pr = p + b * sp0 + i * sp1, *qr = q + b * sq0 + i * sq1;
-            const float a = rule_test(pr, qr, Z_AT(b, i), ZQ_AT(b, i), V, x, prm, in ? in[b * sin + i] : 0.0f);
-            if (a != a) return -3;  /* NaN: declined */
-            ap_out[b * N + i] = a;
-            if (strict_out) strict_out[b * N + i] = capped(pr[x], qr[x]);
-        }
-    if (!ap) {
-        ap = ap_out, sa = N;
-        if (strict_out) strict = strict_out, ss = N;
-    }
-    double *cdf = malloc(V * sizeof(double));
-    float *residual = malloc(V * sizeof(float));
-    int status = -1;
-    if (!cdf || !residual) goto done;
-    status = -3;
-    for (int64_t b = 0; b < B; b++) {
-        const int64_t proposed = num_drafts ? num_drafts[b] : N;
-        n[b] = reject_row(ua + b * sua, ap + b * sa, strict ? strict + b * ss : NULL, proposed, N,
-                          accepted + b * N, kept + b * N, relaxed + b * N);
-        const float *row = p + b * sp0 + proposed * sp1;
-        if (n[b] < proposed && argmax) {
-            const float *pr = p + b * sp0 + n[b] * sp1;
-            int64_t best = 0;
-            for (int64_t i = 1; i < V; i++) best = pr[i] > pr[best] ? i : best;
-            last[b] = best;
-            emit(b, N, n[b], drafts, sd, best, tokens);
-            continue;
-        }
-        if (n[b] < proposed) {
-            const float *pr = p + b * sp0 + n[b] * sp1, *qr = q + b * sq0 + n[b] * sq1;
-#ifdef RULE_RESIDUAL
-            if (rule_residual(pr, qr, Z_AT(b, n[b]), ZQ_AT(b, n[b]), V, drafts[b * sd + n[b]], prm, residual) != 0)
-                goto done;
-#else
-            for (int64_t i = 0; i < V; i++) {
-                const float r = pr[i] - qr[i];
-                residual[i] = r < 0.0f ? 0.0f : r;
-            }
-#endif
-            row = sum(residual, V) > 0.0 ? residual : pr;
-        }
-#ifdef RULE_BONUS
-        else {
-            if (rule_bonus(row, Z_AT(b, proposed), ZQ_AT(b, proposed < zq_rows ? proposed : zq_rows - 1), V, prm,
-                           residual) != 0)
-                goto done;
-            row = residual;
-        }
-#endif
-        last[b] = sample_row(row, ut[b * st0 + n[b] * st1], cdf, V);
-        emit(b, N, n[b], drafts, sd, last[b], tokens);
-    }
-    status = 0;
-done:
-    free(residual);
-    free(cdf);
-    return status;
-#undef Z_AT
-#undef ZQ_AT
-}
-"""
-
-_TAIL = r"""
-/* The counter streams' 32 bits (random.py's definition): lowbias32(lowbias32(key_low ^ position) ^ key_high). */
-static inline uint32_t lowbias32(uint32_t x) {
-    x ^= x >> 16;
-    x *= 0x7FEB352Du;
-    x ^= x >> 15;
-    x *= 0x846CA68Bu;
-    return x ^ (x >> 16);
-}
-
-static inline uint32_t stream_bits(uint32_t low, uint32_t high, int64_t position) {
-    return lowbias32(lowbias32(low ^ (uint32_t)(position & 0xFFFFFFFF)) ^ high);
-}
-
-static inline double uniform53(uint32_t high, uint32_t low) {  /* 27 + 26 bits, exact in float64 */
-    return ((double)(high >> 5) * 67108864.0 + (double)(low >> 6)) * (1.0 / 9007199254740992.0);
-}
-
-/* out[a, b] = probs[a * s0 + b * s1 + x[a, b]] for x [A, B] (contiguous int64): the probabilities at tokens x of
-   float32 rows of V (unit stride along V). Returns 0, or -1 for a token outside [0, V) (nothing read there). */
-int rs_at_tokens(const float *probs, int64_t s0, int64_t s1, int64_t V, const int64_t *x, int64_t A, int64_t B,
-                 float *out) {
-    for (int64_t a = 0; a < A; a++)
-        for (int64_t b = 0; b < B; b++) {
-            const int64_t t = x[a * B + b];
-            if (t < 0 || t >= V) return -1;
-            out[a * B + b] = probs[a * s0 + b * s1 + t];
-        }
-    return 0;
-}
-
-/* out = min(1, num / den), and 0 where den <= 0 (processing.capped_ratio), for n contiguous float32 values: the
-   float32 quotient, NaN kept (a comparison with NaN is false, as torch's clamp propagates it). */
-void rs_capped_ratio(const float *num, const float *den, float *out, int64_t n) {
-    for (int64_t i = 0; i < n; i++) out[i] = capped(num[i], den[i]);
-}
-
-/* One engine round's uniforms for B rows (random.py, CounterDraws): keys low / high [B, K] (uint32), start [B]
-   the rows' next output positions, col the key columns of (ACCEPT word 0, DRAFT words 1 and 2, TOKEN words 1
-   and 2); out [B, 3W + 1]: W 24-bit acceptance uniforms, W 53-bit draft uniforms, W + 1 53-bit token
-   uniforms, at positions start + 0, 1, ... */
-void rs_round_table(const uint32_t *low, const uint32_t *high, int64_t K, const int64_t *start, int64_t B,
-                    int64_t W, const int64_t *col, double *out) {
-    for (int64_t b = 0; b < B; b++) {
-        const uint32_t *lo = low + b * K, *hi = high + b * K;
-        double *o = out + b * (3 * W + 1);
-        for (int64_t i = 0; i < W; i++)
-            o[i] = (double)(stream_bits(lo[col[0]], hi[col[0]], start[b] + i) >> 8) * (1.0 / 16777216.0);
-        for (int64_t i = 0; i < W; i++)
-            o[W + i] = uniform53(stream_bits(lo[col[1]], hi[col[1]], start[b] + i),
-                                 stream_bits(lo[col[2]], hi[col[2]], start[b] + i));
-        for (int64_t i = 0; i <= W; i++)
-            o[2 * W + i] = uniform53(stream_bits(lo[col[3]], hi[col[3]], start[b] + i),
-                                     stream_bits(lo[col[4]], hi[col[4]], start[b] + i));
-    }
-}
-"""
-
-SOURCE = _HEAD + _VERIFY + _TAIL  # the sampler's library: strict's test in the verify loop
-
-_P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
-VERIFY_SIGNATURE = ("rs_verify_default", ctypes.c_int, (_P, _I, _I, _P, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, _I, _D,
-                                                         _D, _P, _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P,
-                                                         _I, _P, _I, _I, _I, _P, _P, _P, _P, _P, _P))
-SIGNATURES = (
-    ("rs_process", ctypes.c_int, (_P, _P, _I, _I, _D, _I, _D)),
-    ("rs_sample", ctypes.c_int, (_P, _P, _P, _I, _I)),
-    ("rs_round_table", None, (_P, _P, _I, _P, _I, _I, _P, _P)),
-    ("rs_first_rejection", None, (_P, _I, _P, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P)),
-    ("rs_finish", ctypes.c_int, (_P, _P, _I, _I, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _P, _P)),
-    VERIFY_SIGNATURE,
-    ("rs_at_tokens", ctypes.c_int, (_P, _I, _I, _I, _P, _I, _I, _P)),
-    ("rs_capped_ratio", None, (_P, _P, _P, _I)),
-)
+CSRC = Path(__file__).resolve().parent / "csrc"  # the sampler's C: sampler.c, its core and loop, rule.c, rules/
+KERNEL = native.Kernel("sampler", CSRC / "sampler.c", CSRC / "sampler.h")  # strict's test in the verify loop
 
 _UNLOADED = object()
 _lib = _UNLOADED  # the loaded library, None where it cannot be (tests set None to force the torch path)
@@ -561,7 +56,7 @@ def library():
     """The sampler's library (built on first use), or None (no compiler, RELAXSPEC_NATIVE=0)."""
     global _lib
     if _lib is _UNLOADED:
-        _lib = native.load("sampler", SOURCE, SIGNATURES)
+        _lib = native.load(KERNEL)
     return _lib
 
 
@@ -789,35 +284,24 @@ class RuleKernel:
     params: np.ndarray
 
 
-def rule_library(name: str, test: str, residual: str | None, bonus: str | None) -> ctypes.CDLL | None:
-    """The library of a rule's verify loop: the sampler's (`rs_verify_default`) with the rule's test in C (`test`,
-    Rule.native_test), and its residual and bonus (Rule.native_residual, native_bonus, or None: strict's), in place of
-    strict's; None where it cannot be built or the kernels are off (`disabled()` included: nothing is remembered
-    from there; `native.load` keeps each library built)."""
+def rule_library(name: str, test: str, residual: bool, bonus: bool) -> ctypes.CDLL | None:
+    """The library of a rule's verify loop: the sampler's (`rs_verify_default`) with the rule's math in C (the file
+    `test`, Rule.native_test, in csrc/rules/: its rule_test, and its rule_residual and rule_bonus where `residual`
+    and `bonus`, Rule.native_residual and native_bonus, say so; strict's otherwise) in place of strict's; None where
+    it cannot be built or the kernels are off (`disabled()` included: nothing is remembered from there;
+    `native.load` keeps each library built)."""
     if library() is None:
         return None
-    return native.load("rule-" + name, _rule_source(test, residual, bonus), (VERIFY_SIGNATURE,))
+    return native.load(rule_kernel(name, test, residual, bonus))
 
 
 @functools.cache
-def _rule_source(test: str, residual: str | None, bonus: str | None) -> str:
-    """A rule library's C source, composed once per rule (one string object: `native.load`'s cache then finds it
-    without hashing and comparing ~30 KB again on every `VerifyStep`)."""
-    own = "#define RULE_TEST\n" + test
-    for macro, source in (("RULE_RESIDUAL", residual), ("RULE_BONUS", bonus)):
-        own += "" if source is None else f"\n#define {macro}\n" + source
-    return _NO_CONTRACTION + _HEAD + own + "\n" + _VERIFY
-
-
-# A rule's float32 operations rounded one by one, as torch's are (a * b + c not fused into one rounding: -march=native
-# has FMA), so that its C gives torch's values where it does the same operations.
-_NO_CONTRACTION = r"""
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize ("fp-contract=off")
-#endif
-"""
+def rule_kernel(name: str, test: str, residual: bool, bonus: bool) -> native.Kernel:
+    """A rule library's kernel (csrc/rule.c with the rule's file), made once per rule."""
+    defines = (("RULE_FILE", f'"rules/{test}"'), ("RULE_TEST", ""), *((("RULE_RESIDUAL", ""),) if residual else ()),
+               *((("RULE_BONUS", ""),) if bonus else ()))
+    return native.Kernel("rule-" + name, CSRC / "rule.c", CSRC / "sampler.h", defines=defines,
+                         functions=("rs_verify_default",))
 
 
 def at_tokens(probs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

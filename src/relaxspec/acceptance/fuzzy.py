@@ -35,18 +35,5 @@ class FuzzyRule(Rule):
         return pos.p
 
     # The JSD in float64 (the sampler's jsd): within float32 rounding of processing.jsd.
-    native_test = r"""
-static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm, float in) {
-    (void)z; (void)zq; (void)x;
-    return jsd(p, q, V) < (float)prm[0] ? 1.0f : 0.0f;
-}
-"""
-    native_residual = r"""
-static int rule_residual(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                         const double *prm, float *out) {
-    (void)q; (void)z; (void)zq; (void)x; (void)prm;
-    memcpy(out, p, V * sizeof(float));
-    return 0;
-}
-"""
+    native_test = "fuzzy.c"  # csrc/rules/fuzzy.c
+    native_residual = True

@@ -27,10 +27,4 @@ class MentoredRule(Rule):
     def accept_prob(self, pos: Positions, *, alpha: float) -> torch.Tensor:
         return capped_ratio(pos.p_x, (1.0 - alpha) * pos.q_x)
 
-    native_test = r"""
-static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm, float in) {
-    (void)z; (void)zq; (void)V;
-    return capped(p[x], (float)(1.0 - prm[0]) * q[x]);  /* torch: the float32 scalar (1 - alpha) times q(x) */
-}
-"""
+    native_test = "mentored.c"  # csrc/rules/mentored.c

@@ -33,10 +33,4 @@ class RFuzzyRule(Rule):
         return accept_or_strict(jsd(pos.p, pos.q) <= threshold, pos.p_x, pos.q_x)
 
     # The JSD in float64 (the sampler's jsd): within float32 rounding of processing.jsd; accept_or_strict's values.
-    native_test = r"""
-static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm, float in) {
-    (void)z; (void)zq;
-    return accept_or_strict(jsd(p, q, V) <= (float)prm[0], p[x], q[x]);
-}
-"""
+    native_test = "rfuzzy.c"  # csrc/rules/rfuzzy.c

@@ -39,11 +39,4 @@ class SpecCascOptRule(Rule):
         return accept_or_strict(gate, pos.p_x, pos.q_x)
 
     # TV in float64 (the sampler's total_variation), the maxima and accept_or_strict's values as above.
-    native_test = r"""
-static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm, float in) {
-    (void)z; (void)zq;
-    const float slack = (float)prm[0] * total_variation(p, q, V);
-    return accept_or_strict(max(q, V) >= max(p, V) - slack, p[x], q[x]);
-}
-"""
+    native_test = "spec_casc_opt.c"  # csrc/rules/spec_casc_opt.c

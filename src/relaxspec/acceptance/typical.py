@@ -36,13 +36,4 @@ class TypicalRule(Rule):
 
     # Σ p log p in float64 (the sampler's neg_entropy): within float32 rounding of torch's neg_entropy (sums in another
     # order), so a draft exactly at the threshold may be judged apart.
-    native_test = r"""
-static inline float rule_test(const float *p, const float *q, const float *z, const float *zq, int64_t V, int64_t x,
-                              const double *prm, float in) {
-    (void)q; (void)z; (void)zq;
-    float threshold = (float)prm[1] * expf((float)neg_entropy(p, V));
-    const float epsilon = (float)prm[0];
-    threshold = threshold > epsilon ? epsilon : threshold;
-    return p[x] > threshold ? 1.0f : 0.0f;
-}
-"""
+    native_test = "typical.c"  # csrc/rules/typical.c

@@ -532,8 +532,8 @@ def _rule_kernel(rule: Rule, params: dict, temperature: float) -> fused.RuleKern
     """`rule`'s verify loop in C at its checked `params`, or None: no test in C (`Rule.native_test`), a residual or a
     bonus of its own that is not in C (`Rule.native_residual`, `native_bonus`), more than one tensor input, or no
     library."""
-    if rule.native_test is None or (rule.native_bonus is None and type(rule).bonus is not Rule.bonus) or (
-            rule.native_residual is None and type(rule).residual not in (Rule.residual, Rule.residual_argmax)) or (
+    if rule.native_test is None or (not rule.native_bonus and type(rule).bonus is not Rule.bonus) or (
+            not rule.native_residual and type(rule).residual not in (Rule.residual, Rule.residual_argmax)) or (
             len(rule.inputs) > 1):
         return None
     lib = fused.rule_library(rule.name, rule.native_test, rule.native_residual, rule.native_bonus)

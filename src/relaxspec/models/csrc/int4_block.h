@@ -1,0 +1,10 @@
+/* The int4 block kernel (models/int4_block.py reads its ctypes signature from this prototype; every pointer is a
+   tensor's data pointer). What it computes: beside its definition in int4_block.c. */
+#ifndef RELAXSPEC_INT4_BLOCK_H
+#define RELAXSPEC_INT4_BLOCK_H
+#include <stdint.h>
+
+void int4_block_mm(const uint16_t* x, int64_t M, int64_t in, const uint8_t* codes, const int32_t* sz, float* y,
+                   int64_t out);
+
+#endif
