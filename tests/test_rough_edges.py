@@ -44,13 +44,22 @@ def one_line_error(capsys, *args, says):
 # ------------------------------------------------------------------ repeated grid values
 
 
-def test_a_repeated_grid_value_runs_its_cell_once(tmp_path):
-    code, out, err = cli("bench", *TINY, "--methods", "ar,strict,strict", "--draft-lengths", "3,3,auto,auto",
-                         "--seed", "1,1", "--tasks", "arithmetic,arithmetic", "--drafter", "drafter-weak,drafter-weak",
-                         "--out", tmp_path / "b")
-    assert code == 0, err
-    assert "bench: 3 cells" in out and "ran 3 cells" in out, out  # ar, strict N=3, strict N=auto
-    with sqlite3.connect(tmp_path / "b" / "results.sqlite") as db:
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """A real bench run with every grid value repeated (a UNIQUE constraint crash after the first cell before):
+    (its output directory, exit code, stdout, stderr)."""
+    out = tmp_path_factory.mktemp("small") / "b"
+    code, stdout, stderr = cli("bench", *TINY, "--methods", "ar,strict,strict", "--draft-lengths", "3,3,auto,auto",
+                               "--seed", "1,1", "--tasks", "arithmetic,arithmetic", "--drafter",
+                               "drafter-weak,drafter-weak", "--out", out)
+    return out, code, stdout, stderr
+
+
+def test_a_repeated_grid_value_runs_its_cell_once(small_run):
+    out, code, stdout, stderr = small_run
+    assert code == 0, stderr
+    assert "bench: 3 cells" in stdout and "ran 3 cells" in stdout, stdout  # ar, strict N=3, strict N=auto
+    with sqlite3.connect(out / "results.sqlite") as db:
         assert db.execute("SELECT COUNT(*) FROM cells").fetchone()[0] == 3
 
 
@@ -116,3 +125,66 @@ def test_dtype_messages(capsys, monkeypatch):
 def test_tune_takes_device_and_dtype(capsys, tmp_path):
     one_line_error(capsys, "tune", "--dtype", "int4", "--device", "meta", "--out", tmp_path / "t",
                    says="--dtype int4 runs on a CPU only (device 'meta')")
+
+
+# ------------------------------------------------------------------ damaged or unwritable stores
+
+
+def damaged_copy(small_run, tmp_path, *statements) -> Path:
+    """A copy of the small run's directory with SQL `statements` run on its store."""
+    import shutil
+    out = tmp_path / "copy"
+    shutil.copytree(small_run[0], out)
+    with sqlite3.connect(out / "results.sqlite") as db:
+        for statement in statements:
+            db.execute(statement)
+    db.close()
+    return out
+
+
+@pytest.mark.parametrize("statements, says", [
+    (["UPDATE cells SET metrics = '{' WHERE rowid = 1"], "damaged: its metrics is not a JSON object, cell "),
+    (["UPDATE cells SET config = '[1]' WHERE rowid = 2"], "damaged: its config is not a JSON object, cell "),
+    (["DELETE FROM rows WHERE rowid = 1"], ["damaged: cell ", "has 1 stored samples, its metrics count 2"]),
+    (["DROP TABLE rows"], "damaged: its rows table is missing"),
+    (["DROP TABLE rows", "DROP TABLE cells", "CREATE TABLE runs (name TEXT)"],
+     "is not a relaxspec results store (its tables: runs)"),
+])
+def test_a_damaged_store_is_named_by_report_and_bench(capsys, small_run, tmp_path, statements, says):
+    out = damaged_copy(small_run, tmp_path, *statements)
+    one_line_error(capsys, "report", out, "--no-plots", says=says)
+    one_line_error(capsys, "bench", *TINY, "--methods", "ar,strict", "--draft-lengths", "3,auto", "--seed", "1",
+                   "--drafter", "drafter-weak", "--out", out, says=says)
+
+
+def test_a_store_that_is_a_directory(capsys, tmp_path):
+    (tmp_path / "b" / "results.sqlite").mkdir(parents=True)
+    one_line_error(capsys, "report", tmp_path / "b", says="results.sqlite is a directory, not a relaxspec results store")
+    one_line_error(capsys, "bench", *TINY, "--out", tmp_path / "b",
+                   says="results.sqlite is a directory, not a relaxspec results store")
+
+
+def test_an_unwritable_out_or_store_is_refused_before_any_work(small_run):
+    """As an ordinary user (root writes anything): a read-only --out, and a read-only results.sqlite."""
+    import shutil
+    import stat
+    import tempfile
+    base = Path(tempfile.mkdtemp(prefix="relaxspec-ro-"))
+    try:
+        base.chmod(0o755)
+        read_only = base / "ro"
+        read_only.mkdir(mode=0o755)
+        store_dir = base / "store"
+        shutil.copytree(small_run[0], store_dir)
+        store_dir.chmod(0o777)
+        (store_dir / "results.sqlite").chmod(0o444)
+        as_user = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"] if os.geteuid() == 0 else []
+        if not as_user:
+            read_only.chmod(stat.S_IRUSR | stat.S_IXUSR)
+        for out, says in ((read_only / "new", f"--out {read_only / 'new'}: {read_only} is not writable"),
+                          (store_dir, f"the results store {store_dir / 'results.sqlite'} is not writable")):
+            done = subprocess.run([*as_user, RELAXSPEC, "bench", *TINY, "--out", str(out)], capture_output=True,
+                                  text=True, timeout=120)
+            assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+    finally:
+        shutil.rmtree(base)

@@ -233,6 +233,7 @@ def _findings(out_dir: Path, max_drop: float, c_rel: float | None) -> int:
 
     speed_column(c_rel)  # an invalid --c-rel fails before the store is read
     with Store.open_existing(out_dir) as store:
+        store.check_consistent()
         rows = build_rows(store, "latest")
         if not rows:
             print("no finished cells")
@@ -247,6 +248,7 @@ def _report(out_dir: Path, csv_path, max_drop: float, plots: bool, everything: b
     from relaxspec.bench.store import Store
 
     with Store.open_existing(out_dir) as store:
+        store.check_consistent()
         rows = build_rows(store, "all" if everything else "latest")
         total = len(settings_groups(store))
     print(format_report(rows, max_drop, groups_total=total))

@@ -70,6 +70,12 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     from tqdm import tqdm
 
     config.validate()
+    store = Store(config.out)  # a damaged store is an error before any model loads
+    try:
+        store.check_consistent()
+    except ValueError:
+        store.close()
+        raise
     t_start = time.perf_counter()
     summary = RunSummary(out=str(config.out))
     cells = plan(config)
@@ -93,7 +99,6 @@ def run_grid(config: BenchConfig, on_cell=None, progress: bool = True, log=print
     worker = CellRunner(config, pivot_fn)
     local = {"runner": worker, "runner_key": runner_key(config)}  # run_cell's, in this process
     versions.update({name: model_version(name) for name in [*worker.models, *config.drafters]})  # next to loading
-    store = Store(config.out)
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
     key_of = {c.identity: k for c, k in keyed}  # not the label: it does not name the pair
     strict_key = {k: key_of.get(c.strict.identity) for c, k in keyed if c.method not in (AR, STRICT)}

@@ -80,6 +80,8 @@ class Store:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / DB_NAME
+        if self.path.is_dir():
+            raise ValueError(f"{self.path} is a directory, not a relaxspec results store")
         existed = self.path.is_file()
         self.conn = sqlite3.connect(self.path)
         try:
@@ -87,6 +89,7 @@ class Store:
                 found = self.conn.execute("PRAGMA integrity_check").fetchone()[0]
                 if found != "ok":
                     raise sqlite3.DatabaseError(found)
+                self._check_tables()
             self.conn.execute("PRAGMA foreign_keys = ON")
             with self.conn:
                 self.conn.executescript(_SCHEMA)
@@ -97,13 +100,45 @@ class Store:
             self.conn.close()
             raise ValueError(f"results store {self.path} is corrupted ({e}); move it away and re-run the bench")\
                 from None
+        except ValueError:
+            self.conn.close()
+            raise
+
+    def _check_tables(self) -> None:
+        """ValueError unless an existing file holds this store's tables (or none yet): a foreign database is
+        'not a relaxspec results store', a cells table without its rows (or the reverse) is a damaged store."""
+        tables = {name: {c[1] for c in self.conn.execute(f"PRAGMA table_info({name})")}
+                  for (name,) in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return
+        wanted = {"cells": {"key", "config", "metrics", "created"},
+                  "rows": {"cell_key", "prompt_index", "repeat", "prompt", "reference", "response", "utility",
+                           "tokens", "stats"}}
+        ours = [name for name in wanted if name in tables and wanted[name] <= tables[name]]
+        if not ours:
+            raise ValueError(f"{self.path} is not a relaxspec results store (its tables: {', '.join(sorted(tables))})")
+        for name in wanted:
+            if name not in ours:
+                what = "missing" if name not in tables else \
+                    f"without column {', '.join(sorted(wanted[name] - tables[name]))}"
+                raise ValueError(f"results store {self.path} damaged: its {name} table is {what}")
+
+    def check_consistent(self) -> None:
+        """ValueError 'results store damaged: ...' when a cell's stored rows are not the samples its metrics count
+        (looks write both in one transaction, so they always agree unless the file was edited)."""
+        counts = dict(self.conn.execute("SELECT cell_key, COUNT(*) FROM rows GROUP BY cell_key"))
+        for cell in self.cells():
+            expected = cell.metrics.get("n_samples")
+            if expected is not None and counts.get(cell.key, 0) != expected:
+                raise ValueError(f"results store {self.path} damaged: cell {cell.key} ({_label(cell.config)}) has "
+                                 f"{counts.get(cell.key, 0)} stored samples, its metrics count {expected}")
 
     @classmethod
     def open_existing(cls, out_dir: str | Path) -> "Store":
         if Path(out_dir).is_file():
             hint = f"; give its directory: {Path(out_dir).parent}" if Path(out_dir).name == DB_NAME else ""
             raise ValueError(f"{out_dir} is a file, not a bench directory{hint}")
-        if not (Path(out_dir) / DB_NAME).is_file():
+        if not (Path(out_dir) / DB_NAME).exists():
             raise FileNotFoundError(f"no {DB_NAME} in {out_dir} (run `relaxspec bench --out {out_dir}` first)")
         return cls(out_dir)
 
@@ -145,12 +180,12 @@ class Store:
 
     def get(self, key: str) -> Cell | None:
         found = self.conn.execute("SELECT key, config, metrics, created FROM cells WHERE key = ?", (key,)).fetchone()
-        return _cell(found) if found else None
+        return _cell(found, self.path) if found else None
 
     def cells(self):
         """All finished cells, oldest first."""
         for found in self.conn.execute("SELECT key, config, metrics, created FROM cells ORDER BY created, rowid"):
-            yield _cell(found)
+            yield _cell(found, self.path)
 
     __iter__ = cells
 
@@ -161,7 +196,8 @@ class Store:
         cur = self.conn.execute(
             "SELECT prompt_index, repeat, prompt, reference, response, utility, tokens, stats, token_hash FROM rows"
             " WHERE cell_key = ? ORDER BY repeat, prompt_index", (key,))
-        return [Row(*r[:7], stats=json.loads(r[7]), token_hash=r[8]) for r in cur]
+        return [Row(*r[:7], stats=_json(r[7], f"the stats of sample ({r[0]}, {r[1]})", key, self.path),
+                    token_hash=r[8]) for r in cur]
 
     def utilities(self, key: str) -> dict[tuple[int, int], float]:
         cur = self.conn.execute("SELECT prompt_index, repeat, utility FROM rows WHERE cell_key = ?", (key,))
@@ -172,6 +208,23 @@ class Store:
         return {(i, r): h for i, r, h in cur}
 
 
-def _cell(found) -> Cell:
+def _cell(found, path) -> Cell:
     key, config, metrics, created = found
-    return Cell(key=key, config=json.loads(config), metrics=json.loads(metrics), created=created)
+    return Cell(key=key, config=_json(config, "its config", key, path), metrics=_json(metrics, "its metrics", key, path),
+                created=created)
+
+
+def _json(text, what: str, key: str, path) -> dict:
+    """A stored JSON object, or ValueError 'results store damaged: <what> is not a JSON object, cell <key>'."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"results store {path} damaged: {what} is not a JSON object, cell {key}")
+    return value
+
+
+def _label(config: dict) -> str:
+    """A short name of a stored cell for messages: its method, N and task."""
+    return f"{config.get('method', '?')} N={config.get('draft_length', '?')} {config.get('task', '?')}"
