@@ -188,3 +188,50 @@ def test_an_unwritable_out_or_store_is_refused_before_any_work(small_run):
             assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
     finally:
         shutil.rmtree(base)
+
+
+# ------------------------------------------------------------------ signals and pipes
+
+
+def test_sigterm_ends_a_bench_and_its_workers_quietly(tmp_path):
+    """SIGTERM to bench's main process while --workers 2 run a look: the workers are ended, no traceback from
+    them (BrokenPipeError), no leaked semaphores; exit 143, what is stored kept."""
+    import signal
+    import time
+    bench = subprocess.Popen([RELAXSPEC, "bench", "--limit", "8", "--max-new-tokens", "32", "--speed-prompts", "0",
+                              "--workers", "2", "--looks", "1", "--no-plots", "--methods", "ar,strict,cactus",
+                              "--draft-lengths", "3,5", "--out", str(tmp_path / "b")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = ""
+    while "bench look 1" not in err and bench.poll() is None:  # the progress bar: the workers are starting
+        err += bench.stderr.read(1)
+    time.sleep(3)
+    bench.send_signal(signal.SIGTERM)
+    _, rest = bench.communicate(timeout=120)
+    err += rest
+    assert bench.returncode == 143, err
+    assert "bench: interrupted; finished cells are stored in" in err, err
+    for noise in ("Traceback", "BrokenPipe", "leaked semaphore"):
+        assert noise not in err, err
+
+
+def test_ctrl_c_in_generate_is_one_line(tmp_path):
+    import signal
+    import time
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Compute {i} + 7."}) + "\n" for i in range(400)))
+    generate = subprocess.Popen([RELAXSPEC, "generate", "--prompts", str(prompts), "--max-new-tokens", "200",
+                                 "--temperature", "0.7"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)
+    generate.send_signal(signal.SIGINT)
+    _, err = generate.communicate(timeout=60)
+    assert generate.returncode == 130 and err.strip() == "relaxspec: interrupted", err
+
+
+def test_generate_into_a_closed_pipe_says_nothing():
+    generate = subprocess.Popen([RELAXSPEC, "generate", "--json", "--prompt", PROMPT, "--max-new-tokens", "4"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    generate.stdout.close()  # as `| head -c 600` after its bytes
+    err = generate.stderr.read()
+    generate.wait(timeout=60)
+    assert err == "" and generate.returncode == 141, err

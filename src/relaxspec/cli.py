@@ -80,9 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C where a command does not say what it kept (bench and tune do): one line
+        print("\nrelaxspec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader of our output went away (`relaxspec generate --json | head`): quietly
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 141
     except (ValueError, OSError) as e:  # user-facing errors (bad input, missing or unreadable files): one line
         print(f"relaxspec: error: {e}", file=sys.stderr)
         return 2

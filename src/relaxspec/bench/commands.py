@@ -169,11 +169,26 @@ def check_threads(threads: int) -> None:
         raise ValueError(f"--threads must be a positive integer, got {threads}")
 
 
-def interrupted(command: str, what: str, out: Path) -> int:
-    """Ctrl-C in a long run: say what is kept and how to resume; the shell's exit status for SIGINT."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread (on_sigterm): a long run stops as on Ctrl-C, its worker processes ended
+    and what is stored kept, rather than dying with its workers still writing to it."""
+
+
+def on_sigterm() -> None:
+    """From now on SIGTERM raises Terminated in this process (bench and tune call it before any work)."""
+    import signal
+
+    def raise_terminated(signum, frame):
+        raise Terminated()
+    signal.signal(signal.SIGTERM, raise_terminated)
+
+
+def interrupted(command: str, what: str, out: Path, reason: KeyboardInterrupt | None = None) -> int:
+    """Ctrl-C (or SIGTERM: Terminated) in a long run: say what is kept and how to resume; the shell's exit status
+    for the signal (130 for SIGINT, 143 for SIGTERM)."""
     print(f"\n{command}: interrupted; {what} stored in {out / 'results.sqlite'}; re-run the same command to resume",
           file=sys.stderr)
-    return 130
+    return 143 if isinstance(reason, Terminated) else 130
 
 
 def cmd_bench(args) -> int:
@@ -200,10 +215,11 @@ def cmd_bench(args) -> int:
     cells = len(plan(config))
     print(f"bench: {cells} cells; the first look takes about {estimate_minutes(config, cells):.0f} min on 2 CPU cores "
           f"with the built-in family; later looks only within the time budget ({config.time_budget_s / 60:g} min)")
+    on_sigterm()
     try:
         summary = run_grid(config, progress=not args.no_progress, executor=executor_options(args))
-    except KeyboardInterrupt:
-        return interrupted("bench", "finished cells are", Path(config.out))
+    except KeyboardInterrupt as e:
+        return interrupted("bench", "finished cells are", Path(config.out), e)
     print(f"bench: ran {len(summary.ran)} cells, skipped {len(summary.skipped)} finished ones, "
           f"in {summary.wall_s:.1f} s")
     if summary.unavailable:

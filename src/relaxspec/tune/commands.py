@@ -123,12 +123,13 @@ def cmd_tune(args) -> int:
     for flag, name in (("draft_lengths", "draft_lengths"), ("rungs", "sizes"), ("caps", "caps")):
         if getattr(args, flag) is not None:
             setattr(config, name, tuple(getattr(args, flag)) if name != "draft_lengths" else getattr(args, flag))
+    from relaxspec.bench.commands import interrupted, on_sigterm
+    on_sigterm()
     try:
         from relaxspec.bench.executors import executor_options
         result = run_tune(config, progress=not args.no_progress, executor=executor_options(args))
-    except KeyboardInterrupt:
-        from relaxspec.bench.commands import interrupted
-        return interrupted("tune", "every finished sample is", args.out)
+    except KeyboardInterrupt as e:
+        return interrupted("tune", "every finished sample is", args.out, e)
     write_outputs(result, plots=not args.no_plots)
     print(format_report(result))
     if result.toml_path:
