@@ -12,7 +12,8 @@ import torch
 
 from relaxspec import native
 
-HEADER = "/* the interface */\nvoid twice(const float* x, float* y, long n);\nint64_t count(const int64_t *a, double w);\n"
+HEADER = ("/* the interface */\nvoid twice(const float* x, float* y, long n);\n"
+          "int64_t count(const int64_t *a, double w);\n")
 SOURCE = ('#include <stdint.h>\n#include "probe.h"\n'
           "void twice(const float* x, float* y, long n) { for (long i = 0; i < n; ++i) y[i] = 2 * x[i]; }\n"
           "int64_t count(const int64_t *a, double w) { return a[0] + (int64_t)w; }\n")
@@ -84,7 +85,8 @@ def test_a_failed_build_is_one_warning_and_none(tmp_path, monkeypatch):
 def test_turned_off_by_the_environment(tmp_path):
     kernel = probe(tmp_path, "probe_off")
     code = ("from pathlib import Path; from relaxspec import native; "
-            f"print(native.load(native.Kernel('probe_off', Path({str(kernel.source)!r}), Path({str(kernel.header)!r}))))")
+            f"print(native.load(native.Kernel('probe_off', Path({str(kernel.source)!r}), "
+            f"Path({str(kernel.header)!r}))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "RELAXSPEC_NATIVE": "0", "RELAXSPEC_CACHE": str(tmp_path / "cache")})
     assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr[-2000:]

@@ -78,9 +78,11 @@ def test_without_a_compiler_the_torch_paths_serve(tmp_path):
             "    x = torch.randint(0, 50, (1, 3), generator=g)\n"
             "    out = verify('typical', z, z[:, :3] + 1, x, temperature=0.7, generator=g)\n"
             "    w = torch.randn(32, 64, generator=g)\n"
-            "    y = Linear(w)(torch.randn(3, 64, generator=g)) + Linear(w, 'int4', int4_impl='block')(torch.ones(2, 64))[0, 0]\n"
+            "    y = Linear(w)(torch.randn(3, 64, generator=g))\n"
+            "    y = y + Linear(w, 'int4', int4_impl='block')(torch.ones(2, 64))[0, 0]\n"
             "print([lib is None for lib in libs], out.tokens.tolist(), round(float(y.sum()), 3))\n"
-            "print(sorted({str(c.message).split(' unavailable')[0] for c in caught if 'unavailable' in str(c.message)}))\n")
+            "print(sorted({str(c.message).split(' unavailable')[0] for c in caught\n"
+            "              if 'unavailable' in str(c.message)}))\n")
     env = {k: v for k, v in os.environ.items() if k != "RELAXSPEC_NATIVE"}
     env.update(CC=str(tmp_path / "no-such-cc"), RELAXSPEC_CACHE=str(tmp_path / "cache"),
                PYTHONPATH=os.pathsep.join(sys.path))

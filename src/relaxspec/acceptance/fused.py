@@ -28,7 +28,8 @@ torch code for everything else (other devices and dtypes, `RELAXSPEC_NATIVE=0`);
   p (Rule.residual_argmax): it reads them from the blocks p and q itself (and strict's test too, for a rule that
   keeps it).
 * `rule_library`: the same loop built with a rule's own math in C (`Rule.native_test`, `native_residual`,
-  `native_bonus`: the rule's C file, csrc/rules/<rule>.c) in place of strict's, one library per rule: its whole verify step in one call
+  `native_bonus`: the rule's C file, csrc/rules/<rule>.c) in place of strict's, one library per rule: its whole
+  verify step in one call
   when sampling (`verify.VerifyStep`); the rule's torch methods stay the reference (tests compare the two).
 """
 

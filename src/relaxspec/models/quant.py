@@ -11,7 +11,7 @@ LM head) are stored once, in that format, and multiplied by a stock kernel:
   (w = (q - 8) * scale + zero), `aten._weight_int4pack_mm_for_cpu` on the activations rounded to bfloat16.
   The kernel needs `in_features % GROUP_SIZE == 0` (`int4_problem`); the output rows are padded with zero
   rows to a multiple of 16 (its packing), and the padding is sliced off. By default, where it can be built
-  (AVX-512 BF16, a C++ compiler), `models/int4_block.py` instead: each group dequantized once per block of up
+  (AVX-512 BF16, a C compiler), `models/int4_block.py` instead: each group dequantized once per block of up
   to 10 rows, in its own layout of the same codes, scales and zeros (one copy); RELAXSPEC_INT4_KERNEL=aten
   keeps aten's.
 
