@@ -235,3 +235,44 @@ def test_generate_into_a_closed_pipe_says_nothing():
     err = generate.stderr.read()
     generate.wait(timeout=60)
     assert err == "" and generate.returncode == 141, err
+
+
+# ------------------------------------------------------------------ silent settings
+
+
+def test_compiled_and_eager_cells_are_apart_in_the_report(small_run, tmp_path):
+    """A --compile cell beside an eager one of the same grid: two settings groups, and the CSV says which."""
+    import csv
+    from relaxspec.bench.report import build_rows, settings_groups
+    from relaxspec.bench.store import Store
+    out = damaged_copy(small_run, tmp_path,
+                       "INSERT INTO cells SELECT key || 'c', json_set(config, '$.compile', json('true')), metrics, "
+                       "created FROM cells", "INSERT INTO rows SELECT cell_key || 'c', prompt_index, repeat, prompt, "
+                       "reference, response, utility, tokens, stats, token_hash FROM rows")
+    with Store.open_existing(out) as store:
+        groups = settings_groups(store)
+        assert [bool(settings["compile"]) for settings, _ in groups] == [False, True]
+        assert {len(cells) for _, cells in groups} == {3}
+        assert {row["compile"] for row in build_rows(store, "latest")} == {True}
+    assert main(["report", str(out), "--all", "--no-plots"]) == 0
+    with open(out / "results.csv") as f:
+        assert sorted(row["compile"] for row in csv.DictReader(f)) == ["False"] * 3 + ["True"] * 3
+
+
+def test_a_phase_counts_its_relaxed_drafts_and_says_when_it_never_opened():
+    from relaxspec.drafters import load_drafter
+    from relaxspec.engine import generate
+    from relaxspec.models import load_model
+    verifier = load_model("verifier")
+    drafter = load_drafter("drafter-weak", verifier)
+    run = dict(method="cactus", draft_length=3, max_new_tokens=12, temperature=0.7)
+    with pytest.warns(UserWarning, match="the span never opened in any response"):
+        never = generate(verifier, drafter, [PROMPT, "Sort 3 1 2."], phase="NEVER-SEEN..", **run).stats
+    assert never.drafts_proposed > 0 and never.phase_relaxed_positions == 0
+    always = generate(verifier, drafter, [PROMPT, "Sort 3 1 2."], phase="..NEVER-SEEN", **run).stats
+    assert always.phase_relaxed_positions == always.drafts_proposed > 0
+
+
+def test_phase_with_ar_is_refused(capsys):
+    one_line_error(capsys, "generate", "--prompt", PROMPT, "--method", "ar", "--phase", "think",
+                   says="--phase: method 'ar' verifies no drafts")

@@ -33,11 +33,11 @@ CSV_COLUMNS = [
     "modelled_speedup_measured_c_rel", *[f"modelled_speedup_c{c:g}" for c in C_REL_GRID],
     "block_aware_speedup_measured",
     *[f"length_adjusted_speedup_{s}" for s in _SPEED], "length_adjusted_block_aware_speedup_measured",
-    "temperature", "top_p", "top_k", "max_new_tokens", "truncated_fraction", "code_version", "key",
+    "temperature", "top_p", "top_k", "max_new_tokens", "truncated_fraction", "compile", "code_version", "key",
 ]
 # Settings that make cells comparable: cells differing in any of these are reported in separate groups.
 SETTINGS = ("limit", "first_repeats", "looks", "temperature", "top_k", "top_p", "max_new_tokens", "batch_size",
-            "device", "dtype", "chat_template", "system", "code_version", "phase", "draft_confidence")
+            "device", "dtype", "compile", "chat_template", "system", "code_version", "phase", "draft_confidence")
 _PLAN_SETTINGS = ("first_repeats", "looks")  # how a cell was sampled (in its metrics, not its key)
 # What an AR cell shares with a speculative cell it is the baseline of (within one settings group).
 _AR_FIELDS = ("verifier", "verifier_version", "task", "seed")
@@ -101,7 +101,8 @@ def _group_rows(store: Store, cells: list, index: int, settings: dict) -> list[d
             "acceptance_rate_per_position": json.dumps([round(x, 4) for x in m.get("acceptance_rate_per_position", [])]),
             "batch1_halves": m.get("batch1_halves"),  # (report only: x b1 on each half of the prompts timed)
             "temperature": cfg["temperature"], "top_p": cfg["top_p"], "top_k": cfg["top_k"],
-            "max_new_tokens": cfg["max_new_tokens"], "code_version": cfg["code_version"], "key": cell.key,
+            "max_new_tokens": cfg["max_new_tokens"], "compile": bool(cfg.get("compile")),
+            "code_version": cfg["code_version"], "key": cell.key,
         }
         row.update(_vs_ar(store, cell, base))
         row.update(_vs_strict(store, cell, ref, m.get("looks", 1)))
@@ -258,7 +259,8 @@ def _format_group(rows: list[dict], max_drop: float) -> list[str]:
     out = [f"== settings group {rows[0]['settings_group']}: {prompts} prompts, first look {s['first_repeats']} "
            f"repeats, at most {s['looks']} looks; temperature {s['temperature']}, top_k {s['top_k']}, top_p "
            f"{s['top_p']}, max {s['max_new_tokens']} new tokens; chat template {s['chat_template']}, system "
-           f"{s['system']!r}; device {s['device'] or 'default'}, dtype {s['dtype'] or 'default'}; code "
+           f"{s['system']!r}; device {s['device'] or 'default'}, dtype {s['dtype'] or 'default'}"
+           f"{', compiled' if s.get('compile') else ''}; code "
            f"{s['code_version']}{'; relaxed only in the phase ' + repr(s['phase']) if s.get('phase') else ''} =="]
     head = ["task", "drafter", "method", "N", "n", "utility [95% CI]", "vs strict [CI]", "same", "state",
             "vs AR [95% CI]", "acc", "tau", "len", "S", "S_blk", "Slen.2", "x b1", "x batch"]

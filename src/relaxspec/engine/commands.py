@@ -131,6 +131,8 @@ def cmd_generate(args) -> int:
     check_draft_confidence(args.draft_confidence)
     if args.draft_confidence is not None and args.method == AR:
         raise ValueError("--draft-confidence: method 'ar' drafts nothing")
+    if args.phase is not None and args.method == AR:
+        raise ValueError("--phase: method 'ar' verifies no drafts (a phase chooses where a rule relaxes)")
     verifier = load_model(args.verifier, **device_kwargs(args), compile=bool(args.compile))
     drafter = None if args.method == AR else load_drafter(args.drafter, verifier)
     pivot_fn = None
@@ -160,7 +162,9 @@ def cmd_generate(args) -> int:
     s = out.stats
     print(f"[{args.method}] {s.generated_tokens} tokens in {s.time_total_s:.2f}s; "
           f"acceptance rate {s.acceptance_rate:.2f}; mean acceptance length (with bonus) "
-          f"{s.mean_acceptance_length:.2f}; verifier forwards {s.verifier_forwards}", file=sys.stderr)
+          f"{s.mean_acceptance_length:.2f}; verifier forwards {s.verifier_forwards}"
+          + (f"; {s.phase_relaxed_positions} of {s.drafts_proposed} drafts inside the phase" if args.phase else ""),
+          file=sys.stderr)
     if args.show and args.method != AR:
         print(SHOW_LEGEND_COLOR if sys.stdout.isatty() else SHOW_LEGEND_PLAIN, file=sys.stderr)
     return 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numbers
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -433,7 +434,9 @@ def generate(
                 params["pivot_prob"] = pivot_fn(hidden[:, 1:], target_logits[:, :width], draft_logits[:, :width],
                                                 draft_tokens)
             if phases is not None:  # where each row's span lets the rule decide (strict elsewhere)
-                params["relax"] = torch.tensor(phases.relax(draft_tokens.tolist()), device=device)
+                relax = phases.relax(draft_tokens.tolist())
+                stats.phase_relaxed_positions += sum(sum(flags[:n]) for flags, n in zip(relax, book.limits()))
+                params["relax"] = torch.tensor(relax, device=device)
             results = step(target_logits, draft_logits, draft_tokens, random=draws, draft_probs=proposal.probs,
                            num_drafts=num_drafts, **params)
             accepted, tokens = results.num_accepted, results.tokens
@@ -478,4 +481,7 @@ def generate(
     for name in ("sequences", "sequence_rounds", "drafts_proposed", "drafts_accepted", "drafts_cut",
                  "proposed_per_position", "accepted_per_position", "generated_tokens", "emitted_tokens"):
         setattr(stats, name, getattr(merged, name))
+    if phases is not None and stats.drafts_proposed and not stats.phase_relaxed_positions:
+        warnings.warn(f"phase {str(phase)!r}: the span never opened in any response; every draft was verified "
+                      "strictly (the run is strict's)", stacklevel=2)
     return GenerationOutput(results=results, stats=stats)

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 
-BATCH_ONLY = ("verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s")
+BATCH_ONLY = ("verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s",
+              "phase_relaxed_positions")
 
 
 @dataclass
@@ -32,6 +33,9 @@ class GenerationStats:
     emitted_tokens: int = 0  # tokens the rounds emitted: generated_tokens plus an ending EOS per sequence
     verifier_forwards: int = 0  # batched verifier forward calls
     drafter_forwards: int = 0  # batched drafter forward calls (extra bonus-position passes included)
+    # with a phase (generate(phase=...)): draft positions the rule decided, inside the span (strict decided the rest
+    # of drafts_proposed); 0 with a phase: the span never opened, the run was strict
+    phase_relaxed_positions: int = 0
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     time_total_s: float = 0.0
