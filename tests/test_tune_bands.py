@@ -1,4 +1,5 @@
-"""tune's search and held-out bands scale to a task smaller than 240 + 240 prompts (HumanEval's 164)."""
+"""tune's search and held-out bands scale to a task smaller than 240 + 240 prompts (HumanEval's 164); tune with
+prompt lookup as the drafter searches every rule it can serve."""
 
 import json
 import os
@@ -58,8 +59,12 @@ def test_tune_accepts_humaneval_instruct_and_refuses_too_wide_bands(tmp_path):
     assert "has 164 prompts; it needs 100 search + 100 held-out" in run.stderr
     tiny = subprocess.run([sys.executable, "-m", "relaxspec", "tune", "--task", "humaneval-instruct", "--max-drop",
                            "0.03", "--search-prompts", "2", "--heldout-prompts", "2", "--rungs", "1,2", "--caps", "1",
-                           "--methods", "cactus:delta=10", "--draft-lengths", "2", "--max-new-tokens", "16",
+                           "--drafter", "ngram", "--draft-lengths", "2", "--max-new-tokens", "16",
                            "--no-progress", "--no-plots", "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert tiny.returncode == 0, tiny.stderr
     assert "confirmation on 2 held-out samples" in tiny.stdout
+    # every rule searched but those prompt lookup's one-hot q cannot serve, said once
+    left_out = next(line for line in tiny.stderr.splitlines() if "left out: the drafter 'ngram'" in line)
+    assert all(rule in left_out for rule in ("ensemble", "spec-casc-opt", "spec-cont-dec"))
+    assert "cactus" not in left_out.split("left out")[0]

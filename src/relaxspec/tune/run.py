@@ -101,6 +101,11 @@ class TuneConfig:
         if self.caps is None:
             self.caps = tuple(DEFAULT_CAPS[min(i, len(DEFAULT_CAPS) - 1)] for i in range(len(self.sizes) - 1))
         validate_schedule(self.sizes, self.caps)
+        if self.search_prompts is not None and self.search_prompts > max(self.sizes):  # prompts never read
+            warnings.warn(f"tune: search prompts {self.search_prompts}: the race reads at most {max(self.sizes)} "
+                          f"samples of a configuration (its last rung), so the first {max(self.sizes)} prompts are "
+                          "searched and the held-out prompts follow them", stacklevel=2)
+            self.search_prompts = max(self.sizes)
         from relaxspec.bench.phase import check_phase_setting
         check_phase_setting(self.phase, [self.task])
         check_draft_confidence_setting(self.draft_confidence, "tune")
@@ -147,6 +152,23 @@ def task_pool(spec: str) -> int | None:
     """How many prompts the task offers (None: a synthetic task, which draws as many as asked)."""
     from relaxspec.tasks import get_task, synthetic
     return None if spec in synthetic.GENERATORS else len(get_task(spec).examples)
+
+
+def serviceable(space: list[Config], cells: Cells) -> list[Config]:
+    """The configurations whose rule the pair's drafter can serve (Drafter.check); a warning names the rest."""
+    from relaxspec.acceptance import get_rule
+    verifier, drafter = cells.grid.pair(cells.spec(space[0]))
+    kept, refused = [], {}
+    for c in space:
+        try:
+            drafter.check(verifier, get_rule(c.method))
+            kept.append(c)
+        except ValueError as e:
+            refused.setdefault(c.method, str(e))
+    if refused:
+        warnings.warn(f"tune: {', '.join(refused)} left out: the drafter {cells.drafter!r} cannot serve them "
+                      f"({next(iter(refused.values()))})", stacklevel=2)
+    return kept
 
 
 def search_jobs(n: int, prompts: int) -> list[tuple[int, int]]:
@@ -249,6 +271,8 @@ def run_tune(config: TuneConfig, progress: bool = True, executor=None) -> TuneRe
         if config.methods is None and not cells.pad_fits:
             warnings.warn("tune: pad left out (no PAD classifier fits this pair; pass --pad-classifier)",
                           stacklevel=2)
+        if config.methods is None:  # every rule: those the drafter cannot serve (e.g. q-reading ones on prompt lookup)
+            space = serviceable(space, cells)
         budget_s = config.budget_minutes * 60
         L = config.search_prompts
         bar = tqdm(total=0, desc="tune", unit="cfg", disable=not progress, dynamic_ncols=True)
