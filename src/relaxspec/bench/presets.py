@@ -164,7 +164,7 @@ def describe(configs, costs: Costs = Costs()) -> str:
     for name, config in configs:
         lines.append(f"  {name:<8} T={config.temperature:g}: {len(cells[name])} cells, about "
                      f"{est[name] / 60:.0f} min")
-    lines.append(f"  about {est['total'] / 3600:.1f} h in all for {configs[0][1].verifiers[0]} int4 on 2 CPU cores "
+    lines.append(f"  about {est['total'] / 3600:.1f} h in all at {VERIFIER}'s int4 costs on 2 CPU cores "
                  f"({costs.ar_s_per_token * 1000:.0f} ms/token AR, {costs.tokens_per_answer} tokens an answer, "
                  f"assumed tau {costs.tau['ngram'] if drafter.startswith('ngram') else costs.tau['lm']}); "
                  "a re-run resumes cell by cell")
