@@ -276,3 +276,41 @@ def test_a_phase_counts_its_relaxed_drafts_and_says_when_it_never_opened():
 def test_phase_with_ar_is_refused(capsys):
     one_line_error(capsys, "generate", "--prompt", PROMPT, "--method", "ar", "--phase", "think",
                    says="--phase: method 'ar' verifies no drafts")
+
+
+# ------------------------------------------------------------------ minor
+
+
+def test_failed_cells_say_whether_a_re_run_helps(capsys):
+    from relaxspec.bench.executors import print_failed
+    transient = "cactus delta=1 N=3: RuntimeError: worker died"
+    on_inputs = "typical N=3: ValueError: rule 'typical' reads q"
+    print_failed([transient])
+    assert "re-run to retry them" in capsys.readouterr().err
+    print_failed([on_inputs, "strict N=3: its stored samples follow another --repeats; use another --out"])
+    err = capsys.readouterr().err
+    assert "re-run" not in err and "each fails again until what it says is fixed" in err, err
+    print_failed([transient, on_inputs])
+    assert "a re-run retries 1; the 1 that failed on their inputs fail again" in capsys.readouterr().err
+
+
+def test_a_repeated_param_is_refused(capsys):
+    one_line_error(capsys, "generate", "--prompt", PROMPT, "--method", "cactus", "--param", "delta=1", "--param",
+                   "delta=2", says="--param delta given twice (1 and 2); give it once")
+
+
+def test_search_prompts_beyond_the_last_rung_are_not_built():
+    from relaxspec.tune.run import TuneConfig
+    config = TuneConfig(search_prompts=100000, sizes=(2, 4))
+    with pytest.warns(UserWarning, match="the race reads at most 4 samples of a configuration"):
+        config.validate()
+    assert config.search_prompts == 4
+
+
+def test_the_first_look_estimate_counts_compilation_and_says_seconds():
+    from relaxspec.bench.config import BenchConfig, estimate_minutes, estimate_text
+    eager = BenchConfig(limit=2, speed_prompts=0, workers=1)
+    compiled = BenchConfig(limit=2, speed_prompts=0, workers=1, compile=True)
+    assert estimate_text(estimate_minutes(eager, 2)) == "about 1 s"  # 2 cells x 2 samples x 0.05 s, rounded up
+    assert estimate_minutes(compiled, 2) * 60 >= 42  # a compiled tiny bench took 42 s on a quiet machine
+    assert estimate_text(12.4) == "about 12 min"

@@ -12,7 +12,7 @@ from relaxspec.bench.names import FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
                                     DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, RUN_PRESETS, SAMPLING_PRESETS, BenchConfig,
-                                    estimate_minutes, load_toml, sampling_preset)
+                                    estimate_minutes, estimate_text, load_toml, sampling_preset)
 
 BENCH_EPILOG = f"""\
 Default grid (no --methods / config): ar; strict; every training-free rule at each value of its paper
@@ -213,7 +213,7 @@ def cmd_bench(args) -> int:
     check_threads(args.threads)
     torch.set_num_threads(args.threads)
     cells = len(plan(config))
-    print(f"bench: {cells} cells; the first look takes about {estimate_minutes(config, cells):.0f} min on 2 CPU cores "
+    print(f"bench: {cells} cells; the first look takes {estimate_text(estimate_minutes(config, cells))} on 2 CPU cores "
           f"with the built-in family; later looks only within the time budget ({config.time_budget_s / 60:g} min)")
     on_sigterm()
     try:

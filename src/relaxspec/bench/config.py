@@ -51,6 +51,11 @@ RUN_PRESETS = {
 # and AR's).
 SECONDS_PER_SAMPLE = 0.05
 SECONDS_PER_TIMED_PROMPT = 0.1  # (2026-12-05, the lean loop: 74 cells x 32 prompts in 116 s, AR shared by 6 cells)
+# --compile: compiling a model's steps before its first cell. Measured on the 2-core machine (2026-12-06) with
+# `relaxspec bench --limit 2 --max-new-tokens 4 --speed-prompts 0 --workers 1 --looks 1 --no-plots --methods
+# ar,strict --draft-lengths 3 [--compile]`: 151 s compiled vs 13 s eager beside other work (42 s compiled on a
+# quiet machine): about 40 s a model (the verifier and the drafter).
+SECONDS_TO_COMPILE_A_MODEL = 40.0
 CLASSIFIER_INPUT = "pivot_prob"  # a rule with this tensor input needs a pivot classifier (pivot_fn)
 
 
@@ -207,9 +212,16 @@ def run_preset(name: str) -> dict:
 def estimate_minutes(config: "BenchConfig", cells: int) -> float:
     """Minutes of the first look of `cells` cells on the project's 2-core machine with the built-in family
     (SECONDS_PER_SAMPLE over the workers; the batch-1 timing, one process before the look, AR shared by a few
-    cells: about half of SECONDS_PER_TIMED_PROMPT per cell); later looks run while config.time_budget_s allows."""
+    cells: about half of SECONDS_PER_TIMED_PROMPT per cell; with compile, SECONDS_TO_COMPILE_A_MODEL per model); later
+    looks run while config.time_budget_s allows."""
     samples = (config.limit or DEFAULT_LIMIT) * config.repeats * SECONDS_PER_SAMPLE / min(config.workers, 2)
-    return cells * (samples + config.speed_prompts * SECONDS_PER_TIMED_PROMPT / 2) / 60
+    compiling = SECONDS_TO_COMPILE_A_MODEL * (len(config.verifiers) + len(config.drafters)) if config.compile else 0
+    return (cells * (samples + config.speed_prompts * SECONDS_PER_TIMED_PROMPT / 2) + compiling) / 60
+
+
+def estimate_text(minutes: float) -> str:
+    """'about 12 min', or seconds below a minute ('about 0 min' said nothing)."""
+    return f"about {minutes:.0f} min" if minutes >= 1 else f"about {max(1, round(minutes * 60))} s"
 
 
 def _default_model(attr: str) -> str:

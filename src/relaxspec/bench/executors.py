@@ -301,10 +301,15 @@ def executor_options(args) -> ExecutorOptions:
 
 
 def print_failed(failed: list[str]) -> None:
-    """The cells (jobs) that raised, one line each, on stderr."""
+    """The cells (jobs) that raised, one line each, on stderr; whether a re-run can help: not for a cell that failed
+    on its inputs (a ValueError, or samples stored under another plan), which fails again until they change."""
     import sys
     if failed:
-        print(f"{len(failed)} cells failed (not stored; re-run to retry them):", file=sys.stderr)
+        again = [line for line in failed if ": ValueError: " in line or line.endswith("use another --out")]
+        note = ("re-run to retry them" if not again else "each fails again until what it says is fixed"
+                if len(again) == len(failed) else
+                f"a re-run retries {len(failed) - len(again)}; the {len(again)} that failed on their inputs fail again")
+        print(f"{len(failed)} cells failed (not stored; {note}):", file=sys.stderr)
         for line in failed:
             print(f"  {line}", file=sys.stderr)
 

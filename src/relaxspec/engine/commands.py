@@ -25,7 +25,10 @@ def parse_params(pairs: list[str] | None) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--param expects KEY=VALUE, got {pair!r}")
-        params[key.strip().replace("-", "_")] = _parse_value(value.strip())
+        name = key.strip().replace("-", "_")
+        if name in params:
+            raise ValueError(f"--param {name} given twice ({params[name]!r} and {_parse_value(value.strip())!r}); give it once")
+        params[name] = _parse_value(value.strip())
     return params
 
 
