@@ -106,11 +106,6 @@ class TuneConfig:
                           f"samples of a configuration (its last rung), so the first {max(self.sizes)} prompts are "
                           "searched and the held-out prompts follow them", stacklevel=2)
             self.search_prompts = max(self.sizes)
-        if self.search_prompts is not None and self.search_prompts > max(self.sizes):  # prompts never read
-            warnings.warn(f"tune: search prompts {self.search_prompts}: the race reads at most {max(self.sizes)} "
-                          f"samples of a configuration (its last rung), so the first {max(self.sizes)} prompts are "
-                          "searched and the held-out prompts follow them", stacklevel=2)
-            self.search_prompts = max(self.sizes)
         from relaxspec.bench.phase import check_phase_setting
         check_phase_setting(self.phase, [self.task])
         check_draft_confidence_setting(self.draft_confidence, "tune")
