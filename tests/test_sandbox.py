@@ -477,7 +477,7 @@ def test_a_killed_program_keeps_its_own_stderr_and_reason(monkeypatch):
     """Killed at the wall timeout or at the CPU limit: its stderr is what it wrote (no launcher traceback),
     its reason the limit."""
     body = "import sys\nsys.stderr.write('mine\\n')\nsys.stderr.flush()\nwhile True:\n    pass\n"
-    wall = run_python(body, timeout=1.0)
+    wall = run_python(body, timeout=2.0)
     assert wall.timed_out and wall.stderr == "mine\n" and wall.reason() == "timed out"
     monkeypatch.setattr(sandbox, "cpu_limit_s", lambda timeout: 1)  # below the wall timeout: the CPU limit first
     cpu = run_python(body, timeout=20.0)
@@ -502,9 +502,9 @@ def test_the_token_is_not_in_the_program_source_or_constants(tmp_path):
     """A wrong program that prints every token-like string of its own file and code objects does not pass."""
     forger = ("import re, sys\ntext = open(__file__).read() + repr(sys._getframe(0).f_code.co_consts)\n"
               "for found in set(re.findall(r'[0-9a-f]{32}', text)):\n    print(found, flush=True)\n")
-    passed, reason = passes_tests(forger + SOLUTION.replace("a + b", "a - b"), workdir=tmp_path / "box")
-    assert (passed, reason) == (False, "AssertionError")
-    assert "print(" not in (tmp_path / "box" / "program.py").read_text().split(SOLUTION.replace("a + b", "a - b"))[-1]
+    wrong = forger + SOLUTION.replace("a + b", "a - b")
+    assert passes_tests(wrong, workdir=tmp_path / "box") == (False, "AssertionError")
+    assert (tmp_path / "box" / "program.py").read_text() == wrong  # nothing appended to its file
 
 
 def test_bad_arguments(tmp_path):

@@ -458,7 +458,8 @@ def _run(source: str, stdin: str, timeout: float, memory_mb: int, work: Path, mo
                 raise SandboxError(f"the code sandbox could not start the program ({python}): {why}")
             killed = None
             if signum is not None and not timed_out:
-                cpu_limit = signum == signal.SIGKILL and ended.get("cpu_s", 0.0) >= limits["RLIMIT_CPU"] - 0.05
+                # rusage reads up to ~0.1 s under the kernel's own count at the kill: a margin
+                cpu_limit = signum == signal.SIGKILL and ended.get("cpu_s", 0.0) >= limits["RLIMIT_CPU"] - 0.25
                 killed = "CPU time limit" if cpu_limit else _signal_name(signum)
             for key in ("pid1", "started"):
                 status.pop(key, None)
