@@ -36,6 +36,7 @@ RUNS = {  # script: (tiny arguments, a line its output must hold)
                        "--max-new-tokens", "24", "--depths", "2"], "arithmetic d1"),
     "phase_steps": (["--prompts", "2", "--repeats", "1", "--max-new-tokens", "24"], "timings not the point"),
     "prefill_head": (["--models", "verifier", "--lengths", "40"], "verifier"),
+    "real_pair_memory": (["--verifier", "verifier", "--drafter", "drafter-weak", "--formats", "int4"], "| pair | "),
     "real_pair_fidelity": (["--model", "verifier", "--formats", "float32", "int4", "--prompts", "2",
                             "--max-new-tokens", "12", "--threads", "1", "--no-progress"], "KL(ref || ours)"),
     "real_pair_peer": (["--verifier", "verifier", "--drafter", "drafter-weak", "--formats", "int4", "--threads", "1",

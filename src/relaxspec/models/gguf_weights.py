@@ -29,7 +29,7 @@ import torch
 from relaxspec.models.quant import GROUP_SIZE, Int4Codes, quantize_int4
 
 SUPPORTED = ("qwen2",)
-ROWS_PER_SLICE = 8192  # rows dequantized at once (the LM head: 8192 x 1536 float32 = 50 MB)
+ROWS_PER_SLICE = 2048  # rows read and dequantized at once (the LM head: 2048 x 1536 float32 = 12.6 MB)
 
 # transformers' state_dict names -> the file's tensor names (llama.cpp's naming for qwen2)
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -176,17 +176,21 @@ class GGUFWeights:
                                       int(t.n_bytes)) for t in reader.tensors}
         self.converted: dict[str, int] = {}  # tensor type -> matrices re-quantized or widened (for the log line)
 
-    def _read(self, info: "_Info") -> np.ndarray:
-        """A tensor's bytes from the file: uint8 [rows, bytes per row] for a quantized type, else float32."""
+    def _read(self, info: "_Info", start: int = 0, rows: int | None = None) -> np.ndarray:
+        """A tensor's bytes from the file (its rows start..start + rows, default all): uint8 [rows, bytes per row]
+        for a quantized type, else float32."""
         dtype = np.float32 if info.kind == "F32" else np.uint8
-        data = np.fromfile(self.path, dtype=np.uint8, count=info.n_bytes, offset=info.offset)
-        if data.size != info.n_bytes:
+        total = info.rows_shape[0] if len(info.rows_shape) > 1 else 1
+        row_bytes = info.n_bytes // total
+        rows = total - start if rows is None else min(rows, total - start)
+        data = np.fromfile(self.path, dtype=np.uint8, count=rows * row_bytes, offset=info.offset + start * row_bytes)
+        if data.size != rows * row_bytes:
             raise ValueError(f"the GGUF file {str(self.path)!r} is truncated or corrupt (tensor data ends "
-                             f"{info.n_bytes - data.size} bytes early)")
-        return data.view(dtype).reshape(info.rows_shape)
+                             f"{rows * row_bytes - data.size} bytes early)")
+        return data.view(dtype).reshape((rows, *info.rows_shape[1:]) if start or rows != total else info.rows_shape)
 
     def kind(self, hf_name: str) -> str:
-        return self.tensors[file_name(hf_name)].tensor_type.name
+        return self.tensors[file_name(hf_name)].kind
 
     def __call__(self, hf_name: str):
         name = file_name(hf_name)
@@ -195,19 +199,18 @@ class GGUFWeights:
         info = self.tensors[name]
         kind = info.kind
         try:
-            data = self._read(info)
             if len(info.shape) < 2:  # norms and biases: float32 as stored
-                return torch.from_numpy(np.array(data, dtype=np.float32).reshape(-1))
+                return torch.from_numpy(np.array(self._read(info), dtype=np.float32).reshape(-1))
             if hf_name == "model.embed_tokens.weight":
-                return self._dense(data, kind, torch.float32 if self.format == "float32" else torch.bfloat16)
+                return self._dense(info, torch.float32 if self.format == "float32" else torch.bfloat16)
             if self.format in ("int4", "auto") and kind in AFFINE:
-                return _int4(*AFFINE[kind](data))
+                return _int4(*AFFINE[kind](self._read(info)))
             if self.format == "int4":
                 self.converted[kind] = self.converted.get(kind, 0) + 1
-                return self._requantized(data, kind)
+                return self._requantized(info)
             if self.format == "auto":
                 self.converted[kind] = self.converted.get(kind, 0) + 1
-            return self._dense(data, kind, torch.float32 if self.format == "float32" else torch.bfloat16)
+            return self._dense(info, torch.float32 if self.format == "float32" else torch.bfloat16)
         except ValueError as e:
             if "truncated or corrupt" in str(e) or "has no tensor" in str(e):
                 raise
@@ -215,10 +218,11 @@ class GGUFWeights:
         except (IndexError, TypeError, OSError) as e:
             raise _corrupt(self.path, e) from None
 
-    @staticmethod
-    def _slices(data: np.ndarray):
-        for start in range(0, data.shape[0], ROWS_PER_SLICE):
-            yield start, data[start:start + ROWS_PER_SLICE]
+    def _slices(self, info: "_Info"):
+        """(first row, the rows' float32 values) slice by slice, each read from the file when it is dequantized:
+        neither the tensor's bytes nor its float32 values are ever held whole."""
+        for start in range(0, info.rows_shape[0], ROWS_PER_SLICE):
+            yield start, self._float_rows(self._read(info, start, ROWS_PER_SLICE), info.kind)
 
     def _float_rows(self, rows: np.ndarray, kind: str) -> torch.Tensor:
         from gguf import GGMLQuantizationType
@@ -228,22 +232,22 @@ class GGUFWeights:
             return torch.from_numpy(np.array(rows, dtype=np.float32))
         return torch.from_numpy(dequantize(np.asarray(rows), GGMLQuantizationType[kind]).astype(np.float32))
 
-    def _dense(self, data: np.ndarray, kind: str, dtype: torch.dtype) -> torch.Tensor:
+    def _dense(self, info: "_Info", dtype: torch.dtype) -> torch.Tensor:
         out = None
-        for start, rows in self._slices(data):  # (filled slice by slice: no second whole copy)
-            part = self._float_rows(rows, kind)
+        for start, part in self._slices(info):  # (filled slice by slice: no second whole copy)
             if out is None:
-                out = torch.empty((data.shape[0], part.shape[1]), dtype=dtype)
+                out = torch.empty((info.rows_shape[0], part.shape[1]), dtype=dtype)
             out[start:start + part.shape[0]] = part
         return out
 
-    def _requantized(self, data: np.ndarray, kind: str) -> Int4Codes:
+    def _requantized(self, info: "_Info") -> Int4Codes:
         out = None
-        for start, rows in self._slices(data):
-            codes, scale_zero = quantize_int4(self._float_rows(rows, kind), GROUP_SIZE)
+        for start, part in self._slices(info):
+            codes, scale_zero = quantize_int4(part, GROUP_SIZE)
             if out is None:
-                out = Int4Codes(torch.empty((data.shape[0], codes.shape[1]), dtype=torch.uint8),
-                                torch.empty((scale_zero.shape[0], data.shape[0], 2), dtype=torch.bfloat16))
+                rows = info.rows_shape[0]
+                out = Int4Codes(torch.empty((rows, codes.shape[1]), dtype=torch.uint8),
+                                torch.empty((scale_zero.shape[0], rows, 2), dtype=torch.bfloat16))
             out.codes[start:start + codes.shape[0]] = codes
             out.scale_zero[:, start:start + codes.shape[0]] = scale_zero
         return out

@@ -63,15 +63,23 @@ def _unavailable(why: str):
     return None
 
 
+PACK_ROWS = 8192  # rows packed at once
+
+
 def pack(codes: torch.Tensor, scale_zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes uint8 [out, in / 2], scale and zero' int32 [out, in / 32]) in the kernel's layout from quant.py's
     codes [out, in] (0..15) and (scale, zero) [in / 32, out, 2] (bfloat16)."""
     out, in_features = codes.shape
-    g = codes.reshape(out, in_features // GROUP, 2, GROUP // 2).to(torch.uint8)
-    packed = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(out, in_features // 2).contiguous()
-    scale, zero = scale_zero.transpose(0, 1).unbind(-1)  # [out, in / 32] each, bfloat16
-    bits = [t.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF for t in (scale, zero)]
-    return packed, ((bits[0] << 16) | bits[1]).contiguous()
+    packed = torch.empty((out, in_features // 2), dtype=torch.uint8, device=codes.device)
+    sz = torch.empty((out, in_features // GROUP), dtype=torch.int32, device=codes.device)
+    for start in range(0, out, PACK_ROWS):  # in slices of rows: the temporaries stay small (a 151,936-row head)
+        rows = slice(start, start + PACK_ROWS)
+        g = codes[rows].reshape(-1, in_features // GROUP, 2, GROUP // 2).to(torch.uint8)
+        packed[rows] = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(-1, in_features // 2)
+        scale, zero = scale_zero[:, rows].transpose(0, 1).unbind(-1)  # [rows, in / 32] each, bfloat16
+        bits = [t.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF for t in (scale, zero)]
+        sz[rows] = (bits[0] << 16) | bits[1]
+    return packed, sz
 
 
 def block_mm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
