@@ -209,9 +209,11 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     device: "cpu", "cuda", "cuda:N", "mps" or a torch.device (default: cuda when available, else cpu);
     dtype: "float32", "bfloat16", "float16", "int4", "auto" or a torch dtype (default: bfloat16 on CUDA, float32
     elsewhere). On a CPU it is the weights' format (models/quant.py): the large matrices are stored once in it
-    (float32, bfloat16, or int4 weight-only in groups of 32; "auto": a GGUF file in the class it was shipped
-    in, Q4 -> int4, anything else float32); a model whose layers cannot be stored in it is a ValueError.
-    backend "auto" runs Llama-architecture models on a CPU through the lean FastLlama path (same weights,
+    (float32, bfloat16, or int4 weight-only in groups of 32; "auto": a GGUF file of an architecture read tensor
+    by tensor (qwen2, models/gguf_weights.py) keeps each 4-bit tensor's codes in int4 and the 5-, 6- and 8-bit
+    ones in bfloat16, saying so in one line; another GGUF file runs in the class it was shipped in, Q4 -> int4;
+    anything else float32); a model whose layers cannot be stored in it is a ValueError.
+    backend "auto" runs Llama- and Qwen2-architecture models on a CPU through the lean FastLlama path (same weights,
     same logits, less per-call overhead) and everything else through `transformers`; "fast" forces
     FastLlama (a ValueError for other architectures), "transformers" forces the latter.
     compile: run the engine's steps through torch.compile with a static KV cache (models/compiled.py; Llama
