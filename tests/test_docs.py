@@ -265,3 +265,11 @@ def test_the_project_speaks_of_itself_only():
                     found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
                 previous = (line.split() or [""])[-1]
     assert found == []
+
+
+def test_benchmarks_readme_lists_every_script():
+    readme = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([\w.]+\.(?:py|sh))` \|", readme, re.MULTILINE))
+    scripts = {p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh")}
+    assert sorted(scripts - listed) == [], "scripts missing from benchmarks/README.md"
+    assert sorted(listed - scripts) == [], "benchmarks/README.md lists scripts that do not exist"
