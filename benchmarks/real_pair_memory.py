@@ -2,6 +2,7 @@
 
     python benchmarks/real_pair_memory.py [--verifier /work/pair/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf]
         [--drafter /work/pair/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf] [--formats float32 bfloat16 int4 auto]
+        [--loads verifier drafter pair]
 
 Each cell is a fresh process (`sys.executable -c ...`) that loads the verifier, the drafter or both with
 `load_model(path, dtype=FORMAT)`, runs one forward of an 8-token prompt through each (so the first step's
@@ -51,8 +52,11 @@ def main() -> None:
     ap.add_argument("--verifier", default=VERIFIER)
     ap.add_argument("--drafter", default=DRAFTER)
     ap.add_argument("--formats", nargs="*", default=["float32", "bfloat16", "int4", "auto"])
+    ap.add_argument("--loads", nargs="*", default=["verifier", "drafter", "pair"], choices=["verifier", "drafter",
+                                                                                          "pair"])
     args = ap.parse_args()
-    rows = {"verifier": [args.verifier], "drafter": [args.drafter], "pair": [args.verifier, args.drafter]}
+    every = {"verifier": [args.verifier], "drafter": [args.drafter], "pair": [args.verifier, args.drafter]}
+    rows = {label: every[label] for label in args.loads}
     print(f"verifier {args.verifier}\ndrafter  {args.drafter}\n")
     print("| load | " + " | ".join(f"{f}: peak RSS GB (load s)" for f in args.formats) + " |")
     print("|---|" + "---|" * len(args.formats))
