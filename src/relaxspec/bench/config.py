@@ -177,7 +177,7 @@ def check_settings_types(config, who: str, lists: dict, scalars: dict | None = N
 
     for name, kind in lists.items():
         value = getattr(config, name)
-        if value is not None and (not isinstance(value, list) or not all(kind_ok(v, kind) for v in value)):
+        if value is not None and (not isinstance(value, (list, tuple)) or not all(kind_ok(v, kind) for v in value)):
             raise ValueError(f"{who}: {name.replace('_', ' ')} must be a list of {kind_name(kind, True)}, got {value!r}")
     for name, kind in (scalars or {}).items():
         value = getattr(config, name)
