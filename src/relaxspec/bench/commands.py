@@ -201,10 +201,9 @@ def cmd_bench(args) -> int:
     import warnings
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
     if getattr(args, "preset", None) == "qwen-coder":  # three bench runs (stages) into one store: bench.presets
-        from relaxspec.bench import presets
         if args.config:
             raise ValueError("--preset qwen-coder takes flags, not --config")
-        return presets.run(args, {name: str(value) if name == "out" else value for flag, name in _FLAG_TO_FIELD.items()
+        return _run_preset(args, {name: str(value) if name == "out" else value for flag, name in _FLAG_TO_FIELD.items()
                                   if (value := getattr(args, flag, None)) is not None})
     config = config_from_args(args)
     check_tasks(config.tasks, config.limit)
@@ -257,6 +256,40 @@ def _findings(out_dir: Path, max_drop: float, c_rel: float | None) -> int:
         findings = check_findings(store, rows, max_drop, c_rel)
     print(format_findings(findings, rows, max_drop, c_rel))
     return 0
+
+
+def _run_preset(args, explicit: dict) -> int:
+    """`relaxspec bench --preset qwen-coder`: every stage in turn, then the report of all of them."""
+    from relaxspec.bench.runner import run_grid
+
+    import torch
+
+    from relaxspec.tasks import check_tasks
+    from relaxspec.tasks.sandbox import require_isolation
+
+    from relaxspec.bench.presets import describe, stage_configs
+
+    configs = stage_configs(explicit)
+    for _, config in configs:
+        config.validate()
+    check_tasks(configs[0][1].tasks, configs[0][1].limit)
+    require_isolation(args.unsafe_exec)  # humaneval-instruct runs code: refused now if unisolated, before any model
+    if args.threads and args.threads > 0:
+        torch.set_num_threads(args.threads)
+    print(describe(configs))
+    failed = []
+    for i, (name, config) in enumerate(configs, 1):
+        print(f"bench: stage {i}/{len(configs)} ({name}, T={config.temperature:g})", file=sys.stderr)
+        try:
+            summary = run_grid(config, progress=not args.no_progress, executor=executor_options(args))
+        except KeyboardInterrupt:
+            return interrupted("bench", "finished cells are", Path(config.out))
+        print(f"bench: {name}: ran {len(summary.ran)} cells, skipped {len(summary.skipped)} finished ones, "
+              f"in {summary.wall_s:.1f} s")
+        failed += summary.failed
+    print_failed(failed)
+    code = _report(Path(configs[0][1].out), None, configs[0][1].max_drop, not args.no_plots, everything=True)
+    return 1 if failed else code
 
 
 def _report(out_dir: Path, csv_path, max_drop: float, plots: bool, everything: bool) -> int:

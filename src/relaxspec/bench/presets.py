@@ -171,41 +171,4 @@ def describe(configs, costs: Costs = Costs()) -> str:
     return "\n".join(lines)
 
 
-def run(args, explicit: dict) -> int:
-    """`relaxspec bench --preset qwen-coder`: every stage in turn, then the report of all of them."""
-    import sys
-    from pathlib import Path
-
-    from relaxspec.bench.commands import _report, interrupted
-    from relaxspec.bench.executors import executor_options, print_failed
-    from relaxspec.bench.runner import run_grid
-
-    import torch
-
-    from relaxspec.tasks import check_tasks
-    from relaxspec.tasks.sandbox import require_isolation
-
-    configs = stage_configs(explicit)
-    for _, config in configs:
-        config.validate()
-    check_tasks(configs[0][1].tasks, configs[0][1].limit)
-    require_isolation(args.unsafe_exec)  # humaneval-instruct runs code: refused now if unisolated, before any model
-    if args.threads and args.threads > 0:
-        torch.set_num_threads(args.threads)
-    print(describe(configs))
-    failed = []
-    for i, (name, config) in enumerate(configs, 1):
-        print(f"bench: stage {i}/{len(configs)} ({name}, T={config.temperature:g})", file=sys.stderr)
-        try:
-            summary = run_grid(config, progress=not args.no_progress, executor=executor_options(args))
-        except KeyboardInterrupt:
-            return interrupted("bench", "finished cells are", Path(config.out))
-        print(f"bench: {name}: ran {len(summary.ran)} cells, skipped {len(summary.skipped)} finished ones, "
-              f"in {summary.wall_s:.1f} s")
-        failed += summary.failed
-    print_failed(failed)
-    code = _report(Path(configs[0][1].out), None, configs[0][1].max_drop, not args.no_plots, everything=True)
-    return 1 if failed else code
-
-
-__all__ = ["QWEN_CODER", "STAGES", "Costs", "grid", "estimate", "fit_problems", "stage_configs", "describe", "run"]
+__all__ = ["QWEN_CODER", "STAGES", "Costs", "grid", "estimate", "fit_problems", "stage_configs", "describe"]
