@@ -87,11 +87,9 @@ def block_mm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor) -> torch.Te
     chunks of MAX_ROWS rows (one call)."""
     xb = x.to(torch.bfloat16).contiguous()
     M, in_features = xb.shape
-    out = codes.shape[0]
-    if codes.shape[1] * 2 != in_features or sz.shape != (out, in_features // GROUP) or codes.dtype != torch.uint8 \
-            or sz.dtype != torch.int32 or not (codes.is_contiguous() and sz.is_contiguous()):
-        raise ValueError(f"int4 block kernel: x [M, {in_features}] against codes {list(codes.shape)} "
-                         f"{codes.dtype} and scales {list(sz.shape)} {sz.dtype} from int4_block.pack")
+    out, half = codes.shape  # (codes and sz as `pack` makes them: uint8 and int32, contiguous)
+    if half * 2 != in_features:
+        raise ValueError(f"int4 block kernel: x [M, {in_features}] against a weight of {half * 2} inputs")
     y = torch.empty((M, out), dtype=torch.float32, device=xb.device)
     kernel().int4_block_mm(xb.data_ptr(), M, in_features, codes.data_ptr(), sz.data_ptr(), y.data_ptr(), out)
     return y
