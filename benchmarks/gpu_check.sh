@@ -26,7 +26,7 @@
 #    are 1.61 GB (1.12 + 0.49), a call carries at most 64 MiB, the device machine reaches no package registry (no
 #    `relaxspec models fetch` there), and it keeps what earlier calls carried only while it stays warm (~30 s between
 #    calls): the pair would take 26 calls of 64 MiB chunk wheels in a row, each costing a start and a transfer of
-#    the session's 15 minutes of device time. It needs a larger carry limit, a registry or model hub reachable from
+#    a device loan's 15 minutes. It needs a larger carry limit, a registry or model hub reachable from
 #    the device, or a disk that persists between calls. A call of its own (the steps above take the whole budget):
 #    STEPS=pair REAL_PAIR_DIR=DIR bash benchmarks/gpu_check.sh; without the files it prints one line and passes.
 set -uo pipefail

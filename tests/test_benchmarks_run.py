@@ -1,6 +1,6 @@
 """Every script under benchmarks/ still runs: each with tiny arguments, in a real subprocess, to its end (exit 0 and a
 line of its table). Their figures are not checked here (speed goals live in the scripts, not in tests); a script
-that no longer runs is. (gpu_train_drafters.sh failed in its first second for a session, and exited 0, after a
+that no longer runs is. (gpu_train_drafters.sh failed in its first second, and exited 0, after a
 stricter argument check elsewhere: scripts outside the suite rot silently.) The SmolLM2 ones (real_pair,
 smollm2_drafter, cpu_peer's full run) take minutes and are left to their own runs; `compile_speed` compiles for
 minutes (its --help is checked); rules_against and tune_vs_grid need another tree or a bench's output."""
@@ -27,6 +27,8 @@ RUNS = {  # script: (tiny arguments, a line its output must hold)
     "engine_profile": (["--prompts", "2", "--max-new-tokens", "24", "--draft-lengths", "3", "--top", "5"], "ms/round"),
     "engine_speed": (["--prompts", "2", "--max-new-tokens", "24", "--draft-lengths", "3", "--repeats", "1",
                       "--batch", "4"], "x"),
+    "humaneval_baselines": (["--model", "verifier", "--limit", "2", "--max-new-tokens", "12", "--threads", "1",
+                             "--skip-llama", "--out", "/dev/null", "--no-progress"], "| relaxspec |"),
     "int4_block_speed": (["--threads", "1", "--rows", "1", "4", "--rounds", "3"], "|"),
     "interval_coverage": (["--sims", "20"], "utility"),
     "loop_only": (["--prompts", "2", "--max-new-tokens", "24"], "us per round"),
