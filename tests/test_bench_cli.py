@@ -67,7 +67,7 @@ def test_a_failing_cell_is_reported_and_the_rest_completes_locally(tmp_path, cap
                  "--workers", workers, "--out", str(out), "--no-progress", "--no-plots"])
     assert code == 1
     err = capsys.readouterr().err
-    assert "1 cells failed (not stored; re-run to retry them):\n  arithmetic spec-cont-dec(beta=0.5) N=2 seed=0: " \
+    assert "1 cells failed (not stored; each fails again until what it says is fixed):\n  arithmetic spec-cont-dec(beta=0.5) N=2 seed=0: " \
            "ValueError: " in err and "needs the drafter's distribution" in err and "Traceback" not in err
     with Store(out) as store:
         assert sorted(c.config["method"] + str(c.config["params"]) for c in store.cells()) == \

@@ -90,7 +90,7 @@ def test_failing_cell_is_reported_and_the_rest_completes(tmp_path, cluster, caps
                  "--executor", "ray", "--ray-address", cluster, "--out", str(out), "--no-progress", "--no-plots"])
     assert code == 1
     err = capsys.readouterr().err
-    assert "1 cells failed (not stored; re-run to retry them):\n" \
+    assert "1 cells failed (not stored; each fails again until what it says is fixed):\n" \
            "  arithmetic spec-cont-dec(beta=0.5) N=2 seed=0: ValueError: " in err
     assert "needs the drafter's distribution" in err and "Traceback" not in err
     cells = dump(out)

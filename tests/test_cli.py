@@ -23,10 +23,12 @@ def test_generate_json_is_one_object_with_the_documented_fields():
             "emitted_tokens", "accepted_per_position",
             "proposed_per_position",
             "acceptance_rate", "acceptance_rate_per_position", "mean_acceptance_length", "generated_tokens",
-            "verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s"}
+            "verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s",
+            "phase_relaxed_positions"}
     assert set(data["stats"]) == keys
     (result,) = data["results"]
-    batch_only = {"verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s"}
+    batch_only = {"verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s",
+                  "phase_relaxed_positions"}
     assert result["prompt"] == PROMPT and set(result["stats"]) == keys - batch_only and isinstance(result["seed"], int)
     assert 0 < len(result["token_ids"]) <= 24
     assert len(result["stats"]["acceptance_rate_per_position"]) == 5
