@@ -18,18 +18,20 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 def test_grid_stages_and_cells():
     cells = presets.grid()
-    assert {k: len(v) for k, v in cells.items()} == {"greedy": 5, "sampled": 18, "lengths": 4}
+    assert {k: len(v) for k, v in cells.items()} == {"greedy": 7, "sampled": 23, "lengths": 4}
     assert sum(m == AR for v in cells.values() for m, _, _ in v) == 2  # greedy's and sampled's; lengths shares it
     greedy = {m for m, _, _ in cells["greedy"]}
-    assert greedy == {AR, "strict", "topk-delta", "topk-ratio", "spec-casc-tok"}
+    assert greedy == {AR, "strict", "topk-delta", "topk-ratio", "spec-casc-tok", "ensemble", "spec-casc-opt"}
     assert {n for _, _, n in cells["lengths"]} == {5, AUTO}
     sampled = {(m, tuple(p.values())) for m, p, _ in cells["sampled"]}
     assert ("cactus", (0.1,)) in sampled and ("cactus", (0.25,)) in sampled and ("spec-casc-tok", (0.8,)) in sampled
-    # every rule of the grid runs on prompt lookup's one-hot drafts; the ones that cannot are left out
-    from relaxspec.acceptance import check_one_hot_q
-    for m, _, _ in [c for v in cells.values() for c in v if c[0] != AR]:
-        check_one_hot_q(m)
-    assert not {"ensemble", "spec-casc-opt", "spec-cont-dec", "pad"} & {m for v in cells.values() for m, _, _ in v}
+    # the 0.5B drafter gives logits: the rules that read them run too; PAD has no classifier for this pair
+    from relaxspec.acceptance import RULES
+    run = {m for v in cells.values() for m, _, _ in v}
+    assert {"ensemble", "spec-casc-opt", "spec-cont-dec"} <= run and "pad" not in run
+    assert set(RULES) - run == {"pad"}
+    configs = dict(presets.stage_configs({}))
+    assert all(c.drafters == ["qwen2.5-coder-0.5b"] and c.dtype == "int4" for c in configs.values())
 
 
 def test_rules_left_out_at_greedy_repeat_strict():
@@ -43,7 +45,7 @@ def test_rules_left_out_at_greedy_repeat_strict():
     strict = generate("verifier", "drafter-weak", prompts, method="strict", **kw)
     greedy_rules = {m for m, _, _ in presets.grid()["greedy"]}
     left_out = [(m, p) for m, p, _ in presets.grid()["sampled"] if m not in greedy_rules]
-    assert len(left_out) == 9
+    assert len(left_out) == 11
     for m, p in left_out:
         out = generate("verifier", "drafter-weak", prompts, method=m, **kw, **p)
         assert [r.token_ids for r in out.results] == [r.token_ids for r in strict.results], (m, p)
@@ -51,23 +53,27 @@ def test_rules_left_out_at_greedy_repeat_strict():
 
 def test_estimate_prices_every_cell():
     c = presets.Costs()
-    assert c.sample_s == pytest.approx(0.055 * 300)
-    assert c.ratio(AR, 0, "ngram") == 1.0
-    assert c.ratio("strict", 3, "ngram") == pytest.approx(1.3 / 1.5)
-    assert c.ratio("strict", 3, "qwen2.5-coder-0.5b") == pytest.approx((1.3 + 3 * 0.57) / 2.4)
-    assert c.ratio("strict", AUTO, "ngram") == c.ratio("strict", 5, "ngram") == pytest.approx(1.0)
-    per_problem = (1 + 4 * 1.3 / 1.5) + (1 + 17 * 1.3 / 1.5) + 4 * 1.0  # greedy, sampled, lengths
+    assert c.sample_s == pytest.approx(0.0225 * 210)
+    assert c.ratio(AR, 0, "ngram") == 1.0 == c.batch_ratio(AR)
+    assert c.batch_ratio("strict") == 1.5
+    assert c.ratio("strict", 3, "ngram") == pytest.approx((1.3 + 3 * 0.003) / 1.6)
+    assert c.ratio("strict", 3, "qwen2.5-coder-0.5b") == pytest.approx((1.3 + 3 * 0.39) / 3.0)
+    assert c.ratio("strict", AUTO, "ngram") == c.ratio("strict", 5, "ngram")
+    batched = (1 + 6 * 1.5) + (1 + 22 * 1.5) + 4 * 1.5  # greedy, sampled, lengths: AR 1, a speculative cell 1.5
+    b1 = 0.052 * 210  # an answer at batch 1
+    r3, r5 = (1.3 + 3 * 0.39) / 3.0, (1.5 + 5 * 0.39) / 3.0
+    timing = 4 * b1 * ((6 * r3 + 1) + (22 * r3 + 4) + (2 * r5 + 2 * r5 + 1))  # AR once per 6 cells, a turn
     est = presets.estimate(10)
-    assert est["total"] == pytest.approx(3 * c.overhead_s + 10 * per_problem * c.sample_s)
+    assert est["total"] == pytest.approx(3 * c.overhead_s + 10 * batched * c.sample_s + timing)
     assert presets.estimate(10, repeats=2)["greedy"] == est["greedy"]  # greedy never repeats
     assert presets.estimate(10, repeats=2)["sampled"] > est["sampled"]
 
 
 def test_fit_problems_is_the_most_that_fits():
     problems, repeats = presets.fit_problems()
-    assert (problems, repeats) == (25, 1)
-    assert presets.estimate(25)["total"] <= presets.BUDGET_S < presets.estimate(26)["total"]
-    fast = presets.Costs(batch_gain=20.0)
+    assert (problems, repeats) == (37, 1)
+    assert presets.estimate(37)["total"] <= presets.BUDGET_S < presets.estimate(38)["total"]
+    fast = presets.Costs(batch_ar_s_per_token=0.001)
     problems, repeats = presets.fit_problems(costs=fast)
     assert problems == 164 and repeats > 1
     assert presets.estimate(164, repeats, fast)["total"] <= presets.BUDGET_S < \
@@ -81,19 +87,19 @@ def test_stage_configs_take_flags_over_the_preset():
     assert list(configs) == ["greedy", "sampled", "lengths"]
     for name, config in configs.items():
         config.validate()
-        assert config.verifiers == ["verifier"] and config.drafters == ["ngram"]
+        assert config.verifiers == ["verifier"] and config.drafters == ["qwen2.5-coder-0.5b"]
         assert config.tasks == ["humaneval-instruct"] and config.limit == 2 and config.looks == 1
-        assert config.max_new_tokens == 512 and config.speed_prompts == 0
+        assert config.max_new_tokens == 512 and config.speed_prompts == 4
     assert configs["greedy"].temperature == 0 and configs["greedy"].repeats == 1
     assert configs["sampled"].temperature == 0.7 and configs["sampled"].top_p == 0.95 and configs["sampled"].repeats == 3
     assert configs["sampled"].batch_size == 6
     text = presets.describe(presets.stage_configs({}))
-    assert "27 cells on the first 25 of 164 problems" in text and "2.9 h" in text
+    assert "34 cells on the first 37 of 164 problems" in text and "3.0 h" in text
 
 
 def _bench(out, *extra):
     return [sys.executable, "-m", "relaxspec", "bench", "--preset", "qwen-coder", "--verifier", "verifier",
-            "--drafter", "ngram", "--limit", "2", "--max-new-tokens", "12", "--workers", "1", "--no-plots",
+            "--drafter", "drafter-weak", "--limit", "2", "--max-new-tokens", "12", "--workers", "1", "--no-plots",
             "--no-progress", "--out", str(out), *extra]
 
 
@@ -119,9 +125,9 @@ def test_interrupted_run_resumes_to_the_same_rows(tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     run = subprocess.run(_bench(whole), capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "27 cells on the first 2 of 164 problems" in run.stdout
+    assert "34 cells on the first 2 of 164 problems" in run.stdout
     want = _rows(whole)
-    assert len(want) == 27 * 2
+    assert len(want) == 34 * 2
 
     proc = subprocess.Popen(_bench(resumed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 600

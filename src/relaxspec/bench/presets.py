@@ -6,21 +6,22 @@ the end covers all of them (`relaxspec report DIR --all`).
 
   greedy   T = 0: AR, strict, and only the rules that still relax at T = 0 (on one-hot p and q the others are
            exactly strict and would repeat strict's tokens): topk-delta 0.6 (TensorRT-LLM's setting), topk-ratio
-           0.3, spec-casc-tok 0.35 (the drafter's argmax inside the verifier's top set), at N = 3.
-  sampled  T = 0.7, top-p 0.95: AR, strict, and each rule the drafter can run at the strengths the built-in
+           0.3, spec-casc-tok 0.35 (the drafter's argmax inside the verifier's top set), ensemble 0.95 and
+           spec-casc-opt 0 (they mix or compare the two models' distributions), at N = 3.
+  sampled  T = 0.7, top-p 0.95: AR, strict, and every rule the pair can run at the strengths the built-in
            default run found within its 0.03 budget plus the next one beyond (README, "Default run"): cactus 0.1
            / 0.25, mentored 0.3 / 0.7, spec-casc-tok 0 / 0.35 / 0.8, typical (its one point), topk-delta 0.3 /
-           0.6, topk-ratio 0.3 / 0.1, fuzzy 0.05 / 0.2, r-fuzzy 0.05, threshold single 0.01, at N = 3.
+           0.6, topk-ratio 0.3 / 0.1, fuzzy 0.05 / 0.2, r-fuzzy 0.05, threshold single 0.01, ensemble 0.95,
+           spec-casc-opt -0.1 / 0, spec-cont-dec 0.5 / 1, at N = 3.
   lengths  T = 0.7: strict and topk-delta 0.6 at N = 5 and auto (AR shared with the sampled stage).
 
-Drafter: prompt lookup (`ngram`). On this CPU the 0.5B LM drafter's step costs 0.57 of the verifier's, so a
-strict round at N = 3 costs (1.3 + 3 x 0.57) verifier steps and needs tau > 3 just to break even, while a
-prompt lookup draft is free and HumanEval answers repeat their prompt's signature and docstring. The rules
-that read the drafter's logits (ensemble, spec-casc-opt, spec-cont-dec) cannot run on a one-hot drafter and
-PAD has no classifier for this pair: they are left out (`--drafter qwen2.5-coder-0.5b` runs the grid with the
-LM drafter instead). Every cell is one batch of all its problems (`batch_size` = problems), one look (the
-budget goes into the first look), no batch-1 timing (speed-ups are the modelled ones at the measured c_rel and
-c_block, plus the batch throughput ratio).
+Drafter: the pair's own 0.5B (`qwen2.5-coder-0.5b`), both models int4 (the fastest format on a CPU). Measured on
+this CPU (benchmarks/real_pair_peer.py, greedy, batch 1): its step costs 0.39 of the verifier's and it is accepted
+0.70 of the time at N = 3 (tau 3.06), so strict runs 1.29x AR, where prompt lookup (`--drafter ngram`) accepts 0.21
+(tau 1.61) and its one-hot drafts leave out the rules that read the drafter's logits. PAD has no classifier for
+this pair: left out. Every cell is one batch of all its problems (`batch_size` = problems x repeats), one look (the
+budget goes into the first look); then SPEED_PROMPTS prompts of each speculative cell are timed alone (batch 1,
+beside AR), which gives the measured speed-ups next to the modelled ones at the measured c_rel and c_block.
 
 Problems: the estimate (`estimate`) prices each cell from the measured costs below; `fit_problems` gives every
 cell the same first problems, as many as fit the 3-hour budget (164 = all of HumanEval when they do; more
@@ -36,7 +37,9 @@ from relaxspec.bench.names import AR, AUTO
 
 QWEN_CODER = "qwen-coder"
 VERIFIER = "qwen2.5-coder-1.5b"
-DRAFTER = "ngram"
+DRAFTER = "qwen2.5-coder-0.5b"
+DTYPE = "int4"  # the fastest format on a CPU (docs/real-pair.md)
+SPEED_PROMPTS = 4  # prompts timed at batch 1 per cell (4: the report also gives the first and last half)
 TASK = "humaneval-instruct"
 PROBLEMS = 164  # HumanEval
 BUDGET_S = 3 * 3600.0
@@ -44,12 +47,14 @@ AUTO_AS = 5  # draft length that prices N = auto (the schedule starts at 5)
 
 STAGES = {
     "greedy": {"temperature": 0.0, "top_p": None, "draft_lengths": [3],
-               "methods": ["ar", "strict", "topk-delta:delta=0.6", "topk-ratio:ratio=0.3", "spec-casc-tok:alpha=0.35"]},
+               "methods": ["ar", "strict", "topk-delta:delta=0.6", "topk-ratio:ratio=0.3", "spec-casc-tok:alpha=0.35",
+                           "ensemble:weight=0.95", "spec-casc-opt:alpha=0"]},
     "sampled": {"temperature": 0.7, "top_p": 0.95, "draft_lengths": [3],
                 "methods": ["ar", "strict", "cactus:delta=0.1/0.25", "mentored:alpha=0.3/0.7",
                             "spec-casc-tok:alpha=0/0.35/0.8", "typical", "topk-delta:delta=0.3/0.6",
                             "topk-ratio:ratio=0.3/0.1", "fuzzy:threshold=0.05/0.2", "r-fuzzy:threshold=0.05",
-                            "threshold:single=0.01"]},
+                            "threshold:single=0.01", "ensemble:weight=0.95", "spec-casc-opt:alpha=-0.1/0",
+                            "spec-cont-dec:beta=0.5/1"]},
     "lengths": {"temperature": 0.7, "top_p": 0.95, "draft_lengths": [5, AUTO],
                 "methods": ["ar", "strict", "topk-delta:delta=0.6"]},
 }
@@ -57,28 +62,34 @@ STAGES = {
 
 @dataclass(frozen=True)
 class Costs:
-    """What a sample costs on this project's 2-core machine (2026-12-05, 2 threads; see docs/real-answer.md):
-    our int4 AR of the 1.5B ~55 ms/token (llama.cpp: 47 ms), HumanEval answers ~150-300 tokens (priced at 300:
-    an answer runs on after its code block to the end of the turn), a verifier block of N + 1 tokens
-    1 + 0.1 N steps (1.3 at N = 3), a drafter step 0 (prompt lookup) or 0.57 (the 0.5B) of a verifier step.
-    tau (tokens per round) is assumed, not measured: 1.5 for prompt lookup, 2.4 for the 0.5B at N = 3, so a
-    speculative cell is priced at 0.87 (lookup) or 1.25 (0.5B) of AR. batch_gain: how much faster a token is
-    in a batch of all the problems than alone (1: none assumed; measure it and the grid grows)."""
-    ar_s_per_token: float = 0.055
-    tokens_per_answer: int = 300
+    """What a sample costs on this project's 2-core machine (2026-12-06, 2 threads, int4, quiet; docs/real-answer.md).
+    Batch 1 (the timing): our AR of the 1.5B ~52 ms a token, prefill included (benchmarks/real_pair_peer.py: 51.9);
+    a verifier block of N + 1 tokens 1 + 0.1 N steps; a drafter step 0.39 (the 0.5B) or ~0 (prompt lookup) of a
+    verifier step; tau (tokens per round) 3.0 for the 0.5B at N = 3 (3.06 greedy over 20 prompts, 3.75 on code at
+    T = 0.7), 1.6 for prompt lookup. In one batch of the problems (the cells' samples): AR ~22.5 ms an answer's
+    token and a speculative cell 1.5x that (8 problems, 128 tokens: AR 22.9 / 22.2 ms at T = 0 / 0.7, strict N = 3
+    with the 0.5B 27.7 / 33.1 ms: batching helps AR more than it helps the rounds). Answers: 210 tokens (the 1.5B's
+    mean over HumanEval's 164 is 209; an answer runs on after its code block to the end of the turn)."""
+    ar_s_per_token: float = 0.052
+    batch_ar_s_per_token: float = 0.0225
+    batch_spec_ratio: float = 1.5
+    tokens_per_answer: int = 210
     c_block_per_draft: float = 0.1
-    drafter_step: dict = field(default_factory=lambda: {"ngram": 0.0, "lm": 0.57})
-    tau: dict = field(default_factory=lambda: {"ngram": 1.5, "lm": 2.4})
-    batch_gain: float = 1.0
+    drafter_step: dict = field(default_factory=lambda: {"ngram": 0.003, "lm": 0.39})
+    tau: dict = field(default_factory=lambda: {"ngram": 1.6, "lm": 3.0})
     overhead_s: float = 180.0  # per stage: loading the pair (GGUF int4 ~40 s a process), speed constants, report
 
     @property
     def sample_s(self) -> float:
-        """Seconds of one AR answer."""
-        return self.ar_s_per_token * self.tokens_per_answer / self.batch_gain
+        """Seconds of one AR answer in a batch of the problems."""
+        return self.batch_ar_s_per_token * self.tokens_per_answer
+
+    def batch_ratio(self, method: str) -> float:
+        """A cell's cost per batched sample relative to AR's."""
+        return 1.0 if method == AR else self.batch_spec_ratio
 
     def ratio(self, method: str, n, drafter: str) -> float:
-        """A cell's cost per sample relative to AR's."""
+        """A cell's cost per answer at batch 1 relative to AR's."""
         if method == AR:
             return 1.0
         kind = "ngram" if drafter.split(":")[0] == "ngram" else "lm"
@@ -108,13 +119,22 @@ def grid(drafter: str = DRAFTER) -> dict[str, list[tuple[str, dict, object]]]:
     return out
 
 
+def timing_s(cells, costs: Costs = Costs(), drafter: str = DRAFTER, prompts: int = SPEED_PROMPTS) -> float:
+    """Seconds of a stage's batch-1 timing: `prompts` answers of every speculative cell alone, and one of AR
+    before every BATCH1_CELLS_PER_AR of them (bench.cell.time_batch1_cells), at batch 1's cost (no batch gain)."""
+    from relaxspec.bench.cell import BATCH1_CELLS_PER_AR
+    spec = [costs.ratio(m, n, drafter) for m, _, n in cells if m != AR]
+    return prompts * (sum(spec) + math.ceil(len(spec) / BATCH1_CELLS_PER_AR)) * costs.ar_s_per_token * \
+        costs.tokens_per_answer
+
+
 def estimate(problems: int, repeats: int = 1, costs: Costs = Costs(), drafter: str = DRAFTER) -> dict:
     """{stage: seconds} and "total" for `problems` problems x `repeats` samples (sampled stages; greedy: 1)."""
     out = {}
     for name, cells in grid(drafter).items():
         reps = 1 if STAGES[name]["temperature"] == 0 else repeats
-        out[name] = costs.overhead_s + sum(costs.ratio(m, n, drafter) for m, _, n in cells) * \
-            problems * reps * costs.sample_s
+        out[name] = costs.overhead_s + sum(costs.batch_ratio(m) for m, _, _ in cells) * problems * reps * \
+            costs.sample_s + timing_s(cells, costs, drafter)
     out["total"] = sum(out.values())
     return out
 
@@ -145,7 +165,8 @@ def stage_configs(explicit: dict, costs: Costs = Costs()) -> list[tuple[str, "Be
     configs = []
     for name, stage in STAGES.items():
         reps = 1 if stage["temperature"] == 0 else repeats  # greedy repeats would repeat the same answers
-        settings = {"verifiers": [VERIFIER], "drafters": [DRAFTER], "tasks": [TASK], "looks": 1, "speed_prompts": 0,
+        settings = {"verifiers": [VERIFIER], "drafters": [DRAFTER], "tasks": [TASK], "dtype": DTYPE, "looks": 1,
+                    "speed_prompts": SPEED_PROMPTS,
                     "max_new_tokens": 512, "batch_size": problems * reps, "time_budget_s": BUDGET_S, "max_drop": 0.03,
                     **stage, **explicit, "limit": problems, "repeats": reps}
         configs.append((name, BenchConfig(**settings)))
@@ -166,7 +187,8 @@ def describe(configs, costs: Costs = Costs()) -> str:
                      f"{est[name] / 60:.0f} min")
     lines.append(f"  about {est['total'] / 3600:.1f} h in all at {VERIFIER}'s int4 costs on 2 CPU cores "
                  f"({costs.ar_s_per_token * 1000:.0f} ms/token AR, {costs.tokens_per_answer} tokens an answer, "
-                 f"assumed tau {costs.tau['ngram'] if drafter.startswith('ngram') else costs.tau['lm']}); "
+                 f"tau {costs.tau['ngram'] if drafter.startswith('ngram') else costs.tau['lm']:g} at N = 3, "
+                 f"{SPEED_PROMPTS} prompts a cell timed at batch 1); "
                  "a re-run resumes cell by cell")
     return "\n".join(lines)
 
