@@ -14,7 +14,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from relaxspec.bench.config import BenchConfig  # noqa: E402
-from relaxspec.bench.executors import ExecutorOptions, make_executor  # noqa: E402
+from relaxspec.bench.executors import Executor, ExecutorOptions, make_executor  # noqa: E402
 from relaxspec.bench.runner import run_grid  # noqa: E402
 
 CODE_VERSION = "test-ray"  # pinned: sources edited while the tests run must not change the cells' keys
@@ -179,6 +179,7 @@ def test_ray_executor_retries_dead_workers_a_bounded_number_of_times(tmp_path, c
 
     # the cache lives as long as the worker: 3 jobs on 2 workers, one worker's second job sees its first
     with make_executor(ExecutorOptions(kind="ray", ray_address=cluster)) as pool:
+        assert isinstance(pool, Executor) and pool.capacity() == 2  # one interface; the cluster's 2 CPUs
         runs = [f.result[1] for f in pool.run([Job("x"), Job("y"), Job("z")])]
     assert sorted(runs)[-1] == 2 and len(pool.status) == 0
 

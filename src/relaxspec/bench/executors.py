@@ -1,4 +1,5 @@
-"""Where grid jobs run: in this process (`local`) or on a Ray cluster (`ray`), behind one interface.
+"""Where grid jobs run: in this process (`local`), in a pool of this machine's processes, or on a Ray cluster
+(`ray`), behind one interface (`Executor`).
 
 A job is any picklable object with
   * `label` (str, shown in the progress bar and in errors),
@@ -6,15 +7,18 @@ A job is any picklable object with
     pair, so that the worker's loaded models are reused),
   * `run(cache: dict)` -> result: called on a worker with that worker's cache, kept across its jobs.
 
-`executor.run(jobs)` pulls jobs lazily from any iterable and yields one `Finished` per job as it completes
+`executor.run(jobs)` pulls jobs from any iterable and yields one `Finished` per job as it completes
 (completion order). A job that raises is reported with its error (`Finished.error`) and never retried; the
 other jobs go on. Only the caller (the driver) sees results, so only the driver writes the store.
-`executor.status` maps each worker to the label of the job it is running ("" when idle); `executor.on_change`,
-when set, is called after each change of it (e.g. to refresh a progress bar).
+`executor.capacity()` is how many jobs run at once; `executor.status` maps each worker to the label of the job it
+is running ("" when idle); `executor.on_change`, when set, is called after each change of it (e.g. to refresh a
+progress bar).
 
-The Ray executor runs one actor per worker, whose cache lives as long as the actor (loaded models stay in
-memory across its cells: loading a pair costs more than a small cell); a job goes preferably to the worker
-that last ran one of the same affinity. An actor that dies (node lost, process killed,
+The local executor runs jobs one after the other in this process, lazily (a job is pulled when the last one is
+done). The pool executor runs them in `workers` spawned processes with this process's torch threads, each
+process's cache kept across its jobs. The Ray executor runs one actor per worker, whose cache lives as long as the
+actor (loaded models stay in memory across its cells: loading a pair costs more than a small cell); a job goes
+preferably to the worker that last ran one of the same affinity. An actor that dies (node lost, process killed,
 out of memory) is restarted and its in-flight jobs re-sent, at most `max_retries` times; after that the jobs
 are reported as failed. Without `ray_address` a local Ray instance with this machine's CPUs is started (and
 shut down by `close`), without dashboard, its logs kept off the terminal.
@@ -24,9 +28,10 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 EXECUTORS = ("local", "ray")
 
@@ -71,28 +76,62 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-def make_executor(options: ExecutorOptions | None = None, cache: dict | None = None):
-    """The executor for `options` (local by default). `cache` seeds the local worker's cache (e.g. models the
-    driver already loaded); Ray workers start with an empty one."""
+def make_executor(options: ExecutorOptions | None = None, cache: dict | None = None, workers: int = 1) -> Executor:
+    """The executor for `options` (local by default): Ray's for kind "ray"; else a pool of `workers` processes when
+    more than one, else this process. `cache` seeds the local executor's cache (e.g. models the driver already
+    loaded); pool and Ray workers start with an empty one."""
     options = options or ExecutorOptions()
     options.validate()
-    if options.kind == "local":
-        return LocalExecutor(cache)
-    return RayExecutor(options)
+    if options.kind == "ray":
+        return RayExecutor(options)
+    return PoolExecutor(workers) if workers > 1 else LocalExecutor(cache)
 
 
-class LocalExecutor:
+class Executor(ABC):
+    """Where jobs run (see the module doc): `run`, `capacity`, `status` / `on_change`, `close` (also on leaving a
+    `with` block)."""
+
+    def __init__(self):
+        self.status: dict[str, str] = {}
+        self.on_change: Callable[[], None] | None = None
+
+    @abstractmethod
+    def run(self, jobs: Iterable) -> Iterator[Finished]:
+        """One `Finished` per job, in completion order."""
+
+    @abstractmethod
+    def capacity(self) -> int:
+        """How many jobs run at once."""
+
+    def close(self) -> None:
+        pass
+
+    def _notify(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LocalExecutor(Executor):
     """Runs jobs one after the other in this process, with one cache."""
 
     def __init__(self, cache: dict | None = None):
+        super().__init__()
         self.cache = {} if cache is None else cache
-        self.status = {"local": ""}
-        self.on_change = None
+        self.status["local"] = ""
+
+    def capacity(self) -> int:
+        return 1
 
     def run(self, jobs: Iterable) -> Iterator[Finished]:
         for job in jobs:
             self.status["local"] = job.label
-            _notify(self)
+            self._notify()
             t0 = time.perf_counter()
             try:
                 result, error = job.run(self.cache), None
@@ -102,19 +141,44 @@ class LocalExecutor:
                 self.status["local"] = ""
             yield Finished(job, result, error, "local", time.perf_counter() - t0)
 
+
+_PROCESS_CACHE: dict = {}  # a pool worker's cache, across the jobs it runs
+
+
+def _run_in_pool(indexed: tuple) -> tuple:
+    """(index, result, error, seconds) of job (index, job), run in a pool worker with its process's cache."""
+    index, job = indexed
+    t0 = time.perf_counter()
+    try:
+        result, error = job.run(_PROCESS_CACHE), None
+    except Exception as e:  # the job's own failure: reported, the grid goes on
+        result, error = None, describe(e)
+    return index, result, error, time.perf_counter() - t0
+
+
+class PoolExecutor(Executor):
+    """Runs jobs in `workers` spawned processes of this machine, each with this process's torch threads and a cache
+    kept across its jobs (`status` stays empty: a pool does not say which worker runs what)."""
+
+    def __init__(self, workers: int):
+        import multiprocessing
+
+        import torch
+        super().__init__()
+        self.workers = workers
+        self.pool = multiprocessing.get_context("spawn").Pool(workers, torch.set_num_threads,
+                                                               (torch.get_num_threads(),))
+
+    def capacity(self) -> int:
+        return self.workers
+
+    def run(self, jobs: Iterable) -> Iterator[Finished]:
+        jobs = list(jobs)
+        for index, result, error, seconds in self.pool.imap_unordered(_run_in_pool, enumerate(jobs)):
+            yield Finished(jobs[index], result, error, "pool", seconds)  # seconds: the job's own, in its worker
+
     def close(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def _notify(executor) -> None:
-    if executor.on_change is not None:
-        executor.on_change()
+        self.pool.terminate()
 
 
 def import_ray():
@@ -144,16 +208,15 @@ class _Slot:
     inflight: int = 0
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     """Runs jobs on Ray actors (see the module doc)."""
 
     def __init__(self, options: ExecutorOptions):
+        super().__init__()
         self.options = options
         self.ray = import_ray()
         self.started = False
         self.slots: list[_Slot] = []
-        self.status: dict[str, str] = {}
-        self.on_change = None
         self._created = 0
         if not self.ray.is_initialized():
             self._init()
@@ -237,7 +300,7 @@ class RayExecutor:
                 inflight[ref] = (slot, job, time.perf_counter())
                 running.setdefault(slot.name, []).append(job.label)
                 self.status[slot.name] = running[slot.name][0]
-                _notify(self)
+                self._notify()
             if not inflight:
                 if exhausted and not buffer:
                     return
@@ -271,12 +334,6 @@ class RayExecutor:
         if self.started:
             self.ray.shutdown()
             self.started = False
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def add_executor_arguments(parser) -> None:
@@ -319,5 +376,5 @@ def status_line(status: dict[str, str], width: int = 40) -> str:
     return " | ".join(f"{w}: {label[:width] if label else 'idle'}" for w, label in status.items())
 
 
-__all__ = ["EXECUTORS", "ExecutorOptions", "Finished", "LocalExecutor", "RayExecutor", "make_executor",
-           "status_line", "import_ray", "add_executor_arguments", "executor_options", "print_failed"]
+__all__ = ["EXECUTORS", "ExecutorOptions", "Finished", "Executor", "LocalExecutor", "PoolExecutor", "RayExecutor",
+           "make_executor", "status_line", "import_ray", "add_executor_arguments", "executor_options", "print_failed"]
