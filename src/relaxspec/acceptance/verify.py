@@ -29,6 +29,7 @@ own library when sampling (`fused.rule_library`), within float32 rounding of its
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -323,6 +324,15 @@ def verify(
     return result
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The path of one kind of block through a VerifyStep (`VerifyStep._plan`): `path`, one of its loops, called with
+    the step; checks_inputs: the tensor inputs' values are checked by torch ops before it (else by the rule's C)."""
+
+    path: Callable[..., VerifyResult]
+    checks_inputs: bool = True
+
+
 class VerifyStep:
     """`verify` with its rule, parameters and sampling settings checked once: calling it runs one block
     without re-checking the block (the caller guarantees what `check_block` checks: float logits
@@ -330,7 +340,11 @@ class VerifyStep:
     PAD's `pivot_prob`) are still checked on every call: they are new data each block (by the rule's C where it reads
     them; by torch ops otherwise, whose result is read on the host at once, unless `defer_input_checks`: then the
     result's `inputs_ok` says which rows' inputs were in range, for a caller that reads it with its own copy of the
-    round, as the engine does, so that a GPU round needs no second device-to-host sync)."""
+    round, as the engine does, so that a GPU round needs no second device-to-host sync).
+
+    Which path serves a block is settled once per configuration: strict's closed form at a greedy temperature, when
+    the step is made; one C call with the rule's kernel, one C call reading the block's rows, or the torch math, once
+    per kind of block (`_plan_key`: relax or not, dtypes, device, the random source's kind), at its first block."""
 
     def __init__(self, method: str, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, greedy: str = "rule", defer_input_checks: bool = False, **params):
@@ -356,6 +370,10 @@ class VerifyStep:
                            else "argmax" if residual is Rule.residual_argmax else None)
         # A rule with its math in C (Rule.native_test): when sampling, its test, residual and all in one call too.
         self.kernel = None if is_greedy(temperature) else _rule_kernel(self.rule, self.params, temperature)
+        # A rule that keeps the base (strict) test gives strict's probabilities: not computed twice.
+        self.own_test = type(self.rule).accept_prob is not Rule.accept_prob
+        # The path of each kind of block (`_plan_key`): chosen at its first block, looked up after that.
+        self._plans: dict[tuple, _Plan] = {}
 
     def __call__(self, target_logits, draft_logits, draft_tokens, *, generator=None, random: Draws | None = None,
                  draft_probs=None, num_drafts: torch.Tensor | None = None, relax: torch.Tensor | None = None,
@@ -366,60 +384,107 @@ class VerifyStep:
         for name, spec in rule.inputs.items():  # (its values: below, or by the C, which reads them)
             params[name] = rule._check_input(spec, inputs.get(name), tuple(draft_tokens.shape), values=False)
         if self.closed_form:  # strict everywhere: nothing to relax
-            inputs_ok = self._inputs_in_range(params)
-            result = _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens, draft_probs, num_drafts)
-            result.inputs_ok = inputs_ok
-            return result
+            return self._greedy_strict(params, target_logits, draft_logits, draft_tokens, draft_probs, num_drafts)
         ctx = _context(target_logits, draft_logits, draft_tokens, draft_probs, **self.sampling)
-        B, N = ctx.batch_size, ctx.num_drafts
-        # A rule that keeps the base (strict) test gives strict's probabilities: not computed twice.
-        own_test = type(rule).accept_prob is not Rule.accept_prob
-        # Rows the blocks give (`block_rows`; argmax rows only where the rule decides everywhere: `relax` asks for
-        # strict's elsewhere), or the rule's math in C where it decides everywhere (`kernel`), on float32 CPU blocks:
-        # the whole loop is one C call, the test included for strict and for a rule with a kernel.
-        kernel = self.kernel if relax is None else None
-        if kernel is not None and not fused.serves_loop(ctx.target_logits, ctx.draft_logits):  # (float64 logits)
-            kernel = None
-        rows = self.block_rows is not None and (relax is None or self.block_rows == "strict")
-        one_call = (kernel is not None or rows) and _draws_token_table(random) and fused.serves_loop(ctx.p, ctx.q)
-        # A rule's tensor input: its values are checked by the kernel's C, which reads them as given (float32 on the
-        # block's device: the same comparisons), and here otherwise, before any torch math reads them.
-        inputs_ok = None
-        if not (one_call and kernel is not None and all(
-                params[name].dtype is torch.float32 and params[name].device == ctx.p.device for name in rule.inputs)):
-            inputs_ok = self._inputs_in_range(params)
-        if one_call and (kernel is not None or not own_test):
-            accept_prob = strict_accept_prob = None  # (computed by the call)
-        else:
-            kernel = None
-            accept_prob, strict_accept_prob = self._tests(ctx, params, relax, own_test)
-            one_call = one_call and fused.serves_loop(accept_prob, strict_accept_prob)
+        key = self._plan_key(ctx, random, relax, params)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(key, random)
+        inputs_ok = self._inputs_in_range(params) if plan.checks_inputs else None
         if random is None:
-            random = GeneratorDraws(generator, B, ctx.p.device)
+            random = GeneratorDraws(generator, ctx.batch_size, ctx.p.device)
+        return plan.path(self, ctx, params, random, num_drafts, relax, inputs_ok)
+
+    def _plan_key(self, ctx: VerifyContext, random: Draws | None, relax, params: dict) -> tuple:
+        """What a block's path depends on beyond the step's settings: `relax` given or not, the random source's kind,
+        the block's device, the dtypes of its logits and distributions (as the context holds them), whether those
+        need a gradient, the tensor inputs' dtypes and devices, and whether the kernels serve (`fused.disabled()` and
+        `fused.loop_disabled()` set them aside)."""
+        return (relax is None, type(random), ctx.p.device, ctx.target_logits.dtype, ctx.draft_logits.dtype,
+                ctx.p.dtype, ctx.q.dtype, ctx.target_logits.requires_grad or ctx.draft_logits.requires_grad,
+                ctx.p.requires_grad or ctx.q.requires_grad,
+                tuple((params[name].dtype, params[name].device) for name in self.rule.inputs),
+                fused.serves_loop(), fused.library() is not None)
+
+    def _plan(self, key: tuple, random: Draws | None) -> _Plan:
+        """The path of the blocks of kind `key` (`_plan_key`; `random`: one block's source). On float32 CPU blocks
+        (the kernels' own, when they serve) the whole loop is one C call where the rule's math is in C and it decides
+        everywhere (`kernel`, when sampling), or where the block gives its residual and bonus (`block_rows`: strict's
+        anywhere, argmax p only where the rule decides everywhere: `relax` asks for strict's elsewhere), and the
+        random source gives its token uniforms up front; the torch math serves every other block."""
+        everywhere, _, device, z, zq, p, q, logits_grad, probs_grad, inputs, loop, library = key
+        served = loop and library and device.type == "cpu"  # (fused.serves_loop)
+        kernel = (self.kernel is not None and everywhere and served and not logits_grad
+                  and z is torch.float32 and zq is torch.float32)
+        rows = self.block_rows is not None and (everywhere or self.block_rows == "strict")
+        if not ((kernel or rows) and _draws_token_table(random) and served and not probs_grad
+                and p is torch.float32 and q is torch.float32):
+            return _Plan(VerifyStep._torch_loop)
+        if kernel:  # a tensor input is checked by the C where it reads it as given (float32 on the block's device)
+            in_c = all(dtype is torch.float32 and where == device for dtype, where in inputs)
+            return _Plan(VerifyStep._kernel_loop, checks_inputs=not in_c)
+        return _Plan(VerifyStep._rows_loop)
+
+    def _greedy_strict(self, params, target_logits, draft_logits, draft_tokens, draft_probs,
+                       num_drafts) -> VerifyResult:
+        """Strict at a greedy temperature: argmax matching (`_verify_greedy_strict`), no uniforms."""
+        inputs_ok = self._inputs_in_range(params)
+        result = _verify_greedy_strict(as_float(target_logits), draft_logits, draft_tokens, draft_probs, num_drafts)
+        result.inputs_ok = inputs_ok
+        return result
+
+    def _kernel_loop(self, ctx, params, random, num_drafts, relax, inputs_ok) -> VerifyResult:
+        """The whole loop in one call of the rule's own library: its test, residual and bonus in C."""
+        return self._one_call(ctx, params, random, num_drafts, relax, inputs_ok, None, None, self.kernel)
+
+    def _rows_loop(self, ctx, params, random, num_drafts, relax, inputs_ok) -> VerifyResult:
+        """The whole loop in one C call reading the residual and bonus from the block, the test too for a rule that
+        keeps strict's; a rule's own test by its torch math first (then the torch loop where that gives other than
+        float32 CPU tensors)."""
+        if not self.own_test:
+            return self._one_call(ctx, params, random, num_drafts, relax, inputs_ok, None, None, None)
+        tests = self._tests(ctx, params, relax, True)
+        if not fused.serves_loop(*tests):
+            return self._torch_loop(ctx, params, random, num_drafts, relax, inputs_ok, tests)
+        return self._one_call(ctx, params, random, num_drafts, relax, inputs_ok, *tests, None)
+
+    def _one_call(self, ctx, params, random, num_drafts, relax, inputs_ok, accept_prob, strict_accept_prob,
+                  kernel) -> VerifyResult:
+        """The loop in one C call (fused.verify_default; accept_prob None: the test is the call's); where the rule's C
+        declines the block (e.g. scores that overflow), its torch math serves it with the same uniforms (and says
+        why)."""
+        N = ctx.num_drafts
         u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, ctx.p if accept_prob is None else accept_prob))
-        if one_call:
-            # (the rule's one tensor input, if it has one, as its C reads it: float32 on the block's device)
-            name, spec = next(iter(rule.inputs.items())) if kernel and rule.inputs else (None, None)
-            inp = None if name is None else params[name].to(ctx.p.device, torch.float32)
-            try:
-                out = fused.verify_default(
-                    ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob if own_test else None, u,
-                    random.token_uniforms(N), num_drafts, argmax=self.block_rows == "argmax", kernel=kernel,
-                    z=ctx.target_logits, zq=ctx.draft_logits, inp=inp,
-                    inp_range=None if spec is None else (spec.low, spec.high))
-            except fused.InputOutOfRange:
-                raise self.input_error(**params) from None  # (the rule's own message)
-            if out is not None:
-                accept_prob, strict, accepted, kept, n, relaxed_only, tokens, last = out
-                return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
-                                    strict_accept_prob=accept_prob if strict is None else strict, accepted=accepted,
-                                    relaxed_only=relaxed_only, last_token=last, inputs_ok=inputs_ok)
-            # Declined by the rule's C (e.g. scores that overflow): its torch math serves the block (and says why).
-            accept_prob, strict_accept_prob = self._tests(ctx, params, relax, own_test)
+        # (the rule's one tensor input, if it has one, as its C reads it: float32 on the block's device)
+        name, spec = next(iter(self.rule.inputs.items())) if kernel and self.rule.inputs else (None, None)
+        inp = None if name is None else params[name].to(ctx.p.device, torch.float32)
+        try:
+            out = fused.verify_default(
+                ctx.p, ctx.q, ctx.draft_tokens, accept_prob, strict_accept_prob, u, random.token_uniforms(N),
+                num_drafts, argmax=self.block_rows == "argmax", kernel=kernel, z=ctx.target_logits,
+                zq=ctx.draft_logits, inp=inp, inp_range=None if spec is None else (spec.low, spec.high))
+        except fused.InputOutOfRange:
+            raise self.input_error(**params) from None  # (the rule's own message)
+        if out is None:
+            tests = self._tests(ctx, params, relax, self.own_test)
+            return self._torch_loop(ctx, params, random, num_drafts, relax, inputs_ok, tests, u)
+        accept_prob, strict, accepted, kept, n, relaxed_only, tokens, last = out
+        return VerifyResult(num_accepted=n, tokens=tokens, accept_prob=accept_prob,
+                            strict_accept_prob=accept_prob if strict is None else strict, accepted=accepted,
+                            relaxed_only=relaxed_only, last_token=last, inputs_ok=inputs_ok)
+
+    def _torch_loop(self, ctx, params, random, num_drafts, relax, inputs_ok, tests=None, u=None) -> VerifyResult:
+        """The loop by torch math (the reference): the rule's test (`tests`, if computed already), the first rejection,
+        the rule's residual and bonus, the token (both stretches of bookkeeping in C on float32 CPU tensors:
+        `_first_rejection`, `_finish`); `u`: the acceptance uniforms, if drawn already."""
+        rule, B, N = self.rule, ctx.batch_size, ctx.num_drafts
+        accept_prob, strict_accept_prob = self._tests(ctx, params, relax, self.own_test) if tests is None else tests
+        if u is None:
+            u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, accept_prob))
         # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
         # every draft passed).
-        accepted, kept, n, relaxed_only = _first_rejection(u, accept_prob, strict_accept_prob if own_test else None,
-                                                           num_drafts)
+        accepted, kept, n, relaxed_only = _first_rejection(
+            u, accept_prob, strict_accept_prob if self.own_test else None, num_drafts)
         # One residual row per sequence, at its first rejection (row N-1 is a placeholder for fully
         # accepted sequences, which take the bonus instead). Weights need not be normalised to be
         # sampled; a residual without mass falls back to p at that position.
