@@ -39,7 +39,7 @@ def test_later_looks_extend_only_undecided_cells(tmp_path):
         config = BenchConfig(limit=400, repeats=1, looks=3, max_drop=0.03, time_budget_s=1e6)
         summary = RunSummary()
         jobs = _look_jobs(2, keyed, strict_key, store, config, 0.0, summary, print)
-        assert [(c.method, done, target) for c, _, done, target in jobs] == [("strict", 1, 2), ("open", 1, 2)]
+        assert [(r.spec.method, r.done, r.target) for r in jobs] == [("strict", 1, 2), ("open", 1, 2)]
         # at a wider budget the straddling cell is decided too: nothing to do
         wide = BenchConfig(limit=400, repeats=1, looks=3, max_drop=0.2, time_budget_s=1e6)
         assert _look_jobs(2, keyed, strict_key, store, wide, 0.0, RunSummary(), print) == []
@@ -52,10 +52,10 @@ def test_later_looks_extend_only_undecided_cells(tmp_path):
         assert [label.split()[1] for label in out.out_of_time] == ["strict", "open"]
         # spread over the workers that run at once (Ray's capacity, not --workers): 2 s each on 2 fits one,
         # 1 s each on 4 fits both
-        assert [c.method for c, *_ in _look_jobs(2, keyed, strict_key, store, tight, time.perf_counter(),
-                                                 RunSummary(), print, parallel=2)] == ["strict"]
-        assert [c.method for c, *_ in _look_jobs(2, keyed, strict_key, store, tight, time.perf_counter(),
-                                                 RunSummary(), print, parallel=4)] == ["strict", "open"]
+        assert [r.spec.method for r in _look_jobs(2, keyed, strict_key, store, tight, time.perf_counter(),
+                                                  RunSummary(), print, parallel=2)] == ["strict"]
+        assert [r.spec.method for r in _look_jobs(2, keyed, strict_key, store, tight, time.perf_counter(),
+                                                  RunSummary(), print, parallel=4)] == ["strict", "open"]
 
 
 def small(out, **kw):
@@ -139,8 +139,8 @@ def test_later_looks_pair_each_relaxed_cell_with_its_own_drafters_strict(tmp_pat
 
 
 def test_independent_prompts_first_then_repeats_when_the_pool_runs_out():
-    from relaxspec.bench.sampling import TUNE_HELDOUT_PROMPTS, look_design, looks_done, new_samples, samples_at
-    band = range(80, 80 + TUNE_HELDOUT_PROMPTS)
+    from relaxspec.bench.sampling import HELDOUT_BAND, look_design, looks_done, new_samples, samples_at
+    band = range(80, 80 + HELDOUT_BAND)
     big = 10_000
     for look, prompts in ((1, 80), (2, 160), (3, 320), (4, 640)):  # a synthetic task: new prompts, one repeat
         ids, reps = look_design(80, 1, look, big)
@@ -148,6 +148,8 @@ def test_independent_prompts_first_then_repeats_when_the_pool_runs_out():
     # AIME's 30: repeats double instead
     assert [look_design(30, 1, look, 30) for look in (1, 2, 3)] == [(list(range(30)), 1), (list(range(30)), 2),
                                                                    (list(range(30)), 4)]
+    # a band given by the caller: look 2's new prompts start after it
+    assert look_design(80, 1, 2, big, band=10)[0] == [*range(80), *range(90, 170)]
     # a pool that runs out part-way (80 + 240 held out + 100 spare): new prompts first, then repeats
     ids, reps = look_design(80, 1, 3, 420)
     assert len(ids) == 180 and reps == 2  # 360 >= the 320 samples of look 3

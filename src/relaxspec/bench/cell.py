@@ -1,7 +1,7 @@
 """One bench cell: what it is (`CellSpec`), what decides its samples (`cell_config`, hashed into its key), how
-its samples are generated and scored, and the one way every process runs cells (`run_cell`: the driver, a
-local pool worker and a Ray worker; tune's sample jobs get their runner from `cell_runner` too). Also the
-speed constants measured once per grid (`speed_constants`).
+its samples are generated and scored, and the one way every process runs cells (`run_cell` on a `CellRequest`,
+giving a `CellResult`: the driver, a local pool worker, a Ray worker and tune's cells). Also the speed
+constants measured once per grid (`speed_constants`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,32 @@ class CellSpec:
         return CellSpec(self.verifier, self.drafter, self.task, STRICT, {}, self.draft_length, self.seed)
 
 
+@dataclass
+class CellRequest:
+    """Samples to add to one cell: those look `target` adds to the cell's looks up to `done` (bench.sampling), or
+    the given `samples` (prompt index, repeat) instead; `batch_size`: samples per generate call (None: the
+    config's)."""
+    spec: CellSpec
+    key: str  # the cell's key in the store
+    done: int = 0  # looks already stored
+    target: int = 1  # the look these samples complete
+    samples: list[tuple[int, int]] | None = None
+    batch_size: int | None = None
+
+
+@dataclass
+class CellResult:
+    """A request's new samples, scored (`rows`), the engine stats of each generate call (`parts`), the seconds
+    they took (`sample_wall_s`) and their wall-clock start and end (`span`, time.time()); or, for a cell that
+    raised for a reason of its own, its one-line `error` instead (nothing to store)."""
+    request: CellRequest
+    rows: list = dataclasses.field(default_factory=list)
+    parts: list = dataclasses.field(default_factory=list)
+    sample_wall_s: float = 0.0
+    span: tuple = (0.0, 0.0)
+    error: str | None = None
+
+
 def cell_config(spec: CellSpec, config: BenchConfig, versions: dict) -> dict:
     """Everything that decides a cell's samples; its hash is the cell's key. How many samples a cell
     gets (repeats, looks, budget) does not enter: later looks add to the same cell."""
@@ -80,13 +106,15 @@ def generate_samples(spec: CellSpec, prompts: list[str], seeds: list[int], verif
 
 
 def run_samples(spec: CellSpec, task, samples: list[tuple[int, int]], verifier, drafter, config: BenchConfig,
-                pivot_fn=None):
-    """Generate the samples (example index, repeat); (rows, the engine stats of each call, as dicts)."""
+                pivot_fn=None, batch_size: int | None = None):
+    """Generate the samples (example index, repeat), `batch_size` (default: the config's) per generate call;
+    (rows, the engine stats of each call, as dicts)."""
     from relaxspec.engine import derive_seed
     jobs = list(samples)
+    batch = batch_size or config.batch_size
     rows, parts = [], []
-    for start in range(0, len(jobs), config.batch_size):
-        chunk = jobs[start:start + config.batch_size]
+    for start in range(0, len(jobs), batch):
+        chunk = jobs[start:start + batch]
         out = generate_samples(spec, [task.examples[i].prompt for i, _ in chunk],
                         [derive_seed(spec.seed, i, r) for i, r in chunk], verifier, drafter, config, pivot_fn)
         parts.append(out.stats.as_dict())
@@ -215,20 +243,23 @@ class CellRunner:
         pool = len(self.task(name).examples)
         return samples_at(self.config.limit or pool, self.config.repeats, look, pool)
 
-    def run(self, spec: CellSpec, done: int, target: int) -> dict:
-        """The samples look `target` adds to the cell's looks up to `done`; `span`: its wall-clock start and
-        end (time.time()). Its batch-1 timing is not measured here (the driver's quiet phase: bench.runner)."""
+    def run(self, request: CellRequest) -> CellResult:
+        """The request's samples, generated and scored (an error raises). Its batch-1 timing is not measured
+        here (the driver's quiet phase: bench.runner)."""
         import torch
+        spec = request.spec
         task = self.task(spec.task)
         verifier, drafter = self.pair(spec)
         pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
         with torch.inference_mode():
             start, wall0 = time.time(), time.perf_counter()
             pool = len(task.examples)
-            samples = new_samples(self.config.limit or pool, self.config.repeats, done, target, pool)
-            rows, parts = run_samples(spec, task, samples, verifier, drafter, self.config, pivot_fn)
+            samples = request.samples if request.samples is not None else \
+                new_samples(self.config.limit or pool, self.config.repeats, request.done, request.target, pool)
+            rows, parts = run_samples(spec, task, samples, verifier, drafter, self.config, pivot_fn,
+                                      request.batch_size)
             sample_wall = time.perf_counter() - wall0
-        return {"rows": rows, "parts": parts, "sample_wall_s": sample_wall, "span": (start, time.time())}
+        return CellResult(request, rows, parts, sample_wall, (start, time.time()))
 
     def time_batch1(self, specs: list[CellSpec]) -> dict:
         """{spec.identity: batch-1 timing} of speculative cells (`time_batch1_cells`, AR shared per verifier,
@@ -268,17 +299,17 @@ def runner_key(config: BenchConfig, with_pad: bool | None = None) -> str:
 
 
 def cell_runner(config: BenchConfig, cache: dict | None = None, versions: dict | None = None,
-                with_pad: bool | None = None, key: str | None = None) -> CellRunner:
+                with_pad: bool | None = None) -> CellRunner:
     """This process's CellRunner for `config` (models, tasks, PAD classifier), made on first use and kept in
     `cache` (default: this process's own) as {"runner": ..., "runner_key": key} for the cells that follow.
     `versions`: the driver's code and model versions, checked before anything loads (a node with other code
     or weights fails its cells instead of storing them under the wrong key). `with_pad`: load the PAD
-    classifier (default: when a method of the config needs it). `key`: what makes the runner reusable
-    (default: `runner_key`, the whole config)."""
+    classifier (default: when a method of the config needs it). The runner is reused while `runner_key` (the
+    whole config) stays the same."""
     cache = _PROCESS if cache is None else cache
     if with_pad is None:
         with_pad = any(needs_classifier(m) for m, _ in config.method_specs())
-    key = runner_key(config, with_pad) if key is None else key
+    key = runner_key(config, with_pad)
     if cache.get("runner_key") != key:
         if versions is not None:
             check_versions(versions, config)
@@ -287,20 +318,17 @@ def cell_runner(config: BenchConfig, cache: dict | None = None, versions: dict |
     return cache["runner"]
 
 
-def run_cell(job: tuple, config: BenchConfig, cache: dict | None = None, versions: dict | None = None) -> tuple:
-    """(spec, key, result) of one look of a cell, job = (spec, key, repeats done, target repeats), run by this
-    process's runner (`cell_runner`): how the driver, a local pool worker and a Ray worker all run cells."""
-    return _run_job(cell_runner(config, cache, versions), job)
-
-
-def _run_job(runner: CellRunner, job: tuple) -> tuple:
-    """(spec, key, result) of a look of a cell; a cell that raises for a reason of its own (e.g. a parameter
-    out of range) gives its one-line error as the result instead, so the rest of the grid goes on."""
-    spec, key, done, target = job
+def run_cell(request: CellRequest, config: BenchConfig, cache: dict | None = None, versions: dict | None = None,
+             with_pad: bool | None = None) -> CellResult:
+    """The request's samples, run by this process's runner for `config` (`cell_runner`, with `cache`, `versions`
+    and `with_pad`): how the driver, a local pool worker and a Ray worker all run cells. A cell that raises for a
+    reason of its own (e.g. a parameter out of range) gives its one-line error in the result instead, so the rest
+    of the grid goes on (a runner that cannot start, e.g. other versions on this worker, raises)."""
+    runner = cell_runner(config, cache, versions, with_pad)
     try:
-        return spec, key, runner.run(spec, done, target)
+        return runner.run(request)
     except Exception as e:  # noqa: BLE001 - reported per cell, never stored
-        return spec, key, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return CellResult(request, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
 # Interleaved measurement rounds of the speed constants: up to SPEED_ROUNDS, or as many as SPEED_SECONDS of wall time
@@ -385,6 +413,6 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
     return out
 
 
-__all__ = ["CellSpec", "CellRunner", "cell_config", "generate_samples", "run_samples", "time_batch1", "time_batch1_cells", "BATCH1_CELLS_PER_AR", "pad_classifier",
+__all__ = ["CellSpec", "CellRequest", "CellResult", "CellRunner", "cell_config", "generate_samples", "run_samples", "time_batch1", "time_batch1_cells", "BATCH1_CELLS_PER_AR", "pad_classifier",
            "pad_applies", "generation_options", "model_options", "check_versions", "runner_key", "cell_runner",
            "run_cell", "SPEED_ROUNDS", "block_widths", "speed_constants"]

@@ -1,5 +1,5 @@
-"""Names shared by the bench's runner, report and plots (and the study's default budget, which the paper preset
-uses)."""
+"""Names shared by the bench's runner, report and plots, and the paper preset's budget (which `relaxspec report
+--findings` passes to the study by default)."""
 
 from __future__ import annotations
 

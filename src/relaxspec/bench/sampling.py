@@ -1,8 +1,9 @@
 """Which samples (prompt, repeat) a bench cell holds after each look: independent prompts first.
 
 Look 1: the task's first `limit` prompts x `repeats` repeats. Each later look doubles a cell's samples with new
-prompts (each at `repeats` repeats), drawn after the band [limit, limit + TUNE_HELDOUT_PROMPTS) that `relaxspec
-tune` holds out for its confirmation when its search cells are these cells (--search-prompts = limit). When the
+prompts (each at `repeats` repeats), drawn after a band of `band` prompts, [limit, limit + band) (default
+HELDOUT_BAND: the band `relaxspec tune` holds out for its confirmation by default when its search cells are these
+cells, --search-prompts = limit). When the
 task has no more prompts (a benchmark's pool, e.g. AIME's 30), the rest of the growth comes as more repeats of
 the prompts it has: samples of one prompt are then clustered, which the intervals account for (bench.stats).
 Every look's samples contain the previous look's, so a cell grows by looks and a re-run continues it.
@@ -12,37 +13,38 @@ from __future__ import annotations
 
 import math
 
-TUNE_HELDOUT_PROMPTS = 240  # tune's default held-out prompts (tune.run.DEFAULT_HELDOUT_PROMPTS)
+HELDOUT_BAND = 240  # prompts later looks skip after the first look's: tune's default held-out prompts
 
 
-def prompts_needed(limit: int, looks: int) -> int:
+def prompts_needed(limit: int, looks: int, band: int = HELDOUT_BAND) -> int:
     """How many of the task's examples a bench with `looks` looks may read (the held-out band included)."""
-    return limit + TUNE_HELDOUT_PROMPTS + limit * (2 ** (looks - 1) - 1)
+    return limit + band + limit * (2 ** (looks - 1) - 1)
 
 
-def look_design(limit: int, repeats: int, look: int, pool: int) -> tuple[list[int], int]:
+def look_design(limit: int, repeats: int, look: int, pool: int, band: int = HELDOUT_BAND) -> tuple[list[int], int]:
     """(example indices, repeats per prompt) of a cell after look `look` (1-based) when the task has `pool`
     examples (see the module doc)."""
     first = min(limit, pool)
-    spare = max(0, pool - limit - TUNE_HELDOUT_PROMPTS)
+    spare = max(0, pool - limit - band)
     new = min(limit * (2 ** (look - 1) - 1), spare)
-    prompts = list(range(first)) + list(range(limit + TUNE_HELDOUT_PROMPTS, limit + TUNE_HELDOUT_PROMPTS + new))
+    prompts = list(range(first)) + list(range(limit + band, limit + band + new))
     target = first * repeats * 2 ** (look - 1)
     return prompts, repeats * math.ceil(target / (len(prompts) * repeats))
 
 
-def samples_at(limit: int, repeats: int, look: int, pool: int) -> list[tuple[int, int]]:
+def samples_at(limit: int, repeats: int, look: int, pool: int, band: int = HELDOUT_BAND) -> list[tuple[int, int]]:
     """The cell's (example index, repeat) samples after look `look` (look 0: none), repeat-major."""
     if look < 1:
         return []
-    prompts, reps = look_design(limit, repeats, look, pool)
+    prompts, reps = look_design(limit, repeats, look, pool, band)
     return [(i, r) for r in range(reps) for i in prompts]
 
 
-def new_samples(limit: int, repeats: int, done: int, target: int, pool: int) -> list[tuple[int, int]]:
+def new_samples(limit: int, repeats: int, done: int, target: int, pool: int, band: int = HELDOUT_BAND) \
+        -> list[tuple[int, int]]:
     """Samples look `target` adds to a cell that holds those of look `done`."""
-    have = set(samples_at(limit, repeats, done, pool))
-    return [s for s in samples_at(limit, repeats, target, pool) if s not in have]
+    have = set(samples_at(limit, repeats, done, pool, band))
+    return [s for s in samples_at(limit, repeats, target, pool, band) if s not in have]
 
 
 def looks_done(stored, plan, looks: int) -> int:

@@ -37,10 +37,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from relaxspec.bench.metrics import BEYOND, NO_STRICT, WITHIN, compare, decision
-from relaxspec.bench.names import AR, FINDINGS_MAX_DROP, STRICT, method_label
-from relaxspec.bench.speedup import C_REL_GRID, rounds
-from relaxspec.bench.stats import Interval, ratio, ratio_interval
+from relaxspec.bench import (AR, BEYOND, C_REL_GRID, NO_STRICT, STRICT, WITHIN, Interval, build_rows, compare, decision,
+                             method_label, needs_classifier, ratio, ratio_interval, rounds, with_decisions)
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
 ALPHA = 0.05  # each verdict's error rate (see the module doc)
@@ -89,7 +87,6 @@ def _rules():
 
 
 def is_classifier_rule(method: str) -> bool:
-    from relaxspec.bench.config import needs_classifier
     return needs_classifier(method)
 
 
@@ -586,7 +583,6 @@ def _same_but_phase(a: dict, b: dict) -> bool:
 
 
 def finding_phase(store, rows: list[dict], looks: int, max_drop: float) -> Finding:
-    from relaxspec.bench.report import build_rows
     f = Finding("phase", "relaxing only a span (phase-aware) keeps utility closer to strict than relaxing everywhere "
                          "at the same acceptance length",
                 f"each relaxed cell run with a phase vs the same drafter, task, N and rule run without one at the "
@@ -626,11 +622,10 @@ def finding_phase(store, rows: list[dict], looks: int, max_drop: float) -> Findi
     return f
 
 
-def check_findings(store, rows: list[dict], max_drop: float = FINDINGS_MAX_DROP, c_rel: float | None = None) \
-        -> list[Finding]:
+def check_findings(store, rows: list[dict], max_drop: float, c_rel: float | None = None) -> list[Finding]:
     """Every finding's verdict on the report rows of one settings group (report.build_rows), each at its own
-    simultaneous confidence (see the module doc)."""
-    from relaxspec.bench.report import with_decisions
+    simultaneous confidence (see the module doc), against the budget `max_drop` (its caller's: `relaxspec report
+    --findings` passes the paper preset's, FINDINGS_MAX_DROP, unless --max-drop is given)."""
     column = speed_column(c_rel)
     with_decisions(rows, max_drop)
     roles = drafter_roles(rows)
@@ -670,5 +665,5 @@ def format_findings(findings: list[Finding], rows: list[dict], max_drop: float, 
     return "\n".join(out).rstrip()
 
 
-__all__ = ["Finding", "check_findings", "format_findings", "drafter_roles", "speed_column", "FINDINGS_MAX_DROP",
-           "CONFIRMED", "NOT_CONFIRMED", "INCONCLUSIVE"]
+__all__ = ["Finding", "check_findings", "format_findings", "drafter_roles", "speed_column", "CONFIRMED", "NOT_CONFIRMED",
+           "INCONCLUSIVE"]

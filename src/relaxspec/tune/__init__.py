@@ -12,7 +12,7 @@ def tune(verifier: str | None = None, drafter: str | None = None, task: str = "a
     """Run `relaxspec tune` from Python; returns a TuneResult (its .choice, .race, .confirmation, .toml_path).
     `settings`: any TuneConfig field (objective, c_rel, c_block, methods, draft_lengths, budget_minutes, out,
     search_prompts, heldout_prompts, heldout_repeats, sizes, caps, seed, temperature, top_k, top_p, phase, ...).
-    `executor`: a relaxspec.bench.executors.ExecutorOptions (kind "ray" runs each rung's samples on Ray)."""
+    `executor`: a relaxspec.bench.ExecutorOptions (kind "ray" runs each rung's samples on Ray)."""
     from relaxspec.tune.report import write_outputs
     from relaxspec.tune.run import TuneConfig, run_tune
     result = run_tune(TuneConfig(verifier=verifier, drafter=drafter, task=task, max_drop=max_drop, **settings),

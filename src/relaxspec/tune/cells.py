@@ -1,55 +1,18 @@
 """Tune's cells in the bench store: the samples a configuration's cell lacks run (here or on an executor's
-workers) and are stored before the race reads them, so an interrupted tune resumes without re-running any."""
+workers, as bench cell requests) and are stored before the race reads them, so an interrupted tune resumes
+without re-running any."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from relaxspec.acceptance import RULES
-from relaxspec.bench.cell import (CellRunner, CellSpec, cell_config, cell_runner, generate_samples, pad_applies,
-                                  pad_classifier, speed_constants, time_batch1)
-from relaxspec.bench.cell_job import SpecJob
-from relaxspec.bench.config import BenchConfig, classifier_cost, extra_draft_passes, needs_classifier
-from relaxspec.bench.metrics import cell_metrics, merge_engine_stats
-from relaxspec.bench.names import AR
-from relaxspec.bench.store import Row, Store, cell_key, token_hash
-from relaxspec.bench.versions import code_version, model_version
+from relaxspec.bench import (AR, BenchConfig, CellJob, CellRequest, CellResult, CellRunner, CellSpec, Store,
+                             cell_config, cell_key, classifier_cost, code_version, model_version, needs_classifier,
+                             pad_applies, pad_classifier, speed_constants, store_result, time_batch1)
 from relaxspec.tune.objective import priced_round
 from relaxspec.tune.space import Config
-
-
-@dataclass
-class SampleJob(SpecJob):
-    """Samples (prompt, repeat) of one tune cell, as an executor job (bench.executors: Ray workers keep a
-    CellRunner with the pair loaded across jobs); returns (GenerationOutput, seconds), which the driver alone
-    scores and stores."""
-    spec: CellSpec
-    key: str  # the cell's key in the store
-    todo: list  # (prompt index, repeat) of each sample
-    prompts: list
-    bench: BenchConfig
-    versions: dict
-    with_pad: bool
-
-    @staticmethod
-    def cache_key(bench: BenchConfig, with_pad: bool) -> str:
-        return repr((bench.verifiers, bench.drafters, bench.device, bench.dtype, bench.compile, bench.pad_classifier,
-                     with_pad))
-
-    def run(self, cache: dict):
-        import torch
-        from relaxspec.engine import derive_seed
-        # a fresh worker loads the pair (after checking the driver's versions); later jobs reuse it
-        runner = cell_runner(self.bench, cache, self.versions, self.with_pad, self.cache_key(self.bench, self.with_pad))
-        spec = self.spec
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = generate_samples(spec, self.prompts, [derive_seed(spec.seed, i, r) for i, r in self.todo],
-                                   *runner.pair(spec),
-                                   self.bench, runner.pivot_fn if needs_classifier(spec.method) else None)
-        return out, time.perf_counter() - t0
 
 
 class Cells:
@@ -61,6 +24,7 @@ class Cells:
         self.config = config
         self.executor = executor  # None: every sample runs in this process
         self.remote_samples = 0  # samples run on the executor's workers
+        # the settings every sample runs with (the search and held-out bands differ only in the prompts they key)
         bench = config.bench_config(config.search_prompts + config.heldout_prompts)
         self.verifier, self.drafter = bench.verifiers[0], bench.drafters[0]
         self.versions = {"code": code_version()}
@@ -80,7 +44,6 @@ class Cells:
         self.store = Store(config.out)
         self.store.check_consistent()
         self.grid = CellRunner(bench, self.pivot_fn)  # the bench's models and tasks of one process
-        self.cache = {"runner_key": SampleJob.cache_key(bench, self.pad_fits), "runner": self.grid}  # SampleJob's, here
         self._speed = {}
         self.all_examples = self.grid.task(config.task).examples
         if len(self.all_examples) < config.search_prompts + config.heldout_prompts:
@@ -110,20 +73,22 @@ class Cells:
         have = self.store.utilities(key)
         return key, cell_conf, bench, [j for j in jobs if j not in have]
 
-    def _job(self, spec: CellSpec, key: str, todo: list[tuple[int, int]], bench: BenchConfig) -> "SampleJob":
-        return SampleJob(spec, key, todo, [self.all_examples[i].prompt for i, _ in todo], bench, self.versions,
-                         self.pad_fits)
+    @staticmethod
+    def _request(spec: CellSpec, key: str, todo: list[tuple[int, int]]) -> CellRequest:
+        """The samples `todo` of a cell, in one generate call."""
+        return CellRequest(spec, key, samples=todo, batch_size=len(todo))
 
     def ensure(self, spec: CellSpec, jobs: list[tuple[int, int]], heldout: bool = False) -> dict:
         """Run the jobs (prompt, repeat) the cell lacks, store them; return all its rows {(prompt, repeat): Row}."""
         key, cell_conf, bench, todo = self._todo(spec, jobs, heldout)
         if todo:  # in this process, with the models already loaded
-            self._store(spec, key, cell_conf, bench, todo, *self._job(spec, key, todo, bench).run(self.cache))
+            self._store(cell_conf, bench, self.grid.run(self._request(spec, key, todo)))
         return {(r.prompt_index, r.repeat): r for r in self.store.rows(key)}
 
     def prefetch(self, wanted: list[tuple[CellSpec, list[tuple[int, int]], bool]]) -> None:
-        """Run the samples the given cells lack on the executor (Ray workers), all at once; the driver stores
-        each cell's samples as they come back. Without an executor, `ensure` runs them one cell at a time."""
+        """Run the samples the given cells lack on the executor (Ray workers: each keeps a CellRunner with the pair
+        loaded across its jobs), all at once; the driver stores each cell's samples as they come back. Without an
+        executor, `ensure` runs them one cell at a time."""
         if self.executor is None:
             return
         pending = {}
@@ -131,42 +96,28 @@ class Cells:
             key, cell_conf, bench, todo = self._todo(spec, jobs, heldout)
             if todo and key not in pending:
                 pending[key] = (spec, cell_conf, bench, todo)
-        jobs = [self._job(spec, key, todo, bench) for key, (spec, _, bench, todo) in pending.items()]
+        jobs = [CellJob(self._request(spec, key, todo), self.grid.config, self.versions, self.pad_fits)
+                for key, (spec, _, _, todo) in pending.items()]
         for done in self.executor.run(jobs):
-            if done.error is not None:
-                raise ValueError(f"tune: cell {done.job.label} failed on a worker: {done.error}")
-            spec, cell_conf, bench, todo = pending[done.job.key]
-            self._store(spec, done.job.key, cell_conf, bench, todo, *done.result)
+            error = done.error if done.error is not None else done.result.error
+            if error is not None:
+                raise ValueError(f"tune: cell {done.job.label} failed on a worker: {error}")
+            _, cell_conf, bench, todo = pending[done.job.request.key]
+            self._store(cell_conf, bench, done.result)
             self.remote_samples += len(todo)
 
-    def _store(self, spec: CellSpec, key: str, cell_conf: dict, bench: BenchConfig, todo: list, out, wall: float):
-        """Score the samples of `todo` (a GenerationOutput in their order) and store them with the cell's metrics."""
-        rows = []
-        for (i, r), res in zip(todo, out.results):
-            ex = self.all_examples[i]
-            rows.append(Row(prompt_index=i, repeat=r, prompt=ex.prompt, reference=ex.reference,
-                            response=res.text, utility=self.grid.task(self.config.task).score(res.text,
-                                                                                              ex.reference),
-                            tokens=len(res.token_ids),
-                            stats={"mean_acceptance_length": res.stats.mean_acceptance_length,
-                                   "truncated": len(res.token_ids) >= bench.max_new_tokens},
-                            token_hash=token_hash(res.token_ids)))
-        old = self.store.get(key)
-        parts = (old.metrics["engine_stats"] if old else []) + [out.stats.as_dict()]
-        batch1 = self._batch1(spec, old, bench)
-        all_rows = self.store.rows(key) + rows
-        metrics = cell_metrics(spec.method, spec.draft_length, extra_draft_passes(spec.method), all_rows,
-                               merge_engine_stats(parts), {**self.speed(spec), **batch1}, dynamic=self.dynamic)
-        metrics.update(engine_stats=parts, batch1=batch1, run_id=self.run_id, tune=True,
-                       sample_wall_s=(old.metrics["sample_wall_s"] if old else 0.0) + wall)
-        self.store.put(key, cell_conf, metrics, rows)
-        self.sample_seconds += wall
-        self.samples_run += len(rows)
-        self.tokens_run += sum(r.tokens for r in rows)
+    def _store(self, cell_conf: dict, bench: BenchConfig, result: CellResult) -> None:
+        """Store a result's samples with the cell's metrics (its batch-1 timing measured first when it is new)."""
+        spec, key = result.request.spec, result.request.key
+        batch1 = {} if self.store.has(key) else self._batch1(spec, bench)
+        store_result(self.store, result, cell_conf, self.speed(spec), batch1, self.dynamic, run_id=self.run_id,
+                     tune=True)
+        self.sample_seconds += result.sample_wall_s
+        self.samples_run += len(result.rows)
+        self.tokens_run += sum(r.tokens for r in result.rows)
 
-    def _batch1(self, spec: CellSpec, old, bench: BenchConfig) -> dict:
-        if old is not None:
-            return old.metrics.get("batch1", {})
+    def _batch1(self, spec: CellSpec, bench: BenchConfig) -> dict:
+        """A new cell's batch-1 timing (objective measured-bs1 only)."""
         if self.config.objective != "measured-bs1" or spec.method == AR:
             return {}
         import torch
@@ -232,4 +183,4 @@ class Cells:
         self.store.close()
 
 
-__all__ = ["Cells", "SampleJob"]
+__all__ = ["Cells"]

@@ -91,7 +91,7 @@ def register(subparsers) -> None:
     add_compile_arg(t)
     t.add_argument("--no-plots", action="store_true")
     t.add_argument("--no-progress", action="store_true")
-    from relaxspec.bench.executors import add_executor_arguments
+    from relaxspec.bench import add_executor_arguments
     add_executor_arguments(t)
     t.set_defaults(func=cmd_tune)
 
@@ -126,7 +126,7 @@ def cmd_tune(args) -> int:
     from relaxspec.bench.commands import interrupted, on_sigterm
     on_sigterm()
     try:
-        from relaxspec.bench.executors import executor_options
+        from relaxspec.bench import executor_options
         result = run_tune(config, progress=not args.no_progress, executor=executor_options(args))
     except KeyboardInterrupt as e:
         return interrupted("tune", "every finished sample is", args.out, e)

@@ -16,10 +16,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relaxspec.bench.config import classifier_cost, extra_draft_passes, needs_classifier, parse_method
-from relaxspec.bench.names import AR, STRICT, draft_length_order
-from relaxspec.bench.stats import Interval, paired_diff_interval
-from relaxspec.bench.store import Store
+from relaxspec.bench import (AR, STRICT, Interval, Store, classifier_cost, draft_length_order, extra_draft_passes,
+                             needs_classifier, paired_diff_interval, parse_method)
 from relaxspec.tune.objective import priced_round, speed_interval
 from relaxspec.tune.report import TOML_NAME
 from relaxspec.tune.space import Config, make_config
@@ -136,7 +134,7 @@ def best_feasible(scored: dict[Config, Scored], max_drop: float) -> Scored | Non
 
 def tune_choice(tune_dir: str | Path) -> Config:
     """The configuration tune chose (its TOML)."""
-    from relaxspec.bench.config import load_toml
+    from relaxspec.bench import load_toml
     path = Path(tune_dir) / TOML_NAME
     if not path.is_file():
         raise ValueError(f"tune vs grid: {path} does not exist (no choice: run relaxspec tune first)")
@@ -176,8 +174,7 @@ def measure_constants(settings: dict, lengths) -> dict[int, tuple[float, float]]
     """{N: (c_rel, c_block)} of the pair measured now (bench.cell.speed_constants: interleaved rounds)."""
     import torch
 
-    from relaxspec.bench.cell import CellSpec
-    from relaxspec.bench.cell import speed_constants as measure
+    from relaxspec.bench import CellSpec, speed_constants as measure
     from relaxspec.models import load_model
     from relaxspec.drafters import load_drafter
     torch.set_num_threads(1)

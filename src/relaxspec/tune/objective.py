@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import math
 
-from relaxspec.bench.names import AUTO
-from relaxspec.bench.speedup import round_cost, rounds
-from relaxspec.bench.stats import Interval, cluster_of, ratio_interval
+from relaxspec.bench import AUTO, Interval, cluster_of, ratio_interval, round_cost, rounds
 
 OBJECTIVES = ("length-adjusted", "modelled", "measured-bs1")
 

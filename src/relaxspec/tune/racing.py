@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Hashable, Protocol
 
-from relaxspec.bench.stats import Interval
+from relaxspec.bench import Interval
 
 ALPHA = 0.05
 DEFAULT_SIZES = (6, 24, 72, 240)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from relaxspec.bench.phase import phase_for
+from relaxspec.bench import phase_for
 from relaxspec.tune.racing import ALPHA
 
 TOML_NAME = "tune.toml"

@@ -20,11 +20,9 @@ import warnings
 from dataclasses import dataclass, field
 
 from relaxspec.acceptance.random import check_seed
-from relaxspec.bench.config import (BenchConfig, check_draft_confidence_setting, check_out_dir, check_settings_types,
-                                    extra_draft_passes)
-from relaxspec.bench.names import AR
-from relaxspec.bench.stats import Interval, paired_diff_interval
-from relaxspec.bench.sampling import TUNE_HELDOUT_PROMPTS
+from relaxspec.bench import (AR, HELDOUT_BAND, BenchConfig, Interval, check_draft_confidence_setting, check_out_dir,
+                             check_phase_setting, check_settings_types, extra_draft_passes, make_executor,
+                             paired_diff_interval)
 from relaxspec.tune.cells import Cells
 from relaxspec.tune.objective import OBJECTIVES, speed_interval
 from relaxspec.tune.racing import ALPHA, DEFAULT_CAPS, DEFAULT_SIZES, Race, race, validate_schedule
@@ -34,7 +32,7 @@ DEFAULT_OUT = "relaxspec-tune"
 DEFAULT_MAX_DROP = 0.02
 DEFAULT_BUDGET_MINUTES = 11.0
 DEFAULT_SEARCH_PROMPTS = 240  # the last rung's 240 samples on distinct prompts (repeats are clustered: worth less)
-DEFAULT_HELDOUT_PROMPTS = TUNE_HELDOUT_PROMPTS  # 240, which a bench's later looks never draw
+DEFAULT_HELDOUT_PROMPTS = HELDOUT_BAND  # 240, which a bench's later looks never draw
 DEFAULT_HELDOUT_REPEATS = 1
 
 
@@ -106,7 +104,6 @@ class TuneConfig:
                           f"samples of a configuration (its last rung), so the first {max(self.sizes)} prompts are "
                           "searched and the held-out prompts follow them", stacklevel=2)
             self.search_prompts = max(self.sizes)
-        from relaxspec.bench.phase import check_phase_setting
         check_phase_setting(self.phase, [self.task])
         check_draft_confidence_setting(self.draft_confidence, "tune")
 
@@ -257,11 +254,10 @@ def best_strict(result: Race) -> Config | None:
 
 def run_tune(config: TuneConfig, progress: bool = True, executor=None) -> TuneResult:
     """Search, then confirm on held-out prompts (see the module doc). Interrupting it loses only the cell calls
-    in flight; re-running the same command resumes from the store. `executor` (bench.executors.ExecutorOptions,
+    in flight; re-running the same command resumes from the store. `executor` (relaxspec.bench.ExecutorOptions,
     kind "ray"): each rung's missing samples run on Ray workers at once, the driver storing them."""
     from tqdm import tqdm
 
-    from relaxspec.bench.executors import make_executor
     config.validate()
     t0 = time.perf_counter()
     pool = make_executor(executor) if executor is not None and executor.kind != "local" else None

@@ -13,7 +13,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from relaxspec.bench.names import AR, AUTO, STRICT, method_label
+from relaxspec.bench import AR, AUTO, STRICT, method_label, needs_classifier, parse_method
 
 DEFAULT_DRAFT_LENGTHS = (*range(2, 11), AUTO)
 PAD_THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -73,7 +73,6 @@ def between(grid) -> list[float]:
 def strength_points(name: str) -> list[dict]:
     """Parameter points of one rule (see the module doc); [{}] for a rule without a gridded parameter."""
     from relaxspec.acceptance import RULES
-    from relaxspec.bench.config import needs_classifier
     if needs_classifier(name):
         return [{"threshold": t} for t in PAD_THRESHOLDS]
     rule = RULES[name]
@@ -87,7 +86,6 @@ def strength_points(name: str) -> list[dict]:
 
 def default_rules(with_classifier: bool) -> list[str]:
     from relaxspec.acceptance import RULES
-    from relaxspec.bench.config import needs_classifier
     return [name for name in RULES if with_classifier or not needs_classifier(name)]
 
 
@@ -97,7 +95,6 @@ def search_space(methods: list[str] | None, draft_lengths=DEFAULT_DRAFT_LENGTHS,
     above) or the bench grammar NAME:PARAM=V1/V2 (exactly those points); None: every rule (PAD only when
     `with_classifier`). 'ar' and 'strict' in `methods` are ignored: strict is always searched, AR is the
     speed baseline."""
-    from relaxspec.bench.config import parse_method
     if not draft_lengths:
         raise ValueError("tune: draft lengths must not be empty")
     for n in draft_lengths:

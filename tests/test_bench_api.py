@@ -1,0 +1,72 @@
+"""relaxspec.bench as a library: its public API, a typed cell request and result, one executor interface."""
+
+from dataclasses import dataclass
+
+import torch
+
+import relaxspec.bench as bench
+from relaxspec.bench import (BenchConfig, CellRequest, CellResult, CellSpec, Executor, ExecutorOptions, make_executor,
+                             run_cell)
+from relaxspec.bench.executors import LocalExecutor, PoolExecutor
+
+torch.set_num_threads(1)
+
+
+def test_every_public_name_resolves_once():
+    assert len(set(bench.__all__)) == len(bench.__all__)
+    missing = [name for name in bench.__all__ if not hasattr(bench, name)]
+    assert missing == []
+
+
+def _config(tmp_path, drafter="drafter-weak") -> BenchConfig:
+    return BenchConfig(verifiers=["verifier"], drafters=[drafter], tasks=["arithmetic"], methods=["ar", "strict"],
+                       draft_lengths=[2], limit=3, repeats=1, looks=2, max_new_tokens=8, speed_prompts=0, workers=1,
+                       out=str(tmp_path))
+
+
+def test_a_request_for_given_samples_gives_the_look_s_rows_in_any_batching(tmp_path):
+    config, cache = _config(tmp_path), {}
+    spec = CellSpec("verifier", "drafter-weak", "arithmetic", "strict", {}, 2, 0)
+    look = run_cell(CellRequest(spec, "k", done=0, target=1), config, cache)
+    assert isinstance(look, CellResult) and look.error is None and look.request.key == "k"
+    assert [(r.prompt_index, r.repeat) for r in look.rows] == [(0, 0), (1, 0), (2, 0)]
+    assert len(look.parts) == 1 and look.sample_wall_s > 0 and look.span[0] <= look.span[1]
+    given = run_cell(CellRequest(spec, "k", samples=[(2, 0), (0, 0)], batch_size=1), config, cache)
+    assert len(given.parts) == 2  # one generate call per sample
+    rows = {(r.prompt_index, r.repeat): (r.response, r.utility, r.token_hash) for r in look.rows}
+    assert {(r.prompt_index, r.repeat): (r.response, r.utility, r.token_hash) for r in given.rows} == \
+        {k: rows[k] for k in ((2, 0), (0, 0))}
+
+
+def test_a_cell_that_raises_gives_its_one_line_error_in_the_result(tmp_path):
+    # spec-cont-dec needs the drafter's distribution q, which prompt lookup (ngram) does not give
+    spec = CellSpec("verifier", "ngram", "arithmetic", "spec-cont-dec", {"beta": 0.5}, 2, 0)
+    result = run_cell(CellRequest(spec, "k"), _config(tmp_path, "ngram"), {})
+    assert result.rows == [] and result.error.startswith("ValueError: ") and "\n" not in result.error
+    assert "needs the drafter's distribution" in result.error
+
+
+@dataclass
+class Job:
+    """A generic executor job (picklable: a pool worker imports this module)."""
+    label: str
+    fail: bool = False
+    affinity: str = "pair"
+
+    def run(self, cache):
+        cache["runs"] = cache.get("runs", 0) + 1
+        if self.fail:
+            raise ValueError(f"bad parameters in {self.label}")
+        return self.label
+
+
+def test_local_and_pool_executors_are_one_interface():
+    with make_executor(ExecutorOptions(), {"seeded": True}) as local:
+        assert isinstance(local, LocalExecutor) and isinstance(local, Executor) and local.capacity() == 1
+        done = [(f.job.label, f.result, f.error) for f in local.run([Job("a"), Job("b", fail=True)])]
+        assert done == [("a", "a", None), ("b", None, "ValueError: bad parameters in b")]
+        assert local.cache == {"seeded": True, "runs": 2}  # the cache it was given, across its jobs
+    with make_executor(ExecutorOptions(), workers=2) as pool:
+        assert isinstance(pool, PoolExecutor) and isinstance(pool, Executor) and pool.capacity() == 2
+        done = {f.job.label: (f.result, f.error) for f in pool.run([Job("a"), Job("b", fail=True), Job("c")])}
+    assert done == {"a": ("a", None), "b": (None, "ValueError: bad parameters in b"), "c": ("c", None)}
