@@ -1,5 +1,5 @@
-"""The package's layers (docs/design.md, "Layers"): imports point down, no packages import each other, and no
-modules inside a package import each other in a cycle.
+"""The package's layers (docs/design.md, "Layers"): imports point down, no packages import each other, no
+modules inside a package import each other in a cycle, and tune and study use only the bench's public API.
 
 The import graph is built from the source with `ast` (imports inside functions included, relative imports
 resolved); the layer order is read from the table in docs/design.md, so the two cannot drift apart.
@@ -55,25 +55,30 @@ def _is_module(top: Path, module: str) -> bool:
     return path.is_dir() or path.with_suffix(".py").is_file()
 
 
+def _imports(path: Path, top: Path):
+    """(module, [names] of `from module import names` or None for `import module`, line) of each import in `path`
+    (a file under `top`, a package directory): relative imports resolved, imports inside functions included."""
+    package = list(path.relative_to(top.parent).parts[:-1])  # the package a relative import starts from
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1]) if node.level else ""
+            yield ".".join(x for x in (base, node.module or "") if x), [a.name for a in node.names], node.lineno
+
+
 def module_imports(top: Path):
     """(file, imported module, "file:line") for every import of every .py file under `top` (a package directory):
     file relative to top's parent, imports inside functions included, relative imports resolved."""
     for path in sorted(top.rglob("*.py")):
         rel = path.relative_to(top.parent)
-        package = list(rel.parts[:-1])  # the package a relative import starts from
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = ".".join(package[:len(package) - node.level + 1]) if node.level else ""
-                module = ".".join(x for x in (base, node.module or "") if x)
-                # `from pkg import sub` imports the submodule `pkg.sub` when there is one, else a name of `pkg`
-                targets = [f"{module}.{a.name}" if _is_module(top, f"{module}.{a.name}") else module
-                           for a in node.names]
-            else:
-                continue
+        for module, names, line in _imports(path, top):
+            # `from pkg import sub` imports the submodule `pkg.sub` when there is one, else a name of `pkg`
+            targets = [module] if names is None else \
+                [f"{module}.{n}" if _is_module(top, f"{module}.{n}") else module for n in names]
             for target in targets:
-                yield path, target, f"{rel}:{node.lineno}"
+                yield path, target, f"{rel}:{line}"
 
 
 def import_graph(top: Path) -> dict[str, dict[str, list[str]]]:
@@ -166,6 +171,30 @@ def module_cycles(top: Path) -> list[str]:
     return problems
 
 
+def public_names(init: Path) -> set[str]:
+    """The names a package's __init__.py lists in `__all__` (its public API)."""
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def private_imports(top: Path, package: str, users: tuple[str, ...]) -> list[str]:
+    """Imports of `package` (a package under `top`) by the modules of `users` (packages under `top`) that go past
+    its public API: a module inside it, or a name its __init__.py does not list in `__all__`; one line each. A
+    user's CLI module (commands.py, the CLI layer) may import the package's own."""
+    name, public = f"{top.name}.{package}", public_names(top / package / "__init__.py")
+    problems = []
+    for path in sorted(p for user in users for p in (top / user).rglob("*.py")):
+        for module, names, line in sorted(_imports(path, top), key=lambda found: found[2]):
+            where = f"{path.relative_to(top.parent)}:{line}"
+            if module == name:
+                problems += [f"{where}: {n} is not in {name}.__all__" for n in names or () if n not in public]
+            elif module.startswith(name + ".") and not (path.name == "commands.py" and module == f"{name}.commands"):
+                problems.append(f"{where}: imports {module}, inside {name} (use its public API)")
+    return problems
+
+
 def test_the_package_follows_the_layer_table():
     layers = read_layers(DESIGN.read_text(encoding="utf-8"))
     graph = import_graph(SRC)
@@ -176,6 +205,10 @@ def test_the_package_follows_the_layer_table():
 
 def test_no_modules_of_a_package_import_each_other_in_a_cycle():
     assert module_cycles(SRC) == []
+
+
+def test_tune_and_study_use_only_the_bench_s_public_api():
+    assert private_imports(SRC, "bench", ("tune", "study")) == []
 
 
 # ------------------------------------------------------------------ the checker on a package made here
@@ -269,3 +302,23 @@ def test_a_cycle_between_modules_inside_a_package_fails(tmp_path):
     assert module_cycles(top) == ["import cycle between low/a.py low/b.py (pkg/low/a.py:3, pkg/low/b.py:1)"]
     (top / "low" / "a.py").write_text("A = 1\n")
     assert module_cycles(top) == []
+
+
+def test_an_import_past_a_package_s_public_api_fails(tmp_path):
+    top = _package(tmp_path, {
+        "base.py": "",
+        "low/__init__.py": "from pkg.low.a import A, B\n__all__ = [\"A\"]\n",
+        "low/a.py": "A = B = 1\n",
+        "low/commands.py": "",
+        "high/__init__.py": "",
+        "high/good.py": "from pkg.low import A\nimport pkg.low\n",
+        "high/commands.py": "from pkg.low.commands import x\n",  # the CLI layer: to the package's own CLI
+    })
+    assert private_imports(top, "low", ("high",)) == []
+    (top / "high" / "bad.py").write_text("from pkg.low import B\ndef f():\n    from ..low.a import A\n"
+                                         "import pkg.low.a\nfrom pkg.low import a\n")
+    assert private_imports(top, "low", ("high",)) == [
+        "pkg/high/bad.py:1: B is not in pkg.low.__all__",
+        "pkg/high/bad.py:3: imports pkg.low.a, inside pkg.low (use its public API)",
+        "pkg/high/bad.py:4: imports pkg.low.a, inside pkg.low (use its public API)",
+        "pkg/high/bad.py:5: a is not in pkg.low.__all__"]
