@@ -12,6 +12,7 @@ from relaxspec.models import load_model
 from relaxspec.drafters import load_drafter
 from relaxspec.models.fast_llama import FastLlama
 from relaxspec.models.hf import CausalLM
+from relaxspec.models import int4_block
 from relaxspec.models.quant import (FormatLinear, Linear, convert_linears, dequantize_int4, int4_problem,
                                     quantize_int4)
 from relaxspec.tasks import synthetic
@@ -108,7 +109,11 @@ def test_small_llama_in_each_format_matches_float32_through_both_paths(fmt):
     other = CausalLM("hf", converted, None, weight_format=fmt)
     assert other.vocab_size == 256 and other.device.type == "cpu"
     theirs, _ = other.forward(ids, other.new_cache(), mask, pos)
-    assert (theirs - got).abs().max() < tol / 4
+    # (int4 on the VNNI path rounds every linear's input to int8, a step of max|x_g| / 127 per group of 32: the
+    # two paths' norms, equal to float32 rounding, can land an input on either side of a step, so they agree
+    # within twice bfloat16's allowance there)
+    vnni = fmt == "int4" and int4_block.path() == "vnni"
+    assert (theirs - got).abs().max() < (tol / 2 if vnni else tol / 4)
 
 
 def test_int4_fast_path_equals_float32_on_the_dequantized_weights():

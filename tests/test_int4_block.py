@@ -18,32 +18,72 @@ needs_kernel = pytest.mark.skipif(
     native.compiler() is None or not native.enabled() or not set(int4_block.CPU_FLAGS) <= native.cpu_flags(),
     reason="no C compiler, no AVX-512 BF16 CPU, or RELAXSPEC_NATIVE=0")
 
-SHAPES = ((50, 96), (7, 64), (960, 576), (576, 1536), (3, 32))  # odd output counts (tails of the 4- and 2-tiles)
+
+
+# The paths this CPU runs: bf16 on every CPU the kernel runs on, vnni where it has AVX-512 VNNI as well.
+LAYOUTS = ["bf16"] + (["vnni"] if int4_block.path() == "vnni" else [])
+SHAPES = ((50, 96), (7, 64), (960, 576), (576, 1536), (3, 32), (40, 8960))  # partial superblocks of 16 groups
+
+
+def int8_rounding(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The most the VNNI path's int8 inputs can move each output: an input of group g rounded to a multiple of
+    d_g = max|x_g| / 127 moves by at most d_g / 2 (a factor 1 + 2^-10 for the float32 rounding of d_g and of
+    x / d_g), times |w|, summed."""
+    amax = x.abs().reshape(x.shape[0], -1, 32).amax(-1).repeat_interleave(32, dim=1)
+    return (amax.double() / 254 * (1 + 2 ** -10)) @ w.abs().double().t()
 
 
 @needs_kernel
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_kernel_matches_a_float32_reference_on_the_bfloat16_weights_and_inputs(shape):
-    # Stated tolerance: the kernel multiplies bfloat16(w) by bfloat16(x) exactly and sums in float32, so against
-    # the same product summed in float32 by torch it differs by summation order only: a relative 2^-24 per
-    # addition, bounded here by 1e-5 of sum |x| |w| (in <= 1536 terms).
+def test_kernel_matches_a_float32_reference_on_its_weights_and_inputs(shape, layout):
+    # Stated tolerance. bf16: the kernel multiplies bfloat16(w) by bfloat16(x) exactly and sums in float32, so
+    # against the same product summed by torch it differs by summation order only: a relative 2^-24 per
+    # addition, bounded here by 1e-5 of sum |x| |w| (in <= 8960 terms, summed 16 lanes apart). vnni: the float32
+    # weight q s + z' (int4_block.dense) against x rounded to int8 per group: `int8_rounding`, plus the same 1e-5
+    # for the float32 scaling and sums.
     torch.manual_seed(shape[0])
     w = torch.randn(shape) * 0.05
     codes, scale_zero = quantize_int4(w)
-    deq = dequantize_int4(codes, scale_zero).bfloat16().float()
-    packed = int4_block.pack(codes, scale_zero)
-    for rows in (1, 3, 7, 10, 13):  # 13: two calls (10 + 3)
+    packed = int4_block.pack(codes, scale_zero, layout)
+    deq = int4_block.dense(*packed, layout)
+    for rows in (1, 3, 7, 10, 13):
         x = torch.randn(rows, shape[1])
-        y = int4_block.block_mm(x, *packed)
-        xb = x.bfloat16().float()
-        ref = xb @ deq.t()
-        bound = 1e-5 * (xb.abs() @ deq.abs().t()) + 1e-7
+        y = int4_block.block_mm(x, *packed, layout)
+        xr = x.bfloat16().float() if layout == "bf16" else x
+        ref = xr.double() @ deq.double().t()
+        bound = 1e-5 * (xr.abs().double() @ deq.abs().double().t()) + 1e-7
+        if layout == "vnni":
+            bound = bound + int8_rounding(x, deq)
         assert y.dtype == torch.float32 and y.shape == (rows, shape[0])
         assert ((y - ref).abs() <= bound).all(), ((y - ref).abs() / bound).max()
     # and it is the int4 weights it stands for: within bfloat16's rounding of the float32 dequantized weights
-    x = torch.randn(5, shape[1])
-    exact = x.bfloat16().float() @ dequantize_int4(codes, scale_zero).t()
-    assert (int4_block.block_mm(x, *packed) - exact).abs().max() <= 2 ** -8 * (x.abs() @ deq.abs().t()).max()
+    # (bf16), exactly the float32 q s + (z - 8 s) (vnni: within 2^-23 of the largest weight of (q - 8) s + z)
+    exact = dequantize_int4(codes, scale_zero)
+    if layout == "bf16":
+        assert torch.equal(deq, exact.bfloat16().float())
+    else:
+        assert (deq - exact).abs().max() <= 2 ** -22 * exact.abs().max()
+
+
+@needs_kernel
+@pytest.mark.skipif("vnni" not in LAYOUTS, reason="no AVX-512 VNNI")
+def test_the_vnni_path_rounds_the_inputs_as_llama_cpp_q8_0():
+    """Against torch's own int8 rounding (d = max|x_g| / 127, x8 = round(x / d), an all-zero group 0): the same
+    products to float32 summation order (1e-5 of sum |x8 d| |w|), far inside `int8_rounding`."""
+    torch.manual_seed(3)
+    w, x = torch.randn(96, 8960) * 0.05, torch.randn(5, 8960)
+    x[1, 64:96] = 0  # an all-zero group
+    packed = int4_block.pack(*quantize_int4(w), "vnni")
+    deq = int4_block.dense(*packed, "vnni")
+    g = x.reshape(5, -1, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    xq = (torch.round(g * torch.where(amax > 0, 127 / amax, 0)) * (amax / 127)).reshape(x.shape)
+    ref = xq.double() @ deq.double().t()
+    y = int4_block.block_mm(x, *packed, "vnni")
+    assert ((y - ref).abs() <= 1e-5 * (xq.abs().double() @ deq.abs().double().t())).all()
+    # and it does round them: off the unrounded product by more than the summation order allows
+    assert ((y - x.double() @ deq.double().t()).abs() > 1e-4 * (x.abs().double() @ deq.abs().double().t())).any()
 
 
 @needs_kernel
@@ -69,16 +109,37 @@ def test_a_row_gets_the_same_bits_alone_in_a_block_and_on_any_thread_count(threa
 
 
 @needs_kernel
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_prompt_s_rows_get_the_bits_of_single_rows_on_either_path(layout):
+    """A prompt of 300 rows (the VNNI path's blocks of rows whose int8 inputs stay in cache: several here) gives
+    each row the bits it gets alone, on the path of this CPU and on the bf16 one."""
+    torch.manual_seed(8)
+    for shape in ((70, 1536), (9, 8960)):
+        packed = int4_block.pack(*quantize_int4(torch.randn(shape) * 0.05), layout)
+        x = torch.randn(300, shape[1])
+        y = int4_block.block_mm(x, *packed, layout)
+        for i in (0, 1, 5, 6, 131, 132, 133, 299):
+            assert torch.equal(y[i:i + 1], int4_block.block_mm(x[i:i + 1], *packed, layout)), (shape, i)
+        assert torch.equal(y[7:12], int4_block.block_mm(x[7:12], *packed, layout))
+
+
+@needs_kernel
 def test_block_and_aten_kernels_agree_and_store_the_same_bytes():
     torch.manual_seed(5)
     w, x = torch.randn(640, 512) * 0.05, torch.randn(6, 512)
     block, aten = Linear(w, "int4", int4_impl="block"), Linear(w, "int4", int4_impl="aten")
     assert block.block is not None and aten.packed is not None and block.nbytes == aten.nbytes
-    # both round x and w to bfloat16; aten rounds its output to bfloat16 too (and sums in its own order): within
-    # 2^-7 of the largest output
-    y = block(x)
-    assert (y - aten(x)).abs().max() <= 2 ** -7 * y.abs().max(), (y - aten(x)).abs().max() / y.abs().max()
-    assert torch.equal(block.dense(), dequantize_int4(*quantize_int4(w)).bfloat16().float())
+    # aten rounds x and w to bfloat16 (2^-9 each) and its output (2^-9), and sums in its own order; the block
+    # kernel's bf16 path rounds x and w alike, its VNNI path rounds x to int8 (`int8_rounding`) and keeps w in
+    # float32: within 2^-7 of the largest output (bf16), within those roundings output by output (vnni)
+    y, deq = block(x), dequantize_int4(*quantize_int4(w))
+    if int4_block.path() == "bf16":
+        assert (y - aten(x)).abs().max() <= 2 ** -7 * y.abs().max(), (y - aten(x)).abs().max() / y.abs().max()
+        assert torch.equal(block.dense(), deq.bfloat16().float())
+    else:
+        bound = int8_rounding(x, deq) + 2 ** -7 * (x.abs().double() @ deq.abs().double().t())
+        assert ((y - aten(x)).abs() <= bound + 2 ** -8 * aten(x).abs()).all()
+        assert torch.equal(block.dense(), int4_block.dense(*block.block))
 
 
 @needs_kernel

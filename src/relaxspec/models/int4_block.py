@@ -1,27 +1,34 @@
-"""An int4 weight-only kernel for blocks of a few rows (a verify block of N+1 tokens) on AVX-512 CPUs.
+"""An int4 weight-only kernel for CPUs with AVX-512, for one row (a decode step), a verify block of N+1 rows and a
+prompt alike.
 
-`aten._weight_int4pack_mm_for_cpu` dequantizes every weight again for every row of a block (its 6-row product
-costs ~2.3 one-row products on SmolLM2). This kernel dequantizes each group of 32 weights once per call, to
-bfloat16 (w = q * scale + zero' in float32, rounded), and applies it to up to `MAX_ROWS` rows with AVX-512 BF16
-dot products (`vdpbf16ps`: bfloat16 pairs multiplied exactly and summed in float32), the rows' inputs rounded to
-bfloat16 as the aten kernel rounds them. A longer input runs in chunks of `MAX_ROWS` rows.
+Two paths, picked by the CPU (`path`):
 
-Row independence: the numbers of a row (each output's chain of dot products over the groups, in order, and its
-final sum) do not depend on how many other rows are in the call, nor on the threads (outputs are split between
-threads, never a dot product): a row multiplied alone or in a block gives the same bits (tested), so int4 strict
-greedy equals AR greedy through the linear layers by construction.
+* "vnni" (AVX-512 VNNI): each row of x quantized per group of 32 to int8 with a float scale d (symmetric, round
+  to nearest, as llama.cpp's Q8_0), and per group sum w x = d (s sum q x8 + z' sum x8) with the first sum by
+  `vpdpbusd` (unsigned 4-bit codes times signed int8, exact in int32), scaled and summed in float32 lane by lane
+  (one lane a group) and reduced once per output. About 3x fewer instructions per weight than dequantizing; the
+  activations' rounding (at most d / 2 = max|x_g| / 254 per input) is llama.cpp's. A call of many rows (a prompt)
+  reads each weight once per block of rows whose int8 inputs stay in cache, not once per few rows.
+* "bf16" (AVX-512 BF16 without VNNI): each group dequantized to bfloat16 (w = q * scale + zero' in float32,
+  rounded) once per call of up to `MAX_ROWS` rows and applied with `vdpbf16ps` (bfloat16 pairs multiplied
+  exactly and summed in float32), the rows' inputs rounded to bfloat16 as aten's kernel rounds them.
+
+Row independence: the numbers of a row (its quantization, each output's chain of dot products over the groups, in
+order, and its final sum) do not depend on how many other rows are in the call, nor on the threads (outputs are
+split between threads, never a dot product): a row multiplied alone or in a block gives the same bits (tested),
+so int4 strict greedy equals AR greedy through the linear layers by construction.
 
 Layout (packed once at load, `pack`): codes uint8 [out, in / 2], byte j of a group holding its code j (low
-nibble) and code j + 16 (high nibble); per group a 32-bit word, quant.py's bfloat16 scale in its high half and
-its bfloat16 zero in the low half (w = (q - 8) scale + zero, computed as q scale + (zero - 8 scale) in float32).
+nibble) and code j + 16 (high nibble), on the VNNI path the bytes of each 16 groups reordered 4 at a time
+(`_superblocks`, int4_block.c); per group a 32-bit word, quant.py's bfloat16 scale in its high half and its
+bfloat16 zero in the low half (w = (q - 8) scale + zero, computed as q scale + (zero - 8 scale) in float32).
 
 Plain C (models/csrc/int4_block.c, its interface int4_block.h) built on first use by relaxspec.native with the
 system's C compiler (`-fopenmp`: outputs split between the threads of the process's OpenMP runtime, torch's, with
 torch's thread count, as its own kernels split them) and loaded with ctypes; without a compiler, without AVX-512
 BF16, when the build fails (one warning line) or with RELAXSPEC_NATIVE=0: quant.py uses the aten kernel. It is
-int4's default where it builds (RELAXSPEC_INT4_KERNEL=aten keeps aten's): measured on SmolLM2's linears at two
-threads it costs 0.96 / 0.86 / 0.60 / 0.58 of aten's kernel at 1 / 4 / 6 / 9 rows (one thread: 1.05-1.08 at 1 row,
-0.65-0.72 at 6-9).
+int4's default where it builds (RELAXSPEC_INT4_KERNEL=aten keeps aten's). Measured (benchmarks/int4_block_speed.py):
+see docs.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 KERNEL = native.Kernel("int4_block", Path(__file__).resolve().parent / "csrc" / "int4_block.c",
                        Path(__file__).resolve().parent / "csrc" / "int4_block.h",
                        flags=("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
-                              "-mavx512bf16", "-mfma"))
+                              "-mavx512bf16", "-mavx512vnni", "-mfma"))
+PATHS = ("vnni", "bf16")
 
 
 @functools.cache
@@ -58,6 +66,12 @@ def kernel():
         return _unavailable(error.summary)
 
 
+def path() -> str:
+    """The kernel's path on this CPU: "vnni" (int8 inputs, int4_block_mm_q8) where it has AVX-512 VNNI, else
+    "bf16" (int4_block_mm)."""
+    return "vnni" if "avx512_vnni" in native.cpu_flags() else "bf16"
+
+
 def _unavailable(why: str):
     warnings.warn(f"relaxspec int4 block kernel unavailable ({why}); int4 uses aten's kernel", stacklevel=3)
     return None
@@ -66,30 +80,72 @@ def _unavailable(why: str):
 PACK_ROWS = 8192  # rows packed at once
 
 
-def pack(codes: torch.Tensor, scale_zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes uint8 [out, in / 2], scale and zero' int32 [out, in / 32]) in the kernel's layout from quant.py's
-    codes [out, in] (0..15) and (scale, zero) [in / 32, out, 2] (bfloat16)."""
+def pack(codes: torch.Tensor, scale_zero: torch.Tensor, layout: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes uint8 [out, in / 2], scale and zero' int32 [out, in / 32]) in the kernel's layout for `layout` (a
+    path; default: this CPU's) from quant.py's codes [out, in] (0..15) and (scale, zero) [in / 32, out, 2]
+    (bfloat16)."""
+    layout = layout or path()
     out, in_features = codes.shape
     packed = torch.empty((out, in_features // 2), dtype=torch.uint8, device=codes.device)
     sz = torch.empty((out, in_features // GROUP), dtype=torch.int32, device=codes.device)
     for start in range(0, out, PACK_ROWS):  # in slices of rows: the temporaries stay small (a 151,936-row head)
         rows = slice(start, start + PACK_ROWS)
         g = codes[rows].reshape(-1, in_features // GROUP, 2, GROUP // 2).to(torch.uint8)
-        packed[rows] = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(-1, in_features // 2)
+        groups = g[:, :, 0] | (g[:, :, 1] << 4)  # [rows, in / 32, 16]
+        packed[rows] = (_superblocks(groups) if layout == "vnni" else groups).reshape(-1, in_features // 2)
         scale, zero = scale_zero[:, rows].transpose(0, 1).unbind(-1)  # [rows, in / 32] each, bfloat16
         bits = [t.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF for t in (scale, zero)]
         sz[rows] = (bits[0] << 16) | bits[1]
     return packed, sz
 
 
-def block_mm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
-    """x [M, in] (CPU, any float dtype; rounded to bfloat16) @ W^T for `pack`'s (codes, sz): float32 [M, out], in
-    chunks of MAX_ROWS rows (one call)."""
-    xb = x.to(torch.bfloat16).contiguous()
-    M, in_features = xb.shape
+SUPERBLOCK = 16  # groups per superblock of the VNNI layout (int4_block.c's SB)
+
+
+def _superblocks(groups: torch.Tensor) -> torch.Tensor:
+    """The VNNI layout of bytes [rows, groups, 16] (int4_block.c): per superblock of 16 groups (the last may hold
+    fewer, r), 4 runs of 4 r bytes, run k holding bytes 4k..4k+3 of each group in turn."""
+    rows, n = groups.shape[:2]
+    parts = []
+    for start in range(0, n, SUPERBLOCK):
+        block = groups[:, start:start + SUPERBLOCK]  # [rows, r, 16]
+        parts.append(block.reshape(rows, -1, 4, 4).transpose(1, 2).reshape(rows, -1))
+    return torch.cat(parts, dim=1)
+
+
+def dense(codes: torch.Tensor, sz: torch.Tensor, layout: str | None = None) -> torch.Tensor:
+    """The float32 weight [out, in] the kernel multiplies by, from `pack`'s (codes, sz): q * scale + zero' in
+    float32 (zero' = zero - 8 scale), rounded to bfloat16 on the bf16 path (its weights), as it is on the VNNI path
+    (the inputs are rounded there, to int8)."""
+    layout = layout or path()
+    out, half = codes.shape
+    groups = codes.reshape(out, -1, 16)
+    if layout == "vnni":  # the inverse permutation of `_superblocks`
+        parts, at = [], 0
+        for start in range(0, groups.shape[1], SUPERBLOCK):
+            r = min(SUPERBLOCK, groups.shape[1] - start)
+            block = codes[:, at:at + 16 * r]
+            parts.append(block.reshape(out, 4, r, 4).transpose(1, 2).reshape(out, r, 16))
+            at += 16 * r
+        groups = torch.cat(parts, dim=1)
+    q = torch.cat([groups & 0xF, groups >> 4], dim=2).float()  # [out, in / 32, 32] in input order
+    s = (sz & -65536).view(torch.float32)[..., None]
+    z = (sz << 16).view(torch.float32)[..., None] - 8 * s
+    w = (q * s + z).reshape(out, 2 * half)
+    return w if layout == "vnni" else w.bfloat16().float()
+
+
+def block_mm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, layout: str | None = None) -> torch.Tensor:
+    """x [M, in] (CPU, any float dtype) @ W^T for `pack`'s (codes, sz) in `layout` (default: this CPU's path):
+    float32 [M, out], in one call. VNNI: x in float32, quantized to int8 per group of 32 by the kernel; bf16: x
+    rounded to bfloat16, in chunks of MAX_ROWS rows."""
+    layout = layout or path()
+    xc = (x.float() if layout == "vnni" else x.to(torch.bfloat16)).contiguous()
+    M, in_features = xc.shape
     out, half = codes.shape  # (codes and sz as `pack` makes them: uint8 and int32, contiguous)
     if half * 2 != in_features:
         raise ValueError(f"int4 block kernel: x [M, {in_features}] against a weight of {half * 2} inputs")
-    y = torch.empty((M, out), dtype=torch.float32, device=xb.device)
-    kernel().int4_block_mm(xb.data_ptr(), M, in_features, codes.data_ptr(), sz.data_ptr(), y.data_ptr(), out)
+    y = torch.empty((M, out), dtype=torch.float32, device=xc.device)
+    mm = kernel().int4_block_mm_q8 if layout == "vnni" else kernel().int4_block_mm
+    mm(xc.data_ptr(), M, in_features, codes.data_ptr(), sz.data_ptr(), y.data_ptr(), out)
     return y

@@ -11,9 +11,10 @@ LM head) are stored once, in that format, and multiplied by a stock kernel:
   (w = (q - 8) * scale + zero), `aten._weight_int4pack_mm_for_cpu` on the activations rounded to bfloat16.
   The kernel needs `in_features % GROUP_SIZE == 0` (`int4_problem`); the output rows are padded with zero
   rows to a multiple of 16 (its packing), and the padding is sliced off. By default, where it can be built
-  (AVX-512 BF16, a C compiler), `models/int4_block.py` instead: each group dequantized once per block of up
-  to 10 rows, in its own layout of the same codes, scales and zeros (one copy); RELAXSPEC_INT4_KERNEL=aten
-  keeps aten's.
+  (AVX-512 BF16, a C compiler), `models/int4_block.py` instead, in its own layout of the same codes, scales
+  and zeros (one copy): with AVX-512 VNNI the activations quantized to int8 per group of 32 and integer dot
+  products (as llama.cpp's Q8_0 x Q4), else each group dequantized to bfloat16 once per block of up to 10 rows;
+  RELAXSPEC_INT4_KERNEL=aten keeps aten's.
 
 What stays float32 in every format: the activations between layers and the residual stream, norms and their
 weights, RoPE, attention (softmax, KV cache), the embedding table, and the logits (always float32 before any
@@ -190,6 +191,8 @@ class Linear:
             return f32_kernels.unpack(self.tiles, self.shape[0])
         if self.format == "float32":
             return self.packed.to_dense()  # oneDNN's blocked layout back to [out, in]: a permutation, exact
+        if self.block is not None:
+            return int4_block.dense(*self.block)
         eye = torch.eye(self.shape[1], dtype=torch.bfloat16, device="cpu")  # (int4 runs on a CPU only)
         return torch.cat([self(eye[i:i + 256]).t() for i in range(0, self.shape[1], 256)], dim=1).contiguous()
 

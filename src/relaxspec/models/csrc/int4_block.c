@@ -5,6 +5,8 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "int4_block.h"
 
@@ -48,11 +50,11 @@ static inline __attribute__((always_inline)) void tile(const int M, const int OT
     for (int m = 0; m < M; ++m) p->y[m * p->out + o + t] = _mm512_reduce_add_ps(acc[t][m]);
 }
 
-typedef void (*tiles_fn)(const problem* p, int64_t begin, int64_t end);
+typedef void (*range_fn)(const void* arg, int64_t begin, int64_t end);
 
 /* f over [0, n) in chunks of at least `grain`, one per thread, as torch's at::parallel_for splits a range (OpenMP
    backend): serially where n <= grain, inside a parallel region, or with one thread. */
-static void parallel_for(int64_t n, int64_t grain, tiles_fn f, const problem* p) {
+static void parallel_for(int64_t n, int64_t grain, range_fn f, const void* p) {
   if (n <= 0) return;
   if (n <= grain || omp_in_parallel() || omp_get_max_threads() == 1) {
     f(p, 0, n);
@@ -71,7 +73,7 @@ static void parallel_for(int64_t n, int64_t grain, tiles_fn f, const problem* p)
 /* M rows: tiles of OT outputs (OT = 4 up to 4 rows, else 2) split between threads, then the last outputs one by
    one. */
 #define ROWS(MM)                                                                        \
-  static void tiles_##MM(const problem* p, int64_t begin, int64_t end) {                \
+  static void tiles_##MM(const void* p, int64_t begin, int64_t end) {                   \
     for (int64_t i = begin; i < end; ++i) tile(MM, (MM) <= 4 ? 4 : 2, p, i * ((MM) <= 4 ? 4 : 2)); \
   }                                                                                     \
   static void run_##MM(const problem* p) {                                              \
@@ -94,4 +96,151 @@ void int4_block_mm(const uint16_t* x, int64_t M, int64_t in, const uint8_t* code
     const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
     runs[rows - 1](&p);
   }
+}
+
+/* ---- The int8-activation path (AVX-512 VNNI), int4_block_mm_q8: each row of x quantized per group of 32 to int8
+   with a float scale d (symmetric, round to nearest: x ~ d * x8, as llama.cpp's Q8_0), and per group
+   sum_i w_i x_i = d * (s * sum_i q_i x8_i + z' * sum_i x8_i), the first sum by vpdpbusd (unsigned codes times
+   signed inputs, exact in int32). The codes in `pack`'s VNNI layout: per superblock of 16 groups (256 bytes),
+   4 registers of 64 bytes, register k holding at bytes 4g..4g+3 group g's bytes 4k..4k+3 (codes 4k..4k+3 in the
+   low nibbles, 16+4k..16+4k+3 in the high ones), so each 32-bit lane of the dot products sums one group; a last
+   partial superblock of r groups packs its 4 registers in 4r bytes each. */
+
+#define SB 16                /* groups per superblock */
+#define SB_BYTES (SB * 32)   /* x8 bytes per superblock: 4 registers of low-nibble inputs, then 4 of high */
+#define PREFETCH 2048        /* codes read ahead (bytes): the memory stream overlaps the dot products */
+
+typedef struct {
+  const int8_t* x8;  /* [M, S * SB_BYTES], the rows' inputs in the superblocks' order (zero past the last group) */
+  const float* d;    /* [M, S * SB], each group's scale (zero past the last group) */
+  const float* c;    /* [M, S * SB], d * sum of the group's x8 */
+  int64_t S, G;      /* superblocks, groups */
+  const uint8_t* codes;
+  const int32_t* sz;
+  float* y;
+  int64_t out, M;
+} qproblem;
+
+/* Rows [m0, m0 + M) against outputs o..o + OT - 1: y[m, o + t] = sum over lanes of the float accumulator, which
+   gets per superblock d * s * (integer dot product) and z' * c lane by lane (lane g: group g). The same steps
+   for a row whatever M, OT and m0 (M and OT are constants where it is inlined). */
+static inline __attribute__((always_inline)) void qtile(const int M, const int OT, const qproblem* p, int64_t m0,
+                                                        int64_t o) {
+  const int64_t G = p->G, S = p->S, row_bytes = G * 16;
+  const int tail = (int)(G - (S - 1) * SB); /* groups in the last superblock, 1..16 */
+  const __m512i low4 = _mm512_set1_epi8(0x0F), high16 = _mm512_set1_epi32((int)0xFFFF0000u);
+  __m512 acc[4][MAX_ROWS];
+  _Pragma("GCC unroll 16") for (int t = 0; t < OT; ++t)
+    _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) acc[t][m] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < S; ++sb) {
+    const int r = sb < S - 1 ? SB : tail;
+    const __mmask64 cmask = r == SB ? ~(__mmask64)0 : (((__mmask64)1 << (4 * r)) - 1);
+    const __mmask16 smask = (__mmask16)((1u << r) - 1);
+    _Pragma("GCC unroll 16") for (int t = 0; t < OT; ++t) {
+      const uint8_t* cb = p->codes + (o + t) * row_bytes + sb * (SB * 16);
+      _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k) _mm_prefetch((const char*)cb + PREFETCH + 64 * k, _MM_HINT_T0);
+      const __m512i sz = _mm512_maskz_loadu_epi32(smask, p->sz + (o + t) * G + sb * SB);
+      const __m512 s = _mm512_castsi512_ps(_mm512_and_si512(sz, high16));
+      const __m512 z = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, _mm512_castsi512_ps(_mm512_slli_epi32(sz, 16)));
+      __m512i dot[MAX_ROWS];
+      _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) dot[m] = _mm512_setzero_si512();
+      _Pragma("GCC unroll 16") for (int k = 0; k < 4; ++k) {
+        const __m512i b = _mm512_maskz_loadu_epi8(cmask, cb + 4 * r * k);
+        const __m512i lo = _mm512_and_si512(b, low4), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
+        _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) {
+          const int8_t* xm = p->x8 + (m0 + m) * S * SB_BYTES + sb * SB_BYTES;
+          dot[m] = _mm512_dpbusd_epi32(dot[m], lo, _mm512_loadu_si512((const void*)(xm + 64 * k)));
+          dot[m] = _mm512_dpbusd_epi32(dot[m], hi, _mm512_loadu_si512((const void*)(xm + 256 + 64 * k)));
+        }
+      }
+      _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) {
+        const int64_t at = (m0 + m) * S * SB + sb * SB;
+        const __m512 ds = _mm512_mul_ps(s, _mm512_loadu_ps(p->d + at));
+        acc[t][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), ds, acc[t][m]);
+        acc[t][m] = _mm512_fmadd_ps(z, _mm512_loadu_ps(p->c + at), acc[t][m]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 16") for (int t = 0; t < OT; ++t)
+    _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) p->y[(m0 + m) * p->out + o + t] = _mm512_reduce_add_ps(acc[t][m]);
+}
+
+/* Rows [m0, m0 + MM) against the outputs [o, o + n): sub-tiles of OT outputs (4 for one row, 2 for two, else 1:
+   the accumulators stay in registers), the rest one by one. */
+#define QROWS(MM)                                                                      \
+  static void qrows_##MM(const qproblem* p, int64_t m0, int64_t o, int64_t n) {        \
+    const int OT = (MM) == 1 ? 4 : (MM) == 2 ? 2 : 1;                                  \
+    int64_t i = 0;                                                                     \
+    for (; i + OT <= n; i += OT) qtile(MM, OT, p, m0, o + i);                          \
+    for (; i < n; ++i) qtile(MM, 1, p, m0, o + i);                                     \
+  }
+QROWS(1) QROWS(2) QROWS(3) QROWS(4) QROWS(5) QROWS(6)
+#undef QROWS
+
+#define Q_ROWS 6                 /* rows per pass over a tile (more spill the accumulators) */
+#define OUT_TILE 4               /* outputs per unit of the split between threads */
+#define X8_BLOCK_BYTES (256 << 10) /* a block of rows' quantized inputs, kept in L2 while the outputs pass over it */
+
+/* Output tiles [begin, end): for each block of rows (their int8 inputs stay in cache), each tile against its rows
+   Q_ROWS at a time (the tile's codes stay in cache): each weight read from memory once per block of rows. */
+static void qtiles(const void* arg, int64_t begin, int64_t end) {
+  static void (*const rows[Q_ROWS])(const qproblem*, int64_t, int64_t, int64_t) = {qrows_1, qrows_2, qrows_3,
+                                                                                   qrows_4, qrows_5, qrows_6};
+  const qproblem* p = arg;
+  const int64_t row_bytes = p->S * (SB_BYTES + 8 * SB);
+  int64_t block = X8_BLOCK_BYTES / row_bytes / Q_ROWS * Q_ROWS;
+  block = block < Q_ROWS ? Q_ROWS : block;
+  for (int64_t b0 = 0; b0 < p->M; b0 += block) {
+    const int64_t b1 = b0 + block < p->M ? b0 + block : p->M;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t o = i * OUT_TILE, n = o + OUT_TILE < p->out ? OUT_TILE : p->out - o;
+      for (int64_t m0 = b0; m0 < b1; m0 += Q_ROWS) rows[(b1 - m0 < Q_ROWS ? b1 - m0 : Q_ROWS) - 1](p, m0, o, n);
+    }
+  }
+}
+
+/* Rows [begin, end) of x quantized into the problem's buffers (group by group, in the superblocks' order). */
+typedef struct {
+  const float* x;
+  int64_t in;
+  qproblem* q;
+} quantize_job;
+
+static void quantize_rows(const void* arg, int64_t begin, int64_t end) {
+  const quantize_job* job = arg;
+  const qproblem* q = job->q;
+  for (int64_t m = begin; m < end; ++m)
+    for (int64_t g = 0; g < q->G; ++g) {
+      const float* xg = job->x + m * job->in + 32 * g;
+      const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+      const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(id))); /* round to nearest even */
+      const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(id)));
+      const int64_t sb = g / SB, lane = g % SB;
+      int8_t* dst = (int8_t*)q->x8 + m * q->S * SB_BYTES + sb * SB_BYTES + 4 * lane;
+      int8_t bytes[32];
+      _mm_storeu_si128((__m128i*)bytes, _mm512_cvtsepi32_epi8(qa));
+      _mm_storeu_si128((__m128i*)(bytes + 16), _mm512_cvtsepi32_epi8(qb));
+      for (int k = 0; k < 8; ++k) memcpy(dst + 64 * k, bytes + 4 * k, 4); /* inputs 4k..4k+3: register k */
+      const int64_t at = m * q->S * SB + g;
+      ((float*)q->d)[at] = d;
+      ((float*)q->c)[at] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+    }
+}
+
+/* y [M, out] float32 = x [M, in] (float32, contiguous) @ W^T with the inputs in int8 (above); codes in `pack`'s
+   VNNI layout, sz as for int4_block_mm. */
+void int4_block_mm_q8(const float* x, int64_t M, int64_t in, const uint8_t* codes, const int32_t* sz, float* y,
+                      int64_t out) {
+  if (M <= 0 || out <= 0) return;
+  const int64_t G = in / 32, S = (G + SB - 1) / SB;
+  void* buffer = calloc((size_t)(M * S * (SB_BYTES + 8 * SB)), 1);
+  if (buffer == NULL) abort();
+  qproblem q = {buffer, (const float*)((int8_t*)buffer + M * S * SB_BYTES), NULL, S, G, codes, sz, y, out, M};
+  q.c = q.d + M * S * SB;
+  const quantize_job job = {x, in, &q};
+  parallel_for(M, 4, quantize_rows, &job);
+  parallel_for((out + OUT_TILE - 1) / OUT_TILE, 8, qtiles, &q);
+  free(buffer);
 }

@@ -6,5 +6,7 @@
 
 void int4_block_mm(const uint16_t* x, int64_t M, int64_t in, const uint8_t* codes, const int32_t* sz, float* y,
                    int64_t out);
+void int4_block_mm_q8(const float* x, int64_t M, int64_t in, const uint8_t* codes, const int32_t* sz, float* y,
+                      int64_t out);
 
 #endif
