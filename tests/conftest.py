@@ -1,5 +1,26 @@
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def benchmark_module(name: str):
+    """benchmarks/<name>.py as module `name`, imported once: registered in sys.modules (its dataclasses look their
+    module up there), with benchmarks/ on sys.path (a script imports another's pieces, as when run as a script)."""
+    path = BENCHMARKS / f"{name}.py"
+    module = sys.modules.get(name)
+    if module is not None and getattr(module, "__file__", None) == str(path):
+        return module
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,8 @@ from relaxspec.bench.metrics import (BEYOND, NO_STRICT, PRECISE, STRADDLES, WITH
 from relaxspec.bench.speedup import block_aware_speedup, length_adjusted_speedup, modelled_speedup
 from relaxspec.bench.stats import Interval, paired_diff_interval, utility_interval, z_value
 
+from conftest import benchmark_module
+
 Z95 = 1.959963984540054
 
 
@@ -115,23 +117,13 @@ def test_decisions():
     assert math.isnan(identical_fraction({}, {(0, 0): "a"}))
 
 
-def _coverage_module():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "interval_coverage.py"
-    spec = importlib.util.spec_from_file_location("interval_coverage", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_clustered_intervals_cover_on_clustered_data():
     """95% intervals on data with per-prompt difficulty, 30 / 80 prompts x 1-8 repeats, paired differences
     mostly exactly zero (benchmarks/interval_coverage.py has the data-generating process). 1500 runs per
     setting: Monte Carlo s.e. 0.0056 at 0.95, so >= 0.93 fails a method whose coverage is 0.95 with
     probability < 1e-3 per setting, and one at 0.91 almost surely. The independent-samples column (today's
     intervals) is printed beside it (pytest -s)."""
-    cov = _coverage_module()
+    cov = benchmark_module("interval_coverage")
     rows = cov.table(1500)
     print("\n" + cov.format_table(rows, 1500))
     for scenario, prompts, repeats, clustered, independent, *_ in rows:

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import benchmark_module
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_peer.py"
 
 
@@ -30,13 +32,9 @@ def test_cpu_peer_quick_mode_prints_every_format():
 def test_peak_rss_is_the_fresh_process_own_memory():
     """peak_rss_mb reads the child's VmHWM: ru_maxrss would also count the parent's resident memory at the fork
     (Linux carries the forked copy's high-water mark across exec), here a 1.6 GB tensor the child never touches."""
-    import importlib.util
-
     import torch
 
-    spec = importlib.util.spec_from_file_location("cpu_peer", SCRIPT)
-    cpu_peer = sys.modules["cpu_peer"] = importlib.util.module_from_spec(spec)  # (dataclasses look it up there)
-    spec.loader.exec_module(cpu_peer)
+    cpu_peer = benchmark_module("cpu_peer")
     ballast = torch.ones(400_000_000)  # 1.6 GB resident in this process
     for args in (("verifier", "float32", "drafter-weak"), ("verifier", "int4")):  # strict, AR
         peak, after = cpu_peer.peak_rss_mb(*args)

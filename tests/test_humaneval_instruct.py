@@ -9,6 +9,8 @@ from relaxspec.tasks import get_task, runs_code
 from relaxspec.tasks.humaneval import problems
 from relaxspec.tasks.humaneval_instruct import INSTRUCTION, answer_code, sanitize
 
+from conftest import benchmark_module
+
 FENCE = "`" * 3
 
 
@@ -103,12 +105,7 @@ def test_baselines_script_runs_and_resumes(tmp_path):
 
 
 def test_divergence():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "humaneval_baselines.py"
-    spec = importlib.util.spec_from_file_location("humaneval_baselines", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = benchmark_module("humaneval_baselines")
     assert mod.divergence([1, 2, 3], [1, 2, 3]) is None
     assert mod.divergence([1, 2, 3], [1, 5, 3]) == 1
     assert mod.divergence([1, 2], [1, 2, 3]) == 2

@@ -1,18 +1,12 @@
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from conftest import benchmark_module
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "mtp_agreement.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("mtp_agreement", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_trained_head_agrees_with_the_verifier_and_an_untrained_one_does_not():
@@ -20,7 +14,7 @@ def test_the_trained_head_agrees_with_the_verifier_and_an_untrained_one_does_not
     from relaxspec.drafters import load_drafter
     from relaxspec.drafters.mtp import HeadConfig, MTPDrafter, MTPHead
 
-    m = _module()
+    m = benchmark_module("mtp_agreement")
     verifier = load_model("verifier")
     prompts = m.held_out_prompts("arithmetic", 3)
     trained = m.agreement(verifier, load_drafter("drafter-mtp", verifier), prompts, 40, depths=2)

@@ -1,19 +1,11 @@
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_pair.py"
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def real_pair():
-    spec = importlib.util.spec_from_file_location("real_pair", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("real_pair")
 
 
 def test_real_pair_measures_every_configuration_on_the_builtin_pair(real_pair):

@@ -14,17 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import benchmark_module
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "real_pair_fidelity.py"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-
-
-def _module():
-    sys.path.insert(0, str(SCRIPT.parent))  # it imports cpu_peer's pieces, as when run as a script
-    spec = importlib.util.spec_from_file_location("real_pair_fidelity", SCRIPT)
-    module = sys.modules["real_pair_fidelity"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _rows(stdout: str) -> dict:
@@ -33,7 +27,7 @@ def _rows(stdout: str) -> dict:
 
 
 def test_compare_finds_the_divergence_its_gaps_and_the_kl():
-    fid = _module()
+    fid = benchmark_module("real_pair_fidelity")
     torch.manual_seed(0)
     prompt_len, vocab = 3, 7
     ref = torch.randn(prompt_len + 4, vocab)

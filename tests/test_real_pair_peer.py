@@ -13,17 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import benchmark_module
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "real_pair_peer.py"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-
-
-def _module():
-    sys.path.insert(0, str(SCRIPT.parent))  # it imports cpu_peer's pieces, as when run as a script
-    spec = importlib.util.spec_from_file_location("real_pair_peer", SCRIPT)
-    module = sys.modules["real_pair_peer"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(*args, timeout=300):
@@ -66,7 +60,7 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
 
 
 def test_prompts_alternate_humaneval_instruct_and_chat():
-    peer = _module()
+    peer = benchmark_module("real_pair_peer")
     prompts = peer.pair_prompts(2, 3)
     assert [k for k, _ in prompts] == ["code", "chat", "code", "chat", "chat"]
     assert "self-contained Python script" in prompts[0][1] and "def has_close_elements" in prompts[0][1]
@@ -87,7 +81,7 @@ accept    = 92.157%
 
 
 def test_parse_spec_log_reads_the_binary_summary():
-    peer = _module()
+    peer = benchmark_module("real_pair_peer")
     got = peer.parse_spec_log(LOG)
     assert got == {"prompt_tokens": 42, "tokens": 65, "seconds": pytest.approx(2.762), "drafted": 51, "accepted": 47}
     with pytest.raises(RuntimeError, match="n_accept"):
@@ -108,7 +102,7 @@ def test_llama_speculative_with_itself_as_draft_accepts_nearly_all():
     """llama.cpp's loop, SmolLM2 drafting for itself, greedy: the draft is the verifier's own argmax, so nearly every
     draft is accepted (drafts past the answer's end are not; a near tie may flip between a one-token and a block
     evaluation)."""
-    peer = _module()
+    peer = benchmark_module("real_pair_peer")
     from relaxspec.models.gguf import split_gguf
 
     binary = peer.spec_binary(None)
