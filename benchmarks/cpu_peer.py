@@ -126,10 +126,32 @@ def speed_table(verifiers: dict, drafters: dict, drafter: str, draft_lengths, ro
     return out
 
 
-def measure(model: str, drafter: str, formats, prompts, *, threads=(1, 2), draft_lengths=(2, 3, 5),
-            max_new_tokens=64, with_llamacpp=True, rounds=20, progress=True) -> dict:
+def interleaved(configs: list, prompts: int, run, *, desc: str, progress: bool = True) -> tuple[dict, dict]:
+    """Every configuration once on each of `prompts` prompts, in an order rotated from prompt to prompt (a change in
+    the machine's load hits all alike), at its thread count (`threads`, set before the clock starts). run(cfg, i) ->
+    (tokens: a list or their count, anything else, seconds: the call's own time, or None for its wall time here).
+    Returns ({config: [ms/token per prompt]}, {config: [(tokens, anything else) per prompt]})."""
     from tqdm import tqdm
 
+    ms = {c: [] for c in configs}
+    outs = {c: [] for c in configs}
+    bar = tqdm(total=prompts * len(configs), desc=desc, disable=not progress)
+    for i in range(prompts):
+        shift = i % len(configs)
+        for cfg in configs[shift:] + configs[:shift]:
+            torch.set_num_threads(cfg.threads)
+            start = time.perf_counter()
+            tokens, other, seconds = run(cfg, i)
+            seconds = time.perf_counter() - start if seconds is None else seconds
+            ms[cfg].append(seconds * 1e3 / max(tokens if isinstance(tokens, int) else len(tokens), 1))
+            outs[cfg].append((tokens, other))
+            bar.update()
+    bar.close()
+    return ms, outs
+
+
+def measure(model: str, drafter: str, formats, prompts, *, threads=(1, 2), draft_lengths=(2, 3, 5),
+            max_new_tokens=64, with_llamacpp=True, rounds=20, progress=True) -> dict:
     verifiers = {fmt: load_model(model, device="cpu", dtype=fmt) for fmt in formats}
     drafters = {fmt: {d: load_drafter(d, v) for d in dict.fromkeys([drafter, NGRAM])} for fmt, v in verifiers.items()}
     tokenizer = next(iter(verifiers.values())).tokenizer
@@ -144,33 +166,24 @@ def measure(model: str, drafter: str, formats, prompts, *, threads=(1, 2), draft
         torch.set_num_threads(th)
         constants[th] = speed_table(verifiers, drafters, drafter, list(draft_lengths), rounds)
     def run(cfg: Config, i: int, new_tokens: int):
+        """(tokens, GenerationStats or None, None: timed by the caller)"""
         torch.set_num_threads(cfg.threads)
         if cfg.system == LLAMACPP:
-            return llama.run(cfg, encoded[i], new_tokens), None
+            return llama.run(cfg, encoded[i], new_tokens), None, None
         res = generate(verifiers[cfg.fmt], drafters[cfg.fmt].get(cfg.drafter), [prompts[i]], method=cfg.method,
                        draft_length=max(cfg.n, 1), max_new_tokens=new_tokens, chat_template="auto")
-        return res.results[0].token_ids, res.stats
+        return res.results[0].token_ids, res.stats, None
 
     for cfg in configs:  # warm-up, untimed: llama.cpp loads its model on first use, first calls allocate
         run(cfg, 0, 4)
-    ms = {c: [] for c in configs}
-    stats = {c: [] for c in configs}
-    tokens = {c: [] for c in configs}
-    bar = tqdm(total=len(prompts) * len(configs), desc="cpu peer", disable=not progress)
-    for i in range(len(prompts)):
-        shift = i % len(configs)
-        for cfg in configs[shift:] + configs[:shift]:
-            start = time.perf_counter()
-            out, run_stats = run(cfg, i, max_new_tokens)
-            ms[cfg].append((time.perf_counter() - start) * 1e3 / max(len(out), 1))
-            if cfg.method == "strict":
-                stats[cfg].append(run_stats.mean_acceptance_length)
-            tokens[cfg].append(out)
-            bar.update()
-    bar.close()
+    ms, outs = interleaved(configs, len(prompts), lambda cfg, i: run(cfg, i, max_new_tokens), desc="cpu peer",
+                           progress=progress)
+    tokens = {c: [t for t, _ in out] for c, out in outs.items()}
+    tau = {c: statistics.mean(s.mean_acceptance_length for _, s in out) for c, out in outs.items()
+           if c.method == "strict" and out}
     divergences = greedy_divergences(verifiers, configs, tokens, encoded)
-    return {"configs": configs, "ms": ms, "tau": {c: statistics.mean(s) for c, s in stats.items() if s},
-            "constants": constants, "divergences": divergences, "drafter": drafter, "llamacpp": llama is not None}
+    return {"configs": configs, "ms": ms, "tau": tau, "constants": constants, "divergences": divergences,
+            "drafter": drafter, "llamacpp": llama is not None}
 
 
 @torch.inference_mode()

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
+from cpu_peer import interleaved
 from relaxspec.acceptance import get_rule
 from relaxspec.bench.cell import CellSpec, speed_constants
 from relaxspec.bench.speedup import block_aware_speedup
@@ -116,8 +116,6 @@ def measure(verifier: CausalLM, drafter: str, prompts: list[str], *, threads=(1,
     `verifier`: a CausalLM whose `model` is a transformers model (HF runs it) and whose `fast` path, if
     any, our engine runs. Returns {"configs", "ms" {config: [ms/token per prompt]}, "stats" {config:
     GenerationStats}, "constants" {threads: pair_constants}, "hf_can_assist", "drafter_kind"}."""
-    from tqdm import tqdm
-
     drafters = {drafter: load_drafter(drafter, verifier), NGRAM: load_drafter(NGRAM, verifier)}
     hf_can_assist = isinstance(drafters[drafter], LMDrafter)
     verifier.restore_weights()  # HF generate runs the transformers models themselves (relaxspec keeps one copy)
@@ -128,21 +126,15 @@ def measure(verifier: CausalLM, drafter: str, prompts: list[str], *, threads=(1,
     for th in threads:
         torch.set_num_threads(th)
         constants[th] = pair_constants(verifier, drafters[drafter], draft_lengths)
-    ms = {c: [] for c in configs}
-    stats = {c: [] for c in configs}
-    bar = tqdm(total=len(prompts) * len(configs), desc="real pair", disable=not progress)
-    for i, prompt in enumerate(prompts):
-        shift = i % len(configs)
-        for cfg in configs[shift:] + configs[:shift]:
-            torch.set_num_threads(cfg.threads)
-            run = _run_ours if cfg.system == OURS else _run_hf
-            t = time.perf_counter()
-            tokens, st = run(cfg, verifier, drafters, prompt, max_new_tokens, seed=i)
-            ms[cfg].append((time.perf_counter() - t) * 1e3 / max(tokens, 1))
-            if st is not None:
-                stats[cfg].append(st)
-            bar.update()
-    bar.close()
+
+    def run(cfg: Config, i: int):
+        """(tokens generated, GenerationStats or None, None: timed by `interleaved`)"""
+        call = _run_ours if cfg.system == OURS else _run_hf
+        tokens, st = call(cfg, verifier, drafters, prompts[i], max_new_tokens, seed=i)
+        return tokens, st, None
+
+    ms, outs = interleaved(configs, len(prompts), run, desc="real pair", progress=progress)
+    stats = {c: [st for _, st in out if st is not None] for c, out in outs.items()}
     merged = {c: GenerationStats.merge(s) for c, s in stats.items() if s}
     return {"configs": configs, "ms": ms, "stats": merged, "constants": constants, "hf_can_assist": hf_can_assist,
             "drafter_kind": drafters[drafter].kind}

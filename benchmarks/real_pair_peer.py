@@ -41,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from cpu_peer import LLAMACPP, NGRAM, OURS, Config, LlamaCpp, _f, greedy_divergences, llama_cpp_available
+from cpu_peer import (LLAMACPP, NGRAM, OURS, Config, LlamaCpp, _f, greedy_divergences, interleaved,
+                      llama_cpp_available)
 from relaxspec.acceptance import get_rule
 from relaxspec.bench.cell import CellSpec, speed_constants
 from relaxspec.bench.metrics import c_block_at
@@ -156,8 +157,6 @@ def format_constants(verifiers: dict, drafters: dict, drafter: str, draft_length
 def measure(verifier: str, drafter: str, formats, prompts: list[tuple[str, str]], *, threads=(1, 2),
             draft_lengths=(2, 3, 5, AUTO), max_new_tokens=128, with_llamacpp=True, binary: Path | None = None,
             rounds=20, progress=True, device="cpu") -> dict:
-    from tqdm import tqdm
-
     verifiers = {fmt: load_model(verifier, device=device, dtype=fmt) for fmt in formats}
     drafters = {fmt: {d: load_drafter(d, v) for d in dict.fromkeys([drafter, NGRAM])} for fmt, v in verifiers.items()}
     tokenizer = next(iter(verifiers.values())).tokenizer
@@ -191,20 +190,10 @@ def measure(verifier: str, drafter: str, formats, prompts: list[tuple[str, str]]
 
     for cfg in configs:  # warm-up, untimed: llama.cpp loads its model on first use, first calls allocate
         run(cfg, 0, 4)
-    ms = {c: [] for c in configs}
-    counts = {c: [] for c in configs}
-    tokens = {c: [] for c in configs}
-    bar = tqdm(total=len(prompts) * len(configs), desc="real pair peer", disable=not progress)
-    for i in range(len(prompts)):
-        shift = i % len(configs)
-        for cfg in configs[shift:] + configs[:shift]:
-            out, count, seconds = run(cfg, i, max_new_tokens)
-            n = out if isinstance(out, int) else len(out)
-            ms[cfg].append(seconds * 1e3 / max(n, 1))
-            counts[cfg].append(count)
-            tokens[cfg].append(out)
-            bar.update()
-    bar.close()
+    ms, outs = interleaved(configs, len(prompts), lambda cfg, i: run(cfg, i, max_new_tokens), desc="real pair peer",
+                           progress=progress)
+    counts = {c: [count for _, count in out] for c, out in outs.items()}
+    tokens = {c: [t for t, _ in out] for c, out in outs.items()}
     return {"configs": configs, "ms": ms, "counts": counts, "kinds": [k for k, _ in prompts],
             "constants": constants, "drafter": drafter, "llamacpp": llama is not None, "spec": spec is not None,
             "divergences": greedy_divergences(verifiers, configs, tokens, encoded)}
