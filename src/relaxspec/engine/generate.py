@@ -32,7 +32,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from relaxspec.acceptance import (
@@ -46,7 +45,9 @@ from relaxspec.acceptance import (
     process_logits_unchecked,
 )
 from relaxspec.acceptance.verify import VerifyStep
-from relaxspec.engine.phase import PhaseTracker, check_phase, parse_phase
+from relaxspec.engine.book import Book, Round
+from relaxspec.engine.hooks import AUTO_MAX, AUTO_START, AutoDraftLength, ConfidenceStop, PhaseRelax
+from relaxspec.engine.phase import check_phase, parse_phase
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.drafters import Drafter, as_drafter
 from relaxspec.models.compiled import plan_static_shapes
@@ -56,20 +57,6 @@ from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
 from relaxspec.models.stream import Stream, left_pad, model_device
 from relaxspec import native
 from relaxspec.names import AR, AUTO
-
-AUTO_START, AUTO_MAX = 5, 10  # its first draft length and its bound (it never goes below 1)
-
-
-@dataclass
-class Round:
-    """One verify step of one sequence, kept for `--show`."""
-
-    drafts: list[int]  # the drafts this sequence proposed (fewer than N near the length limit)
-    num_accepted: int  # drafts verify kept (an EOS among them cuts the output there)
-    emitted: int  # the residual-or-bonus token
-    relaxed_only: list[bool]  # accepted although the strict test (same uniform) would have rejected
-    tokens: int = 0  # tokens this round emitted (an ending EOS included): sum over rounds = stats.emitted_tokens
-
 
 @dataclass
 class SequenceResult:
@@ -94,166 +81,6 @@ def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int
         return logits.argmax(dim=-1), None
     probs = process_logits_unchecked(logits, temperature, top_k, top_p)  # settings checked once by generate
     return draws.sample(probs, purpose, offset), probs
-
-
-class _Book:
-    """Per-sequence bookkeeping of a generate call, from one copy of each round to the host: the live rows'
-    output lengths (numpy, vectorised over the rows) and a log of the rounds, from which the outputs, the
-    counts of GenerationStats and the `--show` trace are assembled once at the end."""
-
-    def __init__(self, B: int, N: int, max_new_tokens: int, eos: int | None, device, trace: bool,
-                 auto: bool = False):
-        self.N, self.max_new_tokens, self.eos, self.device, self.trace = N, max_new_tokens, eos, device, trace
-        # draft_length="auto": each sequence's own draft length, +2 after a round that accepted all its drafts,
-        # -1 after any other, within [1, N] (transformers' "heuristic" num_assistant_tokens schedule).
-        self.schedule = np.full(B, AUTO_START, dtype=np.int64) if auto else None
-        self.B = B
-        self.live = np.arange(B)  # the sequence of each live row
-        self.length = np.zeros(B, dtype=np.int64)  # each live row's output tokens so far (an ending EOS is not one)
-        self.longest = 0  # the most output tokens of a live row (on the host: whether every row has room for N)
-        self.positions = np.arange(N + 1)
-        self.log = []  # per round: rows, accepted, tokens, drafts proposed, tokens emitted, appended, drafts, relaxed
-        self.longest_kept = 0  # the most slots a live row keeps of this round's verifier block
-        self.inputs_failed = False  # a rule input of the last round recorded was out of range (`record`'s inputs_ok)
-
-    @property
-    def live_count(self) -> int:
-        return len(self.live)
-
-    def draft_lengths(self) -> tuple[int, torch.Tensor | None]:
-        """(the round's block width, each row's own number of drafts, or None when all draft that many): a row
-        drafts at most its room minus one, and N (or its own schedule's length)."""
-        if self.schedule is None and self.max_new_tokens - self.longest - 1 >= self.N:  # every row drafts N (AR: 0)
-            self.proposed = self.N
-            return self.N, None
-        room = self.max_new_tokens - self.length - 1
-        limit = self.N if self.schedule is None else self.schedule[self.live]
-        return self.drafted(np.minimum(np.maximum(room, 0), limit))
-
-    def drafted(self, lengths: np.ndarray) -> tuple[int, torch.Tensor | None]:
-        """(block width, each row's number of drafts or None when all draft that many) for rows drafting
-        `lengths` [L]: those of `draft_lengths`, or fewer after a confidence stop."""
-        width = max(1, int(lengths.max()))
-        if (lengths == width).all():
-            self.proposed = width
-            return width, None
-        self.proposed = lengths
-        return width, torch.from_numpy(lengths).to(self.device)
-
-    def limits(self) -> np.ndarray:
-        """Each live row's number of drafts this round, from the last `draft_lengths`."""
-        return np.broadcast_to(self.proposed, (self.live_count,)).copy()
-
-    def record(self, tokens, accepted=None, drafts=None, relaxed_only=None, inputs_ok=None) -> list[int] | None:
-        """Log each live row's round (tokens [L, C]: the kept drafts, then the emitted token; accepted [L], None
-        for AR (C = 1, no drafts); for the trace, the round's drafts and relaxed_only [L, C - 1]); returns the
-        rows that stay live, or None if all do. inputs_ok [L] (bool; None: none to read) rides on the same copy:
-        `inputs_failed` says whether a row's was False (the round is then not logged)."""
-        width, pad = tokens.shape[1] - 1, self.N - tokens.shape[1] + 1
-        if accepted is None:  # AR: its host row [n = 0, token] is made there
-            host = tokens.cpu().numpy()  # the round's one copy to the host
-            host = np.concatenate([np.zeros_like(host), host], axis=1)
-        else:
-            parts = [accepted[:, None], tokens]
-            if drafts is not None:
-                parts += [drafts, relaxed_only]  # (cat promotes the bools to long)
-            if pad:  # a fixed layout, so that the log is one array at the end: [n, tokens, drafts, relaxed] padded to N
-                filler = tokens.new_zeros((tokens.shape[0], pad))
-                parts = parts[:2] + [filler] + parts[2:3] + [filler] + parts[3:] + [filler]
-            if inputs_ok is not None:
-                parts.append(inputs_ok[:, None])
-            # the round's one copy to the host (CPU tensors: their numpy views, concatenated there)
-            host = (np.concatenate([part.numpy() for part in parts], axis=1, dtype=np.int64) if tokens.is_cpu
-                    else torch.cat(parts, dim=1).cpu().numpy())
-        self.inputs_failed = False
-        if inputs_ok is not None:
-            host, self.inputs_failed = host[:, :-1], not host[:, -1].all()
-            if self.inputs_failed:
-                return None
-        rows, n, tokens = self.live, host[:, 0], host[:, 1:width + 2]
-        appended = emitted = n + 1  # (a row drafts at most its room minus one: its n + 1 tokens fit the length limit)
-        stop = None
-        if self.eos is not None:  # an EOS ends the output (it is emitted, not appended)
-            is_eos = tokens == self.eos
-            if is_eos.any():
-                is_eos &= self.positions[:width + 1] < appended[:, None]
-                stop = is_eos.any(axis=1)
-                appended = np.where(stop, is_eos.argmax(axis=1), appended)
-                emitted = appended + stop
-        self.length = length = self.length + appended
-        if self.schedule is not None:
-            self.schedule[rows] = np.clip(self.schedule[rows] + np.where(n == self.proposed, 2, -1), 1, self.N)
-        self.log.append((rows, self.proposed, emitted, appended, host))  # proposed: an int, or one per row
-        self.longest_kept = int(n.max()) + 1
-        self.longest = int(length.max())
-        if stop is None and self.longest < self.max_new_tokens:
-            return None
-        done = length >= self.max_new_tokens
-        if stop is not None:
-            done |= stop
-        if not done.any():
-            return None
-        keep = np.flatnonzero(~done)
-        self.live, self.length = rows[keep], length[keep]
-        self.longest = int(self.length.max()) if keep.size else 0
-        return keep.tolist()
-
-    def last_round(self) -> list[list[int]]:
-        """Each row of the round just recorded: its kept drafts and the token it emitted, read from that
-        round's host copy (no second copy of the tensors)."""
-        host = self.log[-1][4]
-        return [row[1:n + 2] for row, n in zip(host.tolist(), host[:, 0].tolist())]
-
-    def results(self) -> tuple[list[list[int]], list[GenerationStats], list[list[Round]]]:
-        """Per sequence: output tokens, GenerationStats and trace."""
-        B, N = self.B, self.N
-        outputs: list[list[int]] = [[] for _ in range(B)]
-        traces: list[list[Round]] = [[] for _ in range(B)]
-        rows, proposed, emitted, appended, host = (np.concatenate([
-            np.broadcast_to(entry[i], entry[0].shape) if i == 1 else entry[i] for entry in self.log]) for i in range(5))
-        n = host[:, 0]
-        columns = (host[:, 1:N + 2], host[:, N + 2:2 * N + 2], host[:, 2 * N + 2:].astype(bool))
-        lists = [a.tolist() for a in (rows, n, proposed, emitted, appended, *columns)]
-        for seq, kept, k, count, length, tokens, drafts, flags in zip(*lists):
-            outputs[seq].extend(tokens[:length])
-            if self.trace:
-                traces[seq].append(Round(drafts=drafts[:k], num_accepted=kept, emitted=tokens[kept],
-                                         relaxed_only=flags[:k], tokens=count))
-        counted = np.minimum(n, emitted)  # kept drafts that reached the output (not cut by an EOS before them)
-
-        def per_sequence(values, width=None):
-            total = np.zeros((B,) if width is None else (B, width), dtype=np.int64)
-            np.add.at(total, rows, values)
-            return total.tolist()
-
-        rounds, emitted_total = per_sequence(np.ones_like(n)), per_sequence(emitted)
-        proposed_total, accepted, cut = per_sequence(proposed), per_sequence(counted), per_sequence(n - counted)
-        position = np.arange(N)
-        per_proposed = per_sequence(position < proposed[:, None], N)
-        per_accepted = per_sequence(position < counted[:, None], N)
-        stats = [GenerationStats(draft_length=N, sequences=1, sequence_rounds=rounds[b], drafts_proposed=proposed_total[b],
-                                 drafts_accepted=accepted[b], drafts_cut=cut[b], generated_tokens=len(outputs[b]),
-                                 emitted_tokens=emitted_total[b], proposed_per_position=per_proposed[b],
-                                 accepted_per_position=per_accepted[b]) for b in range(B)]
-        return outputs, stats, traces
-
-
-class _ConfidenceStop:
-    """draft_confidence: a row stops drafting after a draft to which its drafter gave a probability below
-    `threshold` (under the drafter's processed q, the distribution the draft was drawn from; greedy: the
-    softmax of its logits), and that draft is still proposed: transformers' `ConfidenceCriteria`
-    (assistant_confidence_threshold), per row. The drafter's loop ends once every row has stopped; `count`
-    is each row's number of drafts (its length limit when its stop never fired). One small copy to the host
-    per draft step."""
-
-    def __init__(self, threshold: float, limits: np.ndarray):
-        self.threshold, self.count = threshold, limits
-
-    def __call__(self, i: int, logits, token, probs) -> bool:
-        q = torch.softmax(logits, dim=-1) if probs is None else probs
-        low = (q.gather(1, token[:, None]).squeeze(1) < self.threshold).cpu().numpy()
-        self.count = np.where(low & (self.count > i + 1), i + 1, self.count)
-        return bool((self.count <= i + 1).all())
 
 
 def check_draft_confidence(value) -> float | None:
@@ -386,7 +213,8 @@ def generate(
     # compiled models: static cache capacity and step widths of this call (models/compiled.py)
     plan_static_shapes(verifier, getattr(drafter, "lm", None), ids.shape[1] + max_new_tokens + N + 1, N + 1)
     eos = verifier.eos_token_id
-    book = _Book(B, N, max_new_tokens, eos, device, trace=rule is not None, auto=rule is not None and draft_length == AUTO)
+    schedule = AutoDraftLength(B, N) if rule is not None and draft_length == AUTO else None
+    book = Book(B, N, max_new_tokens, eos, device, trace=rule is not None, schedule=schedule)
     stats = GenerationStats(draft_length=N, sequences=B)
 
     t_start = time.perf_counter()
@@ -398,7 +226,7 @@ def generate(
         drafter.prefill(ids[:, :-1], mask[:, :-1], hidden)
     last = ids[:, -1].clone() if rule is not None else ids[:, -1:].clone()  # AR: [B, 1], the block it feeds
     sequence_seeds = SequenceSeeds(seeds, device)
-    phases = PhaseTracker(phase, verifier.tokenizer, encoded) if phase is not None and rule is not None else None
+    phases = PhaseRelax(phase, verifier.tokenizer, encoded, device) if phase is not None and rule is not None else None
 
     while book.live_count:
         # Each row drafts at most its own room minus one (a round emits up to n + 1 tokens), so a row's
@@ -416,7 +244,7 @@ def generate(
             tokens, accepted, results = token[:, None], None, None
         else:
             t0 = time.perf_counter()
-            stop = None if draft_confidence is None else _ConfidenceStop(draft_confidence, book.limits())
+            stop = None if draft_confidence is None else ConfidenceStop(draft_confidence, book.limits())
             proposal = drafter.propose(last, width, extra, lambda logits, i: _sample(
                 logits, **sampling, draws=draws, purpose=DRAFT, offset=i), stop=stop)
             draft_tokens, draft_logits = proposal.tokens, proposal.logits
@@ -434,9 +262,7 @@ def generate(
                 params["pivot_prob"] = pivot_fn(hidden[:, 1:], target_logits[:, :width], draft_logits[:, :width],
                                                 draft_tokens)
             if phases is not None:  # where each row's span lets the rule decide (strict elsewhere)
-                relax = phases.relax(draft_tokens.tolist())
-                stats.phase_relaxed_positions += sum(sum(flags[:n]) for flags, n in zip(relax, book.limits()))
-                params["relax"] = torch.tensor(relax, device=device)
+                params["relax"] = phases.relax(draft_tokens, book.limits(), stats)
             results = step(target_logits, draft_logits, draft_tokens, random=draws, draft_probs=proposal.probs,
                            num_drafts=num_drafts, **params)
             accepted, tokens = results.num_accepted, results.tokens
@@ -481,7 +307,7 @@ def generate(
     for name in ("sequences", "sequence_rounds", "drafts_proposed", "drafts_accepted", "drafts_cut",
                  "proposed_per_position", "accepted_per_position", "generated_tokens", "emitted_tokens"):
         setattr(stats, name, getattr(merged, name))
-    if phases is not None and stats.drafts_proposed and not stats.phase_relaxed_positions:
-        warnings.warn(f"phase {str(phase)!r}: the span never opened in any response; every draft was verified "
-                      "strictly (the run is strict's)", stacklevel=2)
+    message = None if phases is None else phases.never_opened(stats)
+    if message is not None:
+        warnings.warn(message, stacklevel=2)
     return GenerationOutput(results=results, stats=stats)
