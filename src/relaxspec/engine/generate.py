@@ -25,8 +25,6 @@ methods given the same seeds share every draw.
 
 from __future__ import annotations
 
-import numbers
-import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -34,29 +32,23 @@ from typing import Sequence
 
 import torch
 
-from relaxspec.acceptance import (
-    DRAFT,
-    TOKEN,
-    SequenceSeeds,
-    check_sampling_args,
-    derive_seed,
-    get_rule,
-    is_greedy,
-    process_logits_unchecked,
-)
-from relaxspec.acceptance.verify import VerifyStep
+from relaxspec.acceptance import DRAFT, TOKEN, SequenceSeeds, is_greedy, process_logits_unchecked
 from relaxspec.engine.book import Book, Round
 from relaxspec.engine.hooks import AUTO_MAX, AUTO_START, AutoDraftLength, ConfidenceStop, PhaseRelax
-from relaxspec.engine.phase import check_phase, parse_phase
+from relaxspec.engine.request import Request, check_draft_confidence
 from relaxspec.engine.stats import GenerationStats
-from relaxspec.drafters import Drafter, as_drafter
+from relaxspec.drafters import Drafter
 from relaxspec.models.compiled import plan_static_shapes
 from relaxspec.models.device import inference
-from relaxspec.models.hf import CausalLM, hidden_blocks, load_model
-from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
-from relaxspec.models.stream import Stream, left_pad, model_device
+from relaxspec.models.hf import CausalLM
+from relaxspec.models.stream import Stream, left_pad
 from relaxspec import native
-from relaxspec.names import AR, AUTO
+from relaxspec.names import AR
+
+# (names other modules import from here)
+__all__ = ["generate", "GenerationOutput", "SequenceResult", "Round", "AR", "AUTO_START", "AUTO_MAX",
+           "check_draft_confidence"]
+
 
 @dataclass
 class SequenceResult:
@@ -81,41 +73,6 @@ def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int
         return logits.argmax(dim=-1), None
     probs = process_logits_unchecked(logits, temperature, top_k, top_p)  # settings checked once by generate
     return draws.sample(probs, purpose, offset), probs
-
-
-def check_draft_confidence(value) -> float | None:
-    """draft_confidence: None (off) or a probability threshold in (0, 1]."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
-        raise ValueError(f"draft_confidence must be a probability in (0, 1] (or None: off), got {value!r}")
-    return float(value)
-
-
-def _sequence_seeds(seed, batch_size: int) -> list[int]:
-    """One seed per sequence: derived from the call's seed and the prompt's index, or given."""
-    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-        return [derive_seed(int(seed), i) for i in range(batch_size)]
-    if isinstance(seed, (list, tuple)) and all(isinstance(s, numbers.Integral) and not isinstance(s, bool)
-                                                for s in seed):
-        if len(seed) != batch_size:
-            raise ValueError(f"seed: got {len(seed)} per-prompt seeds for {batch_size} prompts")
-        return [int(s) for s in seed]
-    raise ValueError(f"seed must be an integer or a list of one integer per prompt, got {seed!r}")
-
-
-def _hidden_layer(verifier: CausalLM, drafter: Drafter | None, pivot_fn) -> int | tuple[int, ...] | None:
-    """The verifier layer(s) whose hidden states a round needs: a hidden-state drafter's `hidden_layers`,
-    the pivot classifier's layer for PAD, or None."""
-    pivot_layer = None if pivot_fn is None else getattr(pivot_fn, "hidden_layer", -1)
-    if drafter is None or not drafter.needs_hidden:
-        return pivot_layer
-    layers = drafter.hidden_layers
-    if pivot_layer is not None and hidden_blocks(pivot_layer, verifier.num_layers) != hidden_blocks(
-            layers, verifier.num_layers):
-        raise ValueError(f"a {drafter.kind} drafter reads the verifier's hidden states of blocks {list(layers)}; "
-                         f"a pivot classifier on layer {pivot_layer} cannot run with it")
-    return layers
 
 
 @inference  # one inference mode for the whole call, not one per forward
@@ -158,62 +115,21 @@ def generate(
     computes a rule's `pivot_prob` input from the verifier's hidden states (see relaxspec.pivot).
     phase: relax only inside a span of the response, strict outside (relaxspec.engine.phase: "think", a
     "BEGIN..END" spec, a (begin, end) pair of token strings / ids, or a Phase); None relaxes everywhere."""
-    check_sampling_args(temperature, top_k, top_p)
-    draft_confidence = check_draft_confidence(draft_confidence)
-    if isinstance(verifier, (str, os.PathLike)):  # a name or a path, as the drafter argument accepts
-        verifier = load_model(verifier)
-    phase = parse_phase(phase)
-    if phase is not None:
-        check_phase(phase, verifier.tokenizer)
-    prompts = prompt_list(prompts)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    rule = None
-    if method != AR:
-        rule = get_rule(method)  # unknown method -> ValueError listing the known ones
-        if drafter is None:
-            raise ValueError(f"method {method!r} needs a drafter (only 'ar' runs without one)")
-        if draft_length != AUTO and (isinstance(draft_length, bool) or not isinstance(draft_length, numbers.Integral)
-                                     or draft_length < 1):
-            raise ValueError(f"draft_length must be an integer >= 1 or {AUTO!r}, got {draft_length!r}")
-        drafter = as_drafter(drafter, verifier)
-        drafter.check(verifier, rule)
-        wants_pivot = "pivot_prob" in rule.inputs and "pivot_prob" not in rule_params
-        if wants_pivot and pivot_fn is None:
-            raise ValueError(f"method {method!r} needs a pivot classifier: pass pivot_fn= (see relaxspec.pivot)")
-        if pivot_fn is not None and not wants_pivot:
-            raise ValueError(f"pivot_fn is only used by methods that take a pivot_prob input, not {method!r}")
-    elif rule_params:
-        raise ValueError(f"method 'ar' takes no rule parameters, got {sorted(rule_params)}")
-    elif pivot_fn is not None:
-        raise ValueError("method 'ar' takes no pivot_fn")
-    elif draft_confidence is not None:
-        raise ValueError("method 'ar' drafts nothing: it takes no draft_confidence")
-
-    hidden_layer = _hidden_layer(verifier, drafter, pivot_fn) if rule is not None else None
-    device = model_device(verifier)
+    r = Request.check(verifier, drafter, prompts, method, draft_length, max_new_tokens, temperature, top_k, top_p,
+                      seed, pivot_fn, chat_template, system, phase, draft_confidence, rule_params)
+    verifier, drafter, rule, step, inputs, device = r.verifier, r.drafter, r.rule, r.step, r.inputs, r.device
+    prompts, encoded, seeds, sampling, hidden_layer = r.prompts, r.encoded, r.seeds, r.sampling, r.hidden_layer
+    phase, pivot_fn, draft_confidence, N = r.phase, r.pivot_fn, r.draft_confidence, r.draft_length
     if device.type == "cpu":
         native.tune_allocator()  # (once per process: a round's temporaries reuse memory, no page faults)
-    seeds = _sequence_seeds(seed, len(prompts))
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     greedy = is_greedy(temperature)
-    # The rule's parameters are checked once here; each round runs the block unchecked.
-    # (a rule input's values, e.g. PAD's pivot_prob, checked with the round's one copy to the host: `inputs_ok`)
-    step = None if rule is None else VerifyStep(method, **sampling, defer_input_checks=True, **{
-        name: value for name, value in rule_params.items() if name not in rule.inputs})
-    inputs = {name: value for name, value in rule_params.items() if rule is not None and name in rule.inputs}
-    encoded = encode_prompts(verifier.tokenizer, prompts, chat_template=chat_template, system=system)
-    encoded = check_context(encoded, max_new_tokens, verifier, getattr(drafter, "lm", None))
     ids, mask = left_pad(encoded, verifier.tokenizer, device)
     B = ids.shape[0]
-    # A round never proposes more than the room left, so a longer draft could not be used: N is bounded by
-    # max_new_tokens (and so are the per-position statistics, sized to N).
-    N = 0 if rule is None else min(AUTO_MAX if draft_length == AUTO else draft_length, max_new_tokens)
     extra = rule.extra_draft_passes if rule is not None else 0  # drafter rows beyond N (bonus position)
     # compiled models: static cache capacity and step widths of this call (models/compiled.py)
-    plan_static_shapes(verifier, getattr(drafter, "lm", None), ids.shape[1] + max_new_tokens + N + 1, N + 1)
+    plan_static_shapes(verifier, r.drafter_lm, ids.shape[1] + max_new_tokens + N + 1, N + 1)
     eos = verifier.eos_token_id
-    schedule = AutoDraftLength(B, N) if rule is not None and draft_length == AUTO else None
+    schedule = AutoDraftLength(B, N) if r.auto else None
     book = Book(B, N, max_new_tokens, eos, device, trace=rule is not None, schedule=schedule)
     stats = GenerationStats(draft_length=N, sequences=B)
 
