@@ -1,0 +1,190 @@
+"""The two decoding strategies of `generate`, each a round over every live row:
+
+* `Autoregressive`: the verifier feeds `last` and samples one token;
+* `Speculative`: propose -> verifier feed -> verify -> record -> rollback (see `Speculative.round`), with the
+  hooks of engine.hooks (dynamic N, confidence stop, phase) and the pivot classifier configured once.
+
+Both keep the verifier's cache `Stream`, each sequence's random streams (`SequenceSeeds`) and the `Book`; a row
+that ends leaves every one of them at once (`select`).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import torch
+
+from relaxspec import native
+from relaxspec.acceptance import DRAFT, TOKEN, SequenceSeeds, is_greedy, process_logits_unchecked
+from relaxspec.engine.book import Book
+from relaxspec.engine.hooks import AutoDraftLength, ConfidenceStop, PhaseRelax
+from relaxspec.engine.request import Request
+from relaxspec.engine.stats import GenerationStats
+from relaxspec.models.compiled import plan_static_shapes
+from relaxspec.models.stream import Stream, left_pad
+
+
+def _sample(logits: torch.Tensor, temperature, top_k, top_p, draws, purpose: int, offset: int = 0):
+    """(token, processed distribution it was drawn from); greedy takes the argmax without building
+    a one-hot row (and draws nothing), and returns None for the distribution."""
+    if is_greedy(temperature):
+        return logits.argmax(dim=-1), None
+    probs = process_logits_unchecked(logits, temperature, top_k, top_p)  # settings checked once by the request
+    return draws.sample(probs, purpose, offset), probs
+
+
+class Decoding:
+    """What both strategies share: the setup of a call (padded prompts, compiled shapes, book, stats), the
+    rows' random streams and the verifier's stream, and dropping the rows that ended."""
+
+    def __init__(self, request: Request, schedule=None):
+        self.request = r = request
+        N = r.draft_length
+        if r.device.type == "cpu":
+            native.tune_allocator()  # (once per process: a round's temporaries reuse memory, no page faults)
+        self.ids, self.mask = left_pad(r.encoded, r.verifier.tokenizer, r.device)
+        # compiled models: static cache capacity and step widths of this call (models/compiled.py)
+        plan_static_shapes(r.verifier, r.drafter_lm, self.ids.shape[1] + r.max_new_tokens + N + 1, N + 1)
+        B = self.ids.shape[0]
+        self.book = Book(B, N, r.max_new_tokens, r.verifier.eos_token_id, r.device, trace=r.rule is not None,
+                         schedule=schedule)
+        self.stats = GenerationStats(draft_length=N, sequences=B)
+        self.sampling, self.greedy = r.sampling, is_greedy(r.sampling["temperature"])
+
+    def prefill(self, hidden_layer=None):
+        """Prefill the verifier with all but the last prompt token (that one, `last`, is fed by round one); the
+        hidden states of `hidden_layer` (None: none)."""
+        self.target = Stream(self.request.verifier)
+        return self.target.prefill(self.ids[:, :-1], self.mask[:, :-1], hidden_layer=hidden_layer)
+
+    def draws(self, width: int):
+        """The round's draws: each row's random stream from its next position (None when greedy)."""
+        return None if self.greedy else self.seeds.at(None, width, host_start=self.book.length)
+
+    def select(self, last: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """Keep only `rows` (those still live) of `last` and of every per-row state."""
+        keep = torch.tensor(rows, dtype=torch.long, device=self.request.device)
+        self.keep_rows(keep, rows)
+        return last[keep]
+
+    def keep_rows(self, keep: torch.Tensor, rows: list[int]) -> None:
+        self.seeds.select(keep)
+        self.target.select(keep)
+
+    def warnings(self) -> list[str]:
+        return []
+
+
+class Autoregressive(Decoding):
+    """method="ar": one token per round, sampled from the verifier's logits."""
+
+    def start(self) -> torch.Tensor:
+        self.prefill()
+        self.seeds = SequenceSeeds(self.request.seeds, self.request.device)
+        return self.ids[:, -1:].clone()  # [B, 1], the block round one feeds
+
+    def round(self, last: torch.Tensor) -> torch.Tensor:
+        book, stats = self.book, self.stats
+        book.draft_lengths()  # (0 drafts: the book logs the round's width)
+        draws = self.draws(0)
+        t0 = time.perf_counter()
+        logits, _ = self.target.feed(last)
+        token, _ = _sample(logits[:, -1], **self.sampling, draws=draws, purpose=TOKEN)
+        stats.verifier_forwards += 1
+        stats.time_verify_s += time.perf_counter() - t0
+        tokens = token[:, None]
+        done = book.record(tokens)  # the round's one copy to the host
+        return tokens if done is None else self.select(tokens, done)
+
+
+class Speculative(Decoding):
+    """A drafter proposes, the verifier scores the block in one forward, the rule keeps a prefix and emits one
+    more token, both roll back. The hooks: `schedule` (dynamic N, in the book), `stop` (confidence stop),
+    `pivot` (PAD's classifier), `phase` (relax only inside a span); each None when off."""
+
+    def __init__(self, request: Request):
+        r = request
+        super().__init__(r, schedule=AutoDraftLength(len(r.prompts), r.draft_length) if r.auto else None)
+        self.drafter, self.step, self.inputs, self.hidden_layer = r.drafter, r.step, r.inputs, r.hidden_layer
+        self.extra = r.rule.extra_draft_passes  # drafter rows beyond N (bonus position)
+        self.drafter_hidden = r.drafter.needs_hidden
+        self.stop = None if r.draft_confidence is None else partial(ConfidenceStop, r.draft_confidence)
+        self.pivot = r.pivot_fn
+        self.phase = None  # (made after the prefills, with the rows' streams)
+
+    def start(self) -> torch.Tensor:
+        r = self.request
+        hidden = self.prefill(self.hidden_layer if self.drafter_hidden else None)
+        self.drafter.prefill(self.ids[:, :-1], self.mask[:, :-1], hidden)
+        last = self.ids[:, -1].clone()
+        self.seeds = SequenceSeeds(r.seeds, r.device)
+        if r.phase is not None:
+            self.phase = PhaseRelax(r.phase, r.verifier.tokenizer, r.encoded, r.device)
+        return last
+
+    def round(self, last: torch.Tensor) -> torch.Tensor:
+        """One round of every live row; each row's next `last` (the token it emitted)."""
+        book, stats, drafter = self.book, self.stats, self.drafter
+        # Each row drafts at most its own room minus one (a round emits up to n + 1 tokens), so a row's rounds do
+        # not depend on the other rows of the batch; the block is as wide as the roomiest row's, the others'
+        # extra columns are padding (verify's num_drafts).
+        width, num_drafts = book.draft_lengths()
+        draws = self.draws(width)
+
+        # 1. propose: up to `width` drafts per row, with the q they were drawn from
+        t0 = time.perf_counter()
+        stop = None if self.stop is None else self.stop(book.limits())
+        proposal = drafter.propose(last, width, self.extra, lambda logits, i: _sample(
+            logits, **self.sampling, draws=draws, purpose=DRAFT, offset=i), stop=stop)
+        drafts = proposal.tokens
+        if stop is not None:  # rows that stopped early draft fewer (the block may be narrower)
+            width, num_drafts = book.drafted(stop.count)
+        stats.drafter_forwards += proposal.forwards
+        t1 = time.perf_counter()
+        stats.time_draft_s += t1 - t0
+
+        # 2. verifier feed: [last, x_1..x_n] in one forward
+        target_logits, hidden = self.target.feed(torch.cat([last[:, None], drafts], dim=1),
+                                                 hidden_layer=self.hidden_layer)
+        stats.verifier_forwards += 1
+
+        # 3. verify: the rule keeps n drafts per row and emits one more token (its inputs from the hooks)
+        params = dict(self.inputs)
+        if self.pivot is not None:
+            params["pivot_prob"] = self.pivot(hidden[:, 1:], target_logits[:, :width], proposal.logits[:, :width],
+                                              drafts)
+        if self.phase is not None:
+            params["relax"] = self.phase.relax(drafts, book.limits(), stats)
+        results = self.step(target_logits, proposal.logits, drafts, random=draws, draft_probs=proposal.probs,
+                            num_drafts=num_drafts, **params)
+        accepted = results.num_accepted
+        stats.time_verify_s += time.perf_counter() - t1
+
+        # 4. record: the round's one copy to the host (what each row appended, whether it is done)
+        done = book.record(results.tokens, accepted, drafts, results.relaxed_only, inputs_ok=results.inputs_ok)
+        if book.inputs_failed:  # a rule input out of range this round (the round is not logged)
+            raise self.step.input_error(**params)
+
+        # 5. rollback: both to `last` + the accepted drafts (the drafter gets the verifier's hidden states of the
+        # block when it drafts from them); one row keeps what the host's `longest_kept` says
+        self.target.invalidate_tail(None if accepted.shape[0] == 1 else accepted + 1, width + 1,
+                                    longest=book.longest_kept)
+        # (each row's kept drafts and emitted token, from the round's host copy, for what reads them there)
+        rounds = book.last_round() if self.phase is not None or drafter.host_rounds else None
+        drafter.rollback(accepted, hidden if self.drafter_hidden else None, longest=book.longest_kept - 1,
+                         rounds=rounds if drafter.host_rounds else None)
+        if self.phase is not None:
+            self.phase.advance(rounds)
+        last = results.last_token
+        return last if done is None else self.select(last, done)
+
+    def keep_rows(self, keep: torch.Tensor, rows: list[int]) -> None:
+        super().keep_rows(keep, rows)
+        self.drafter.select(keep)
+        if self.phase is not None:
+            self.phase.select(rows)
+
+    def warnings(self) -> list[str]:
+        message = None if self.phase is None else self.phase.never_opened(self.stats)
+        return [] if message is None else [message]

@@ -1,0 +1,137 @@
+"""The round as an object: `generate` is a thin driver over a checked `Request` and a strategy (`Autoregressive`,
+`Speculative`) whose round runs propose -> verifier feed -> verify -> record -> rollback, with its hooks (dynamic
+N, confidence stop, pivot classifier, phase) configured once and off (None) when not asked for."""
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+
+from relaxspec.acceptance.verify import VerifyStep
+from relaxspec.drafters import LMDrafter
+from relaxspec.engine import generate
+from relaxspec.engine.book import Book
+from relaxspec.engine.hooks import AUTO_MAX, AUTO_START, AutoDraftLength, ConfidenceStop, PhaseRelax
+from relaxspec.engine.request import Request
+from relaxspec.engine.round import Autoregressive, Speculative
+from relaxspec.models.stream import Stream
+from relaxspec.tasks import synthetic
+
+PROMPTS = [e.prompt for e in synthetic.examples("arithmetic", "test", 3)]
+
+
+def _check(verifier, drafter, prompts=PROMPTS, method="strict", draft_length=3, max_new_tokens=30, temperature=0.0,
+           seed=0, pivot_fn=None, phase=None, draft_confidence=None, **rule_params):
+    return Request.check(verifier, drafter, prompts, method, draft_length, max_new_tokens, temperature, None, None,
+                         seed, pivot_fn, "auto", None, phase, draft_confidence, rule_params)
+
+
+def _run(decoding, started=None):
+    """generate's loop by hand (in one inference mode, as generate runs); `started()` after the prefills."""
+    with torch.inference_mode():
+        last = decoding.start()
+        if started is not None:
+            started()
+        while decoding.book.live_count:
+            last = decoding.round(last)
+    return decoding.book.results()
+
+
+def test_the_request_holds_the_checked_arguments(builtin_pair):
+    verifier, drafter = builtin_pair
+    ar = _check(verifier, drafter, method="ar", phase="..The answer is")
+    assert ar.rule is None and ar.step is None and ar.drafter is None and ar.draft_length == 0
+    assert ar.phase is not None  # (checked; AR relaxes nothing, so it reads no phase)
+    spec = _check(verifier, drafter, method="cactus", draft_length="auto", max_new_tokens=7, seed=[4, 5, 6], delta=0.2)
+    assert isinstance(spec.drafter, LMDrafter) and isinstance(spec.step, VerifyStep)
+    assert spec.auto and spec.draft_length == 7  # auto's bound, AUTO_MAX, cut to the length limit
+    assert _check(verifier, drafter, draft_length="auto").draft_length == AUTO_MAX
+    assert spec.seeds == [4, 5, 6] and spec.inputs == {}
+    assert len(spec.encoded) == 3 and all(ids for ids in spec.encoded)
+    with pytest.raises(ValueError, match=r"^seed: got 2 per-prompt seeds for 3 prompts$"):
+        _check(verifier, drafter, seed=[1, 2])
+    with pytest.raises(ValueError, match=r"^method 'pad' needs a pivot classifier"):
+        _check(verifier, drafter, method="pad")
+
+
+@pytest.mark.parametrize("method", ["ar", "strict"])
+def test_driving_a_strategy_round_by_round_is_generate(builtin_pair, method):
+    verifier, drafter = builtin_pair
+    kw = dict(method=method, max_new_tokens=30, temperature=0.7, seed=3)
+    out = generate(verifier, drafter if method != "ar" else None, PROMPTS, **kw, **(
+        {"draft_length": "auto", "draft_confidence": 0.5} if method != "ar" else {}))
+    request = _check(verifier, drafter, **kw, **({"draft_length": "auto", "draft_confidence": 0.5}
+                                                 if method != "ar" else {}))
+    decoding = (Autoregressive if method == "ar" else Speculative)(request)
+    outputs, stats, traces = _run(decoding)
+    assert outputs == [r.token_ids for r in out.results]
+    assert [s.as_dict() for s in stats] == [r.stats.as_dict() for r in out.results]
+    assert decoding.stats.verifier_forwards == out.stats.verifier_forwards
+    assert (method == "ar") == (traces == [[], [], []])
+
+
+def test_the_round_runs_its_parts_in_order_and_its_hooks_only_when_asked(builtin_pair, monkeypatch):
+    """Per round: propose, the verifier's feed, verify, record, then both rollbacks; a hook that is not asked for
+    is None (and never runs), one that is asked for runs in every round."""
+    verifier, drafter = builtin_pair
+    calls = []
+
+    def spy(owner, name, label, verifiers_only=False):
+        original = getattr(owner, name)
+
+        def wrapper(self, *a, **k):
+            if not verifiers_only or self.lm is verifier:  # (the LM drafter has a Stream of its own)
+                calls.append(label)
+            return original(self, *a, **k)
+        monkeypatch.setattr(owner, name, wrapper)
+
+    spy(LMDrafter, "propose", "propose")
+    spy(Stream, "feed", "feed", verifiers_only=True)
+    spy(VerifyStep, "__call__", "verify")
+    spy(Book, "record", "record")
+    spy(Stream, "invalidate_tail", "rollback", verifiers_only=True)
+    spy(LMDrafter, "rollback", "drafter rollback")
+    spy(ConfidenceStop, "__init__", "confidence stop")
+    spy(PhaseRelax, "relax", "phase")
+    spy(AutoDraftLength, "update", "schedule")
+
+    plain = Speculative(_check(verifier, drafter))
+    assert (plain.stop, plain.pivot, plain.phase, plain.book.schedule) == (None, None, None, None)
+    _run(plain, started=calls.clear)
+    rounds = plain.stats.verifier_forwards
+    assert rounds > 3
+    assert calls == ["propose", "feed", "verify", "record", "rollback", "drafter rollback"] * rounds
+
+    hooked = Speculative(_check(verifier, drafter, method="ensemble", draft_length="auto", draft_confidence=0.5,
+                                phase="..The answer is", weight=0.3))
+    assert hooked.stop is not None and hooked.phase is None and isinstance(hooked.book.schedule, AutoDraftLength)
+    _run(hooked, started=calls.clear)
+    assert isinstance(hooked.phase, PhaseRelax)  # (made with the rows' streams, after the prefills)
+    rounds = hooked.stats.verifier_forwards
+    assert [calls.count(hook) for hook in ("confidence stop", "phase", "schedule")] == [rounds] * 3
+
+
+def test_the_hooks_alone():
+    schedule = AutoDraftLength(3, bound=6)
+    rows = np.array([0, 2])
+    assert schedule.limit(rows).tolist() == [AUTO_START] * 2
+    schedule.update(rows, np.array([5, 1]), 5)  # row 0 kept all its drafts, row 2 did not
+    assert schedule.lengths.tolist() == [6, AUTO_START, AUTO_START - 1]  # +2 capped at the bound, -1
+    schedule.update(np.array([0]), np.array([6]), np.array([6]))
+    assert schedule.lengths.tolist()[0] == 6
+    stop = ConfidenceStop(0.5, np.array([4, 4]))
+    q = torch.tensor([[0.9, 0.1], [0.3, 0.7]])
+    token = torch.tensor([0, 0])  # row 1's draft had probability 0.3
+    assert stop(0, None, token, q) is False and stop.count.tolist() == [4, 1]
+    assert stop(1, None, torch.tensor([1, 0]), q) is True and stop.count.tolist() == [2, 1]
+
+
+def test_generate_is_a_thin_driver():
+    source = inspect.getsource(generate.__wrapped__)
+    assert len(source.splitlines()) < 60, len(source.splitlines())
+    # once the request is checked, the driver reads none of the hooks' arguments: each is the round's
+    after_check = source.split('"""')[2].split("Request.check(", 1)[1].split(")\n", 1)[1]
+    assert "decoding.round(" in after_check
+    for word in ("phase", "pivot", "confidence", "draft_length", "auto", "rule_params"):
+        assert word not in after_check, word
