@@ -226,3 +226,23 @@ def test_batch_invariant_at_the_length_limit(builtin_pair, method, n):
         alone = generate(verifier, drafter, [prompt], seed=[seeds[i]], **kw)
         assert alone.results[0].token_ids == batch.results[i].token_ids, i
         assert [len(rd.drafts) for rd in alone.results[0].trace] == [len(rd.drafts) for rd in batch.results[i].trace]
+
+
+def test_a_rule_that_draws_at_greedy_draws_from_the_rows_streams(builtin_pair):
+    """At T=0 ensemble keeps a non-argmax draft with probability 1-w: its uniforms come from each row's seeded
+    stream, so the output is a function of the seed (not of torch's global generator) and batch invariant."""
+    from relaxspec.acceptance.verify import VerifyStep
+    assert VerifyStep("ensemble", temperature=0.0, weight=0.5).draws
+    assert not VerifyStep("strict", temperature=0.0).draws and not VerifyStep("cactus", temperature=0.0).draws
+    verifier, drafter = builtin_pair
+    prompts = _mixed_batch()
+    kw = dict(method="ensemble", weight=0.5, draft_length=3, temperature=0.0, max_new_tokens=24)
+    outs = []
+    for global_seed, seed in ((1, 7), (2, 7), (3, 8)):
+        torch.manual_seed(global_seed)
+        outs.append([r.token_ids for r in generate(verifier, drafter, prompts, seed=seed, **kw).results])
+    assert outs[0] == outs[1]  # the global generator plays no part
+    assert outs[0] != outs[2]  # the seed does
+    alone = [generate(verifier, drafter, [p], seed=[derive_seed(7, i)], **kw).results[0].token_ids
+             for i, p in enumerate(prompts[:3])]
+    assert alone == outs[0][:3]

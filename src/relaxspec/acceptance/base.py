@@ -308,6 +308,8 @@ class Rule:
       proposal. `one_hot_q` says what the rule becomes then; a rule whose acceptance would no
       longer be controlled by the verifier is refused by `check_one_hot_q`.
     * `at_greedy`: what the rule does at temperature 0 (p and q one-hot), for the listing.
+    * `draws_at_greedy`: at temperature 0 its test still keeps some drafts with a probability strictly between 0
+      and 1 (ensemble's 1-w), so a caller must give it seeded uniforms there too (the engine does).
 
     What a rule's acceptance test trusts, read by the findings report (study.findings) to group rules:
 
@@ -329,6 +331,7 @@ class Rule:
     valid_with_one_hot_q: bool = True
     one_hot_q: str = "accept min(1, p(x)): lossless for a deterministic drafter"
     at_greedy: str = "argmax matching: exactly strict"
+    draws_at_greedy: bool = False
     trusts_q: bool = False
     accepts_at_least_strict: bool = False
 

@@ -31,6 +31,7 @@ class EnsembleRule(Rule):
     one_hot_q = ("the output law is w·p + (1-w)·δ_x: the draft is kept unchecked with probability 1-w, "
                  "even where p(x) = 0")
     at_greedy = "a draft that is not the verifier's argmax is kept with probability 1-w"
+    draws_at_greedy = True
 
     def accept_prob(self, pos: Positions, *, weight: float) -> torch.Tensor:
         if weight == 0:

@@ -362,6 +362,8 @@ class VerifyStep:
         self.params = {name: checked[name] for name in self.rule.params}
         self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         self.closed_form = is_greedy(temperature) and (self.rule.greedy_closed_form or greedy == "strict")
+        # Whether a block needs uniforms: when sampling, or at T=0 for a rule whose greedy test still draws.
+        self.draws = not is_greedy(temperature) or (not self.closed_form and self.rule.draws_at_greedy)
         # A rule that keeps strict's bonus and residual (whatever `relax` says, those are strict's), or takes argmax p
         # as its residual: on float32 CPU blocks the whole loop is one C call that reads them from p and q
         # (fused.verify_default). block_rows: "strict", "argmax" or None (the rule's own rows, computed).

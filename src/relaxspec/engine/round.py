@@ -51,6 +51,7 @@ class Decoding:
                          schedule=schedule)
         self.stats = GenerationStats(draft_length=N, sequences=B)
         self.sampling, self.greedy = r.sampling, is_greedy(r.sampling["temperature"])
+        self.drawn = not self.greedy or (r.step is not None and r.step.draws)
 
     def prefill(self, hidden_layer=None):
         """Prefill the verifier with all but the last prompt token (that one, `last`, is fed by round one); the
@@ -59,8 +60,9 @@ class Decoding:
         return self.target.prefill(self.ids[:, :-1], self.mask[:, :-1], hidden_layer=hidden_layer)
 
     def draws(self, width: int):
-        """The round's draws: each row's random stream from its next position (None when greedy)."""
-        return None if self.greedy else self.seeds.at(None, width, host_start=self.book.length)
+        """The round's draws: each row's random stream from its next position (None when greedy, unless the rule's
+        greedy test draws)."""
+        return self.seeds.at(None, width, host_start=self.book.length) if self.drawn else None
 
     def select(self, last: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """Keep only `rows` (those still live) of `last` and of every per-row state."""
