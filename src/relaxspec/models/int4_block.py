@@ -66,6 +66,7 @@ def kernel():
         return _unavailable(error.summary)
 
 
+@functools.cache
 def path() -> str:
     """The kernel's path on this CPU: "vnni" (int8 inputs, int4_block_mm_q8) where it has AVX-512 VNNI, else
     "bf16" (int4_block_mm)."""
