@@ -179,6 +179,7 @@ QROWS(1) QROWS(2) QROWS(3) QROWS(4) QROWS(5) QROWS(6)
 
 #define Q_ROWS 6                 /* rows per pass over a tile (more spill the accumulators) */
 #define OUT_TILE 4               /* outputs per unit of the split between threads */
+#define X8_CHUNK_BYTES (32 << 10)  /* a pass of rows: their quantized inputs kept in L1 */
 #define X8_BLOCK_BYTES (256 << 10) /* a block of rows' quantized inputs, kept in L2 while the outputs pass over it */
 
 /* Output tiles [begin, end): for each block of rows (their int8 inputs stay in cache), each tile against its rows
@@ -190,11 +191,13 @@ static void qtiles(const void* arg, int64_t begin, int64_t end) {
   const int64_t row_bytes = p->S * (SB_BYTES + 8 * SB);
   int64_t block = X8_BLOCK_BYTES / row_bytes / Q_ROWS * Q_ROWS;
   block = block < Q_ROWS ? Q_ROWS : block;
+  int64_t chunk = X8_CHUNK_BYTES / row_bytes; /* rows per pass over a tile: their int8 inputs stay in L1 */
+  chunk = chunk < 1 ? 1 : chunk > Q_ROWS ? Q_ROWS : chunk;
   for (int64_t b0 = 0; b0 < p->M; b0 += block) {
     const int64_t b1 = b0 + block < p->M ? b0 + block : p->M;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t o = i * OUT_TILE, n = o + OUT_TILE < p->out ? OUT_TILE : p->out - o;
-      for (int64_t m0 = b0; m0 < b1; m0 += Q_ROWS) rows[(b1 - m0 < Q_ROWS ? b1 - m0 : Q_ROWS) - 1](p, m0, o, n);
+      for (int64_t m0 = b0; m0 < b1; m0 += chunk) rows[(b1 - m0 < chunk ? b1 - m0 : chunk) - 1](p, m0, o, n);
     }
   }
 }
