@@ -22,7 +22,8 @@ needs_kernel = pytest.mark.skipif(
 
 # The paths this CPU runs: bf16 on every CPU the kernel runs on, vnni where it has AVX-512 VNNI as well.
 LAYOUTS = ["bf16"] + (["vnni"] if int4_block.path() == "vnni" else [])
-SHAPES = ((50, 96), (7, 64), (960, 576), (576, 1536), (3, 32), (40, 8960))  # partial superblocks of 16 groups
+SHAPES = ((50, 96), (7, 64), (960, 576), (576, 1536), (3, 32), (40, 8960), (5, 640))  # last superblocks of 3, 2,
+# 2, 16, 1, 8 and 4 groups
 
 
 def int8_rounding(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -105,11 +105,15 @@ SUPERBLOCK = 16  # groups per superblock of the VNNI layout (int4_block.c's SB)
 
 def _superblocks(groups: torch.Tensor) -> torch.Tensor:
     """The VNNI layout of bytes [rows, groups, 16] (int4_block.c): per superblock of 16 groups (the last may hold
-    fewer, r), 4 runs of 4 r bytes, run k holding bytes 4k..4k+3 of each group in turn."""
+    fewer, r), 4 runs of 4 r bytes, run k holding bytes 4k..4k+3 of each group in turn; a last one of r <= 4
+    groups as it is."""
     rows, n = groups.shape[:2]
     parts = []
     for start in range(0, n, SUPERBLOCK):
         block = groups[:, start:start + SUPERBLOCK]  # [rows, r, 16]
+        if block.shape[1] <= SUPERBLOCK // 4:  # a last superblock of 1..4 groups: in order (one register)
+            parts.append(block.reshape(rows, -1))
+            continue
         parts.append(block.reshape(rows, -1, 4, 4).transpose(1, 2).reshape(rows, -1))
     return torch.cat(parts, dim=1)
 
@@ -126,7 +130,8 @@ def dense(codes: torch.Tensor, sz: torch.Tensor, layout: str | None = None) -> t
         for start in range(0, groups.shape[1], SUPERBLOCK):
             r = min(SUPERBLOCK, groups.shape[1] - start)
             block = codes[:, at:at + 16 * r]
-            parts.append(block.reshape(out, 4, r, 4).transpose(1, 2).reshape(out, r, 16))
+            parts.append(block.reshape(out, r, 16) if r <= SUPERBLOCK // 4
+                         else block.reshape(out, 4, r, 4).transpose(1, 2).reshape(out, r, 16))
             at += 16 * r
         groups = torch.cat(parts, dim=1)
     q = torch.cat([groups & 0xF, groups >> 4], dim=2).float()  # [out, in / 32, 32] in input order

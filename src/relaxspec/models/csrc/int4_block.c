@@ -104,7 +104,8 @@ void int4_block_mm(const uint16_t* x, int64_t M, int64_t in, const uint8_t* code
    signed inputs, exact in int32). The codes in `pack`'s VNNI layout: per superblock of 16 groups (256 bytes),
    4 registers of 64 bytes, register k holding at bytes 4g..4g+3 group g's bytes 4k..4k+3 (codes 4k..4k+3 in the
    low nibbles, 16+4k..16+4k+3 in the high ones), so each 32-bit lane of the dot products sums one group; a last
-   partial superblock of r groups packs its 4 registers in 4r bytes each. */
+   partial superblock of r groups packs its 4 registers in 4r bytes each, or where r <= 4 keeps its groups'
+   16 bytes in order (one register, group g in lanes 4g..4g+3, its scales spread to them). */
 
 #define SB 16                /* groups per superblock */
 #define SB_BYTES (SB * 32)   /* x8 bytes per superblock: 4 registers of low-nibble inputs, then 4 of high */
@@ -129,21 +130,33 @@ static inline __attribute__((always_inline)) void qtile(const int M, const int O
   const int64_t G = p->G, S = p->S, row_bytes = G * 16;
   const int tail = (int)(G - (S - 1) * SB); /* groups in the last superblock, 1..16 */
   const __m512i low4 = _mm512_set1_epi8(0x0F), high16 = _mm512_set1_epi32((int)0xFFFF0000u);
+  const __m512i spread4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   __m512 acc[4][MAX_ROWS];
   _Pragma("GCC unroll 16") for (int t = 0; t < OT; ++t)
     _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) acc[t][m] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < S; ++sb) {
     const int r = sb < S - 1 ? SB : tail;
-    const __mmask64 cmask = r == SB ? ~(__mmask64)0 : (((__mmask64)1 << (4 * r)) - 1);
+    const int bytes = r <= SB / 4 ? 16 * r : 4 * r; /* of a register */
+    const __mmask64 cmask = bytes >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << bytes) - 1);
     const __mmask16 smask = (__mmask16)((1u << r) - 1);
     _Pragma("GCC unroll 16") for (int t = 0; t < OT; ++t) {
       const uint8_t* cb = p->codes + (o + t) * row_bytes + sb * (SB * 16);
       _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k) _mm_prefetch((const char*)cb + PREFETCH + 64 * k, _MM_HINT_T0);
-      const __m512i sz = _mm512_maskz_loadu_epi32(smask, p->sz + (o + t) * G + sb * SB);
+      __m512i sz = _mm512_maskz_loadu_epi32(smask, p->sz + (o + t) * G + sb * SB);
+      if (r <= SB / 4) sz = _mm512_permutexvar_epi32(spread4, sz); /* lane l: group l / 4 */
       const __m512 s = _mm512_castsi512_ps(_mm512_and_si512(sz, high16));
       const __m512 z = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, _mm512_castsi512_ps(_mm512_slli_epi32(sz, 16)));
       __m512i dot[MAX_ROWS];
       _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) dot[m] = _mm512_setzero_si512();
+      if (r <= SB / 4) { /* a last superblock of 1..4 groups in one register, group g in lanes 4g..4g+3 */
+        const __m512i b = _mm512_maskz_loadu_epi8(cmask, cb);
+        const __m512i lo = _mm512_and_si512(b, low4), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
+        _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) {
+          const int8_t* xm = p->x8 + (m0 + m) * S * SB_BYTES + sb * SB_BYTES;
+          dot[m] = _mm512_dpbusd_epi32(dot[m], lo, _mm512_loadu_si512((const void*)xm));
+          dot[m] = _mm512_dpbusd_epi32(dot[m], hi, _mm512_loadu_si512((const void*)(xm + 256)));
+        }
+      } else
       _Pragma("GCC unroll 16") for (int k = 0; k < 4; ++k) {
         const __m512i b = _mm512_maskz_loadu_epi8(cmask, cb + 4 * r * k);
         const __m512i lo = _mm512_and_si512(b, low4), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
@@ -221,14 +234,21 @@ static void quantize_rows(const void* arg, int64_t begin, int64_t end) {
       const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(id))); /* round to nearest even */
       const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(id)));
       const int64_t sb = g / SB, lane = g % SB;
-      int8_t* dst = (int8_t*)q->x8 + m * q->S * SB_BYTES + sb * SB_BYTES + 4 * lane;
+      const int compact = q->G - sb * SB <= SB / 4; /* a last superblock of 1..4 groups: group g in lanes 4g.. */
+      int8_t* row = (int8_t*)q->x8 + m * q->S * SB_BYTES + sb * SB_BYTES;
       int8_t bytes[32];
       _mm_storeu_si128((__m128i*)bytes, _mm512_cvtsepi32_epi8(qa));
       _mm_storeu_si128((__m128i*)(bytes + 16), _mm512_cvtsepi32_epi8(qb));
-      for (int k = 0; k < 8; ++k) memcpy(dst + 64 * k, bytes + 4 * k, 4); /* inputs 4k..4k+3: register k */
-      const int64_t at = m * q->S * SB + g;
-      ((float*)q->d)[at] = d;
-      ((float*)q->c)[at] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+      if (compact) { /* inputs 0..15 at bytes 16g.., inputs 16..31 at 256 + 16g.. */
+        memcpy(row + 16 * lane, bytes, 16);
+        memcpy(row + 256 + 16 * lane, bytes + 16, 16);
+      } else {
+        for (int k = 0; k < 8; ++k) memcpy(row + 4 * lane + 64 * k, bytes + 4 * k, 4); /* inputs 4k..: register k */
+      }
+      const int64_t at = m * q->S * SB + sb * SB + (compact ? 4 * lane : lane);
+      const float c = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+      for (int l = 0; l < (compact ? 4 : 1); ++l) ((float*)q->d)[at + l] = d; /* c in the group's first lane only */
+      ((float*)q->c)[at] = c;
     }
 }
 
