@@ -69,7 +69,9 @@ class Costs:
     T = 0.7), 1.6 for prompt lookup. In one batch of the problems (the cells' samples): AR ~22.5 ms an answer's
     token and a speculative cell 1.5x that (8 problems, 128 tokens: AR 22.9 / 22.2 ms at T = 0 / 0.7, strict N = 3
     with the 0.5B 27.7 / 33.1 ms: batching helps AR more than it helps the rounds). Answers: 210 tokens (the 1.5B's
-    mean over HumanEval's 164 is 209; an answer runs on after its code block to the end of the turn)."""
+    mean over HumanEval's 164 is 209; an answer runs on after its code block to the end of the turn). The batch
+    figures are `python benchmarks/preset_costs.py`'s; all were measured before the int4 kernel's VNNI path, which
+    brought AR at batch 1 to 38 ms a token on this CPU: the fit is conservative until they are measured again."""
     ar_s_per_token: float = 0.052
     batch_ar_s_per_token: float = 0.0225
     batch_spec_ratio: float = 1.5
