@@ -181,8 +181,7 @@ def public_names(init: Path) -> set[str]:
 
 def private_imports(top: Path, package: str, users: tuple[str, ...]) -> list[str]:
     """Imports of `package` (a package under `top`) by the modules of `users` (packages under `top`) that go past
-    its public API: a module inside it, or a name its __init__.py does not list in `__all__`; one line each. A
-    user's CLI module (commands.py, the CLI layer) may import the package's own."""
+    its public API: a module inside it, or a name its __init__.py does not list in `__all__`; one line each."""
     name, public = f"{top.name}.{package}", public_names(top / package / "__init__.py")
     problems = []
     for path in sorted(p for user in users for p in (top / user).rglob("*.py")):
@@ -190,7 +189,7 @@ def private_imports(top: Path, package: str, users: tuple[str, ...]) -> list[str
             where = f"{path.relative_to(top.parent)}:{line}"
             if module == name:
                 problems += [f"{where}: {n} is not in {name}.__all__" for n in names or () if n not in public]
-            elif module.startswith(name + ".") and not (path.name == "commands.py" and module == f"{name}.commands"):
+            elif module.startswith(name + "."):
                 problems.append(f"{where}: imports {module}, inside {name} (use its public API)")
     return problems
 
@@ -312,7 +311,7 @@ def test_an_import_past_a_package_s_public_api_fails(tmp_path):
         "low/commands.py": "",
         "high/__init__.py": "",
         "high/good.py": "from pkg.low import A\nimport pkg.low\n",
-        "high/commands.py": "from pkg.low.commands import x\n",  # the CLI layer: to the package's own CLI
+        "high/commands.py": "from pkg.low import A\n",  # the CLI layer too: the public API only
     })
     assert private_imports(top, "low", ("high",)) == []
     (top / "high" / "bad.py").write_text("from pkg.low import B\ndef f():\n    from ..low.a import A\n"

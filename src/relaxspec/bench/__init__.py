@@ -10,6 +10,8 @@ The public API (`__all__`), which the layers above (tune, study) use and nothing
 * the grid: `plan`, `run_grid`, `RunSummary`, `store_result` (a result's rows and metrics into the `Store`);
 * settings: `BenchConfig`, the method grammar, the rules' declared costs, checks of shared settings, `HELDOUT_BAND`
   (the prompts later looks skip: tune's default held-out band), `FINDINGS_MAX_DROP` (the paper preset's budget);
+* the long-running commands' shared options and stop (`csv_list`, `check_threads`, `on_sigterm`,
+  `interrupted`, `Terminated`);
 * statistics and speed models: `Interval` and the interval functions, `compare` / `decision` and their states,
   `rounds` / `round_cost`, `C_REL_GRID`; the report's rows (`build_rows`, `with_decisions`).
 """
@@ -17,6 +19,7 @@ The public API (`__all__`), which the layers above (tune, study) use and nothing
 from relaxspec.bench.cell import (CellRequest, CellResult, CellRunner, CellSpec, cell_config, pad_applies,
                                   pad_classifier, run_cell, speed_constants, time_batch1)
 from relaxspec.bench.cell_job import CellJob
+from relaxspec.bench.cli_args import Terminated, check_threads, csv_list, interrupted, on_sigterm
 from relaxspec.bench.config import (BenchConfig, check_draft_confidence_setting, check_out_dir, check_settings_types,
                                     classifier_cost, extra_draft_passes, load_toml, needs_classifier, parse_method)
 from relaxspec.bench.executors import (Executor, ExecutorOptions, Finished, add_executor_arguments, executor_options,
@@ -33,6 +36,8 @@ from relaxspec.bench.store import Row, Store, cell_key
 from relaxspec.bench.versions import code_version, model_version
 
 __all__ = [
+    # what the long-running commands share
+    "csv_list", "check_threads", "on_sigterm", "interrupted", "Terminated",
     # cells
     "CellSpec", "CellRequest", "CellResult", "CellRunner", "CellJob", "cell_config", "cell_key", "run_cell",
     "pad_classifier", "pad_applies", "speed_constants", "time_batch1",

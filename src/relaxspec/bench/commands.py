@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from relaxspec.engine.commands import draft_length_arg
+from relaxspec.bench.cli_args import check_threads, csv_list, interrupted, on_sigterm
 from relaxspec.bench.executors import add_executor_arguments, executor_options, print_failed
 from relaxspec.bench.names import FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
@@ -49,19 +50,6 @@ max_new_tokens, batch_size, device, dtype, chat_template, system, pad_thresholds
 draft_confidence, out, and sampling = "paper"); flags override it. Results go to OUT/results.sqlite; every look of a cell is stored as
 it finishes and a re-run continues where the last one stopped.
 """
-
-
-def csv_list(cast):
-    """An argparse type: a comma-separated list of `cast` values (bench's and tune's list options)."""
-    def parse(text: str):
-        items = [x.strip() for x in text.split(",") if x.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("expected a comma-separated list")
-        try:
-            return [cast(x) for x in items]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid list {text!r}") from None
-    return parse
 
 
 def register(subparsers) -> None:
@@ -161,34 +149,6 @@ def config_from_args(args) -> BenchConfig:
             setattr(config, name, str(value) if name == "out" else value)
     config.validate()
     return config
-
-
-def check_threads(threads: int) -> None:
-    """--threads: ValueError (one line) unless a positive number of torch CPU threads."""
-    if threads < 1:
-        raise ValueError(f"--threads must be a positive integer, got {threads}")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread (on_sigterm): a long run stops as on Ctrl-C, its worker processes ended
-    and what is stored kept, rather than dying with its workers still writing to it."""
-
-
-def on_sigterm() -> None:
-    """From now on SIGTERM raises Terminated in this process (bench and tune call it before any work)."""
-    import signal
-
-    def raise_terminated(signum, frame):
-        raise Terminated()
-    signal.signal(signal.SIGTERM, raise_terminated)
-
-
-def interrupted(command: str, what: str, out: Path, reason: KeyboardInterrupt | None = None) -> int:
-    """Ctrl-C (or SIGTERM: Terminated) in a long run: say what is kept and how to resume; the shell's exit status
-    for the signal (130 for SIGINT, 143 for SIGTERM)."""
-    print(f"\n{command}: interrupted; {what} stored in {out / 'results.sqlite'}; re-run the same command to resume",
-          file=sys.stderr)
-    return 143 if isinstance(reason, Terminated) else 130
 
 
 def cmd_bench(args) -> int:

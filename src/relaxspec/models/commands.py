@@ -119,7 +119,7 @@ def cmd_models(args) -> int:
                              f"{', '.join([*family.FAMILY, *family.BUILTIN_HEADS])}")
         print(family.builtin_path(args.name))
         return 0
-    from relaxspec.bench.commands import check_threads
+    from relaxspec.bench.cli_args import check_threads
     from relaxspec.models.options import check_positive, device_kwargs
     from relaxspec.tasks import runs_code
     from relaxspec.tasks.sandbox import require_isolation

@@ -30,7 +30,7 @@ def _positive_or_measured(text: str):
 
 
 def register(subparsers) -> None:
-    from relaxspec.bench.commands import csv_list
+    from relaxspec.bench import csv_list
     from relaxspec.engine.commands import draft_length_arg
     from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
     from relaxspec.tune.objective import OBJECTIVES
@@ -109,7 +109,7 @@ def cmd_tune(args) -> int:
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
     if runs_code(args.task):  # refused here, before any model loads, if unisolated
         require_isolation(args.unsafe_exec)
-    from relaxspec.bench.commands import check_threads
+    from relaxspec.bench import check_threads
     check_threads(args.threads)
     torch.set_num_threads(args.threads)
     config = TuneConfig(verifier=args.verifier, drafter=args.drafter, task=args.task, max_drop=args.max_drop,
@@ -123,7 +123,7 @@ def cmd_tune(args) -> int:
     for flag, name in (("draft_lengths", "draft_lengths"), ("rungs", "sizes"), ("caps", "caps")):
         if getattr(args, flag) is not None:
             setattr(config, name, tuple(getattr(args, flag)) if name != "draft_lengths" else getattr(args, flag))
-    from relaxspec.bench.commands import interrupted, on_sigterm
+    from relaxspec.bench import interrupted, on_sigterm
     on_sigterm()
     try:
         from relaxspec.bench import executor_options
