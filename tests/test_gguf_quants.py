@@ -152,7 +152,11 @@ def test_int4_keeps_the_files_codes_and_requantizes_the_rest(qwen2_file, capsys)
         for name, weight in int4.state_dict().items():
             reference.model.get_parameter(name).copy_(weight)
     a, b = logits_of(int4), logits_of(reference)
-    assert (a - b).abs().max() < 0.01 * b.abs().max(), (a - b).abs().max()
+    # on the VNNI path the kernel also rounds every linear's input to int8 per group of 32 (up to max|x| / 254 an
+    # input, as llama.cpp's Q8_0): about 1 % more of the largest logit through this random model
+    from relaxspec.models import int4_block
+    tol = 0.02 if int4_block.path() == "vnni" else 0.01
+    assert (a - b).abs().max() < tol * b.abs().max(), (a - b).abs().max()
 
 
 def test_auto_keeps_four_bit_in_int4_and_the_rest_in_bfloat16(qwen2_file, capsys):
