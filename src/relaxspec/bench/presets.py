@@ -60,6 +60,11 @@ STAGES = {
 }
 
 
+def drafter_kind(drafter: str) -> str:
+    """"ngram" for prompt lookup (its spec may carry options after a colon), else "lm"."""
+    return "ngram" if drafter.split(":")[0] == "ngram" else "lm"
+
+
 @dataclass(frozen=True)
 class Costs:
     """What a sample costs on this project's 2-core machine (2026-12-06, 2 threads, int4, quiet; docs/real-answer.md).
@@ -94,7 +99,7 @@ class Costs:
         """A cell's cost per answer at batch 1 relative to AR's."""
         if method == AR:
             return 1.0
-        kind = "ngram" if drafter.split(":")[0] == "ngram" else "lm"
+        kind = drafter_kind(drafter)
         n = AUTO_AS if n == AUTO else n
         return (1 + self.c_block_per_draft * n + n * self.drafter_step[kind]) / self.tau[kind]
 
@@ -189,7 +194,7 @@ def describe(configs, costs: Costs = Costs()) -> str:
                      f"{est[name] / 60:.0f} min")
     lines.append(f"  about {est['total'] / 3600:.1f} h in all at {VERIFIER}'s int4 costs on 2 CPU cores "
                  f"({costs.ar_s_per_token * 1000:.0f} ms/token AR, {costs.tokens_per_answer} tokens an answer, "
-                 f"tau {costs.tau['ngram'] if drafter.startswith('ngram') else costs.tau['lm']:g} at N = 3, "
+                 f"tau {costs.tau[drafter_kind(drafter)]:g} at N = 3, "
                  f"{SPEED_PROMPTS} prompts a cell timed at batch 1); "
                  "a re-run resumes cell by cell")
     return "\n".join(lines)
