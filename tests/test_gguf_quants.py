@@ -17,12 +17,13 @@ RNG = np.random.default_rng(0)
 BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
 
 
-def random_blocks(kind: str, rows: int, cols: int, scale: float = 2e-3) -> np.ndarray:
+def random_blocks(kind: str, rows: int, cols: int, scale: float = 2e-4, rng=RNG) -> np.ndarray:
     """Random bytes of a K-quant tensor [rows, cols] with valid, small float16 scales (the python `gguf` package
-    quantizes no K-quant)."""
+    quantizes no K-quant): weights of about the size of a trained model's (|w| ~ 0.05), so that a model made of them
+    keeps its activations small."""
     size = BLOCK_BYTES[kind]
-    blocks = RNG.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
-    d = RNG.uniform(0.5, 1.0, (rows, cols // 256)).astype(np.float16) * np.float16(scale)
+    blocks = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    d = rng.uniform(0.5, 1.0, (rows, cols // 256)).astype(np.float16) * np.float16(scale)
     if kind == "Q4_K":  # d, dmin at the start
         blocks[..., 0:2] = d.view(np.uint8).reshape(rows, -1, 2)
         blocks[..., 2:4] = (d * np.float16(4)).view(np.uint8).reshape(rows, -1, 2)
@@ -47,8 +48,10 @@ def test_four_bit_types_map_exactly_onto_the_int4_form(kind):
 
 
 def write_qwen2(path, kinds: dict, layers: int = 2, hidden: int = 256, ffn: int = 512, heads: int = 4,
-                kv_heads: int = 2):
-    """A small Qwen2 GGUF file (random weights in the given quant types, a byte-level tokenizer) at `path`."""
+                kv_heads: int = 2, seed: int = 0):
+    """A small Qwen2 GGUF file (random weights in the given quant types, a byte-level tokenizer) at `path`; the same
+    file for the same arguments, whichever tests ran before."""
+    rng = np.random.default_rng(seed)
     from tokenizers import pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -74,16 +77,16 @@ def write_qwen2(path, kinds: dict, layers: int = 2, hidden: int = 256, ffn: int 
 
     def matrix(name, rows, cols, kind):
         if kind in BLOCK_BYTES:
-            w.add_tensor(name, random_blocks(kind, rows, cols), raw_dtype=GGMLQuantizationType[kind])
+            w.add_tensor(name, random_blocks(kind, rows, cols, rng=rng), raw_dtype=GGMLQuantizationType[kind])
         elif kind == "F32":
-            w.add_tensor(name, RNG.standard_normal((rows, cols)).astype(np.float32) * 0.05)
+            w.add_tensor(name, rng.standard_normal((rows, cols)).astype(np.float32) * 0.05)
         else:
-            w.add_tensor(name, quantize(RNG.standard_normal((rows, cols)).astype(np.float32) * 0.05,
+            w.add_tensor(name, quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.05,
                                         GGMLQuantizationType[kind]), raw_dtype=GGMLQuantizationType[kind])
 
     def vector(name, n, value=None):
         w.add_tensor(name, (np.full(n, value, np.float32) if value is not None
-                            else RNG.standard_normal(n).astype(np.float32) * 0.3))
+                            else rng.standard_normal(n).astype(np.float32) * 0.3))
 
     d, kv = hidden // heads, kv_heads * hidden // heads
     matrix("token_embd.weight", vocab, hidden, kinds.get("embed", "Q4_K"))
@@ -152,10 +155,11 @@ def test_int4_keeps_the_files_codes_and_requantizes_the_rest(qwen2_file, capsys)
         for name, weight in int4.state_dict().items():
             reference.model.get_parameter(name).copy_(weight)
     a, b = logits_of(int4), logits_of(reference)
-    # on the VNNI path the kernel also rounds every linear's input to int8 per group of 32 (up to max|x| / 254 an
-    # input, as llama.cpp's Q8_0): about 1 % more of the largest logit through this random model
+    # the kernels round every linear's input (bfloat16 on aten's and the bf16 path; int8 per group of 32 on the VNNI
+    # path, up to max|x| / 254 an input, as llama.cpp's Q8_0): measured 0.8 % (aten) and 1.2 % (VNNI) of the largest
+    # logit through this seeded model, 0.8-1.6 % over seeds 0-4
     from relaxspec.models import int4_block
-    tol = 0.02 if int4_block.path() == "vnni" else 0.01
+    tol = 0.025 if int4_block.path() == "vnni" else 0.02
     assert (a - b).abs().max() < tol * b.abs().max(), (a - b).abs().max()
 
 

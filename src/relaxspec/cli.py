@@ -83,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:  # Ctrl-C where a command does not say what it kept (bench and tune do): one line
-        print("\nrelaxspec: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C (or SIGTERM once bench or tune set it up) where a command does not say
+        print("\nrelaxspec: interrupted", file=sys.stderr)  # what it kept (bench and tune do): one line
+        from relaxspec.bench.cli_args import Terminated
+        return 143 if isinstance(e, Terminated) else 130
     except BrokenPipeError:  # the reader of our output went away (`relaxspec generate --json | head`): quietly
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
