@@ -52,27 +52,28 @@ def test_rules_left_out_at_greedy_repeat_strict():
 
 
 def test_estimate_prices_every_cell():
-    c = presets.Costs()
-    assert c.sample_s == pytest.approx(0.0225 * 210)
+    c = presets.Costs(ar_s_per_token=0.05, batch_ar_s_per_token=0.02, batch_spec_ratio=1.5,
+                      tau={"ngram": 1.6, "lm": 3.0})
+    assert c.sample_s == pytest.approx(0.02 * 210)
     assert c.ratio(AR, 0, "ngram") == 1.0 == c.batch_ratio(AR)
     assert c.batch_ratio("strict") == 1.5
     assert c.ratio("strict", 3, "ngram") == pytest.approx((1.3 + 3 * 0.003) / 1.6)
     assert c.ratio("strict", 3, "qwen2.5-coder-0.5b") == pytest.approx((1.3 + 3 * 0.39) / 3.0)
     assert c.ratio("strict", AUTO, "ngram") == c.ratio("strict", 5, "ngram")
     batched = (1 + 6 * 1.5) + (1 + 22 * 1.5) + 4 * 1.5  # greedy, sampled, lengths: AR 1, a speculative cell 1.5
-    b1 = 0.052 * 210  # an answer at batch 1
+    b1 = 0.05 * 210  # an answer at batch 1
     r3, r5 = (1.3 + 3 * 0.39) / 3.0, (1.5 + 5 * 0.39) / 3.0
     timing = 4 * b1 * ((6 * r3 + 1) + (22 * r3 + 4) + (2 * r5 + 2 * r5 + 1))  # AR once per 6 cells, a turn
-    est = presets.estimate(10)
+    est = presets.estimate(10, costs=c)
     assert est["total"] == pytest.approx(3 * c.overhead_s + 10 * batched * c.sample_s + timing)
-    assert presets.estimate(10, repeats=2)["greedy"] == est["greedy"]  # greedy never repeats
-    assert presets.estimate(10, repeats=2)["sampled"] > est["sampled"]
+    assert presets.estimate(10, repeats=2, costs=c)["greedy"] == est["greedy"]  # greedy never repeats
+    assert presets.estimate(10, repeats=2, costs=c)["sampled"] > est["sampled"]
 
 
 def test_fit_problems_is_the_most_that_fits():
     problems, repeats = presets.fit_problems()
-    assert (problems, repeats) == (37, 1)
-    assert presets.estimate(37)["total"] <= presets.BUDGET_S < presets.estimate(38)["total"]
+    assert (problems, repeats) == (55, 1)  # at the measured costs (Costs' defaults)
+    assert presets.estimate(55)["total"] <= presets.BUDGET_S < presets.estimate(56)["total"]
     fast = presets.Costs(batch_ar_s_per_token=0.001)
     problems, repeats = presets.fit_problems(costs=fast)
     assert problems == 164 and repeats > 1
@@ -94,7 +95,7 @@ def test_stage_configs_take_flags_over_the_preset():
     assert configs["sampled"].temperature == 0.7 and configs["sampled"].top_p == 0.95 and configs["sampled"].repeats == 3
     assert configs["sampled"].batch_size == 6
     text = presets.describe(presets.stage_configs({}))
-    assert "34 cells on the first 37 of 164 problems" in text and "3.0 h" in text
+    assert "34 cells on the first 55 of 164 problems" in text and "3.0 h" in text
 
 
 def _bench(out, *extra):

@@ -67,23 +67,22 @@ def drafter_kind(drafter: str) -> str:
 
 @dataclass(frozen=True)
 class Costs:
-    """What a sample costs on this project's 2-core machine (2026-12-06, 2 threads, int4, quiet; docs/real-answer.md).
-    Batch 1 (the timing): our AR of the 1.5B ~52 ms a token, prefill included (benchmarks/real_pair_peer.py: 51.9);
-    a verifier block of N + 1 tokens 1 + 0.1 N steps; a drafter step 0.39 (the 0.5B) or ~0 (prompt lookup) of a
-    verifier step; tau (tokens per round) 3.0 for the 0.5B at N = 3 (3.06 greedy over 20 prompts, 3.75 on code at
-    T = 0.7), 1.6 for prompt lookup. In one batch of the problems (the cells' samples): AR ~22.5 ms an answer's
-    token and a speculative cell 1.5x that (8 problems, 128 tokens: AR 22.9 / 22.2 ms at T = 0 / 0.7, strict N = 3
-    with the 0.5B 27.7 / 33.1 ms: batching helps AR more than it helps the rounds). Answers: 210 tokens (the 1.5B's
-    mean over HumanEval's 164 is 209; an answer runs on after its code block to the end of the turn). The batch
-    figures are `python benchmarks/preset_costs.py`'s; all were measured before the int4 kernel's VNNI path, which
-    brought AR at batch 1 to 38 ms a token on this CPU: the fit is conservative until they are measured again."""
-    ar_s_per_token: float = 0.052
-    batch_ar_s_per_token: float = 0.0225
-    batch_spec_ratio: float = 1.5
+    """What a sample costs on this project's 2-core machine (AMD EPYC with AVX-512 VNNI, 2 threads, int4, quiet;
+    2026-12-06, `python benchmarks/preset_costs.py --batch 16`, 128 new tokens; docs/real-answer.md). Batch 1 (the
+    timing): our AR of the 1.5B ~41 ms a token, prefill included (41.7 / 40.5 at T = 0 / 0.7); a verifier block of
+    N + 1 tokens 1 + 0.1 N steps; a drafter step 0.39 (the 0.5B) or ~0 (prompt lookup) of a verifier step; tau
+    (tokens per round) 3.7 for the 0.5B at N = 3 on code (3.75 / 3.69 at T = 0 / 0.7), 1.6 for prompt lookup. In one
+    batch of the problems (the cells' samples): AR ~18.4 ms an answer's token and a speculative cell 1.3x that (16
+    problems: AR 20.1 / 16.6 ms at T = 0 / 0.7, strict N = 3 with the 0.5B 24.7 / 23.3 ms: batching helps AR more
+    than it helps the rounds). Answers: 210 tokens (the 1.5B's mean over HumanEval's 164 is 209; an answer runs on
+    after its code block to the end of the turn)."""
+    ar_s_per_token: float = 0.041
+    batch_ar_s_per_token: float = 0.0184
+    batch_spec_ratio: float = 1.3
     tokens_per_answer: int = 210
     c_block_per_draft: float = 0.1
     drafter_step: dict = field(default_factory=lambda: {"ngram": 0.003, "lm": 0.39})
-    tau: dict = field(default_factory=lambda: {"ngram": 1.6, "lm": 3.0})
+    tau: dict = field(default_factory=lambda: {"ngram": 1.6, "lm": 3.7})
     overhead_s: float = 180.0  # per stage: loading the pair (GGUF int4 ~40 s a process), speed constants, report
 
     @property
