@@ -127,6 +127,7 @@ def test_interrupted_run_resumes_to_the_same_rows(tmp_path):
     run = subprocess.run(_bench(whole), capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "34 cells on the first 2 of 164 problems" in run.stdout
+    assert f"(greedy, T=0, {os.cpu_count()} threads)" in run.stderr  # every core unless --threads says otherwise
     want = _rows(whole)
     assert len(want) == 34 * 2
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -97,8 +98,9 @@ def register(subparsers) -> None:
     b.add_argument("--pad-thresholds", type=csv_list(float), help="default 0.3,0.5,0.7")
     b.add_argument("--pad-classifier", help="PAD classifier path (default: the built-in one)")
     b.add_argument("--out", type=Path, help=f"output directory (default ./{DEFAULT_OUT})")
-    b.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: tiny models gain little from more, and shared CPUs lose)")
+    b.add_argument("--threads", type=int,
+                   help="torch CPU threads (default 1: tiny models gain little from more, and shared CPUs lose; "
+                        "with --preset, every core: the preset's time is priced at 2 threads on 2 cores)")
     b.add_argument("--max-drop", type=float, help=f"utility drop vs strict allowed (default {DEFAULT_MAX_DROP:g})")
     b.add_argument("--phase", help="relax only inside a span of each response, strict outside: 'task' (the task's "
                                    "span: the worked steps before the final answer), 'think' or 'BEGIN..END'")
@@ -169,6 +171,7 @@ def cmd_bench(args) -> int:
     check_tasks(config.tasks, config.limit)
     if any(runs_code(t) for t in config.tasks):  # refused here, before any model loads, if unisolated
         require_isolation(args.unsafe_exec)
+    args.threads = 1 if args.threads is None else args.threads
     check_threads(args.threads)
     torch.set_num_threads(args.threads)
     cells = len(plan(config))
@@ -234,12 +237,13 @@ def _run_preset(args, explicit: dict) -> int:
         config.validate()
     check_tasks(configs[0][1].tasks, configs[0][1].limit)
     require_isolation(args.unsafe_exec)  # humaneval-instruct runs code: refused now if unisolated, before any model
-    if args.threads and args.threads > 0:
-        torch.set_num_threads(args.threads)
+    threads = (os.cpu_count() or 1) if args.threads is None else args.threads  # the big pair gains from every core
+    check_threads(threads)
+    torch.set_num_threads(threads)
     print(describe(configs))
     failed = []
     for i, (name, config) in enumerate(configs, 1):
-        print(f"bench: stage {i}/{len(configs)} ({name}, T={config.temperature:g})", file=sys.stderr)
+        print(f"bench: stage {i}/{len(configs)} ({name}, T={config.temperature:g}, {threads} threads)", file=sys.stderr)
         try:
             summary = run_grid(config, progress=not args.no_progress, executor=executor_options(args))
         except KeyboardInterrupt:
