@@ -186,7 +186,8 @@ def test_relaxspec_native_0_turns_the_int4_kernel_off_silently():
 
 def test_relaxspec_native_0_turns_the_block_kernel_off_too():
     """RELAXSPEC_NATIVE=0 turns off every kernel relaxspec builds, this one included: int4 runs aten's kernel, with
-    no build and no warning, for a weight quantized here and for a file's own codes (quant.Int4Codes)."""
+    no build and no warning, for a weight quantized here and for a file's own codes (quant.Int4Codes); bfloat16
+    oneDNN's alone."""
     code = ("import warnings, torch\n"
             "with warnings.catch_warnings(record=True) as caught:\n"
             "    warnings.simplefilter('always')\n"
@@ -194,12 +195,13 @@ def test_relaxspec_native_0_turns_the_block_kernel_off_too():
             "    w = torch.randn(64, 96)\n"
             "    lins = [Linear(w, 'int4', int4_impl='block'), Linear(Int4Codes(*quantize_int4(w)), 'int4')]\n"
             "    ys = [lin(torch.randn(3, 96)) for lin in lins]\n"
-            "print([(lin.block is None, lin.packed is not None) for lin in lins], len(caught))\n")
+            "    bf16 = Linear(w, 'bfloat16')\n"
+            "print([(lin.block is None, lin.packed is not None) for lin in lins], len(caught), bf16.bf16_kernel)\n")
     env = {**os.environ, "RELAXSPEC_NATIVE": "0", "RELAXSPEC_INT4_KERNEL": "block",
            "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[(True, True), (True, True)] 0", out.stdout + out.stderr[-2000:]
+    assert out.stdout.strip() == "[(True, True), (True, True)] 0 False", out.stdout + out.stderr[-2000:]
     assert "int4 block kernel" not in out.stderr
 
 
@@ -224,3 +226,53 @@ def test_the_block_kernel_runs_a_model_and_a_verify_block_gets_the_logits_of_sin
     steps = torch.cat(steps, dim=1)
     assert (block - steps).abs().max() < 1e-4 * block.abs().max()
     assert torch.equal(block.argmax(-1), steps.argmax(-1))
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bfloat16_weights_get_float32_sums_row_by_row(threads):
+    """bf16_mm: each output the float32 sum of the bfloat16 products (against a float64 reference of the same
+    rounded inputs and weights), never rounded to bfloat16 as oneDNN's GEMM rounds it (which ties logits), and a
+    row's bits the same alone, in a block and on any thread count."""
+    torch.manual_seed(5)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for out, inputs in ((37, 96), (7, 64), (1030, 1536), (5, 32)):
+            w = (torch.randn(out, inputs) * 0.05).to(torch.bfloat16)
+            x = torch.randn(13, inputs)
+            y = int4_block.bf16_mm(x, w)
+            reference = x.to(torch.bfloat16).double() @ w.double().t()
+            bound = 2 * inputs * 2 ** -24 * (x.to(torch.bfloat16).double().abs() @ w.double().abs().t())
+            assert ((y.double() - reference).abs() <= bound).all(), (out, inputs)
+            assert not torch.equal(y, y.bfloat16().float())  # float32 outputs, not bfloat16 ones
+            alone = torch.cat([int4_block.bf16_mm(x[i:i + 1], w) for i in range(13)])
+            for rows in (2, 4, 10, 13):
+                assert torch.equal(int4_block.bf16_mm(x[:rows], w), alone[:rows]), (out, rows)
+    finally:
+        torch.set_num_threads(previous)
+    with pytest.raises(ValueError, match="a multiple of 32"):
+        int4_block.bf16_mm(torch.randn(2, 48), torch.randn(3, 48).to(torch.bfloat16))
+
+
+@needs_kernel
+def test_a_bfloat16_linear_runs_the_kernel_up_to_bf16_rows_and_onednn_for_a_prompt():
+    """Linear in bfloat16: calls of up to BF16_ROWS rows (decode steps, verify blocks) through bf16_mm (float32
+    outputs, a row's bits the same alone and in a block; 64 rows of 8960 inputs span several blocks of rows);
+    a prompt's rows through oneDNN (outputs rounded to bfloat16); without the kernel (48 inputs), oneDNN."""
+    torch.manual_seed(6)
+    rows = int4_block.BF16_ROWS
+    for shape in ((300, 256), (70, 1536), (9, 8960)):
+        w = torch.randn(shape) * 0.05
+        lin = Linear(w, "bfloat16")
+        assert lin.bf16_kernel
+        x = torch.randn(rows + 1, shape[1])
+        y = lin(x[:rows])
+        assert not torch.equal(y, y.bfloat16().float())  # float32 sums
+        for i in (0, 1, 9, 10, 11, 31, rows - 1):
+            assert torch.equal(y[i:i + 1], lin(x[i:i + 1])), (shape, i)
+        assert torch.equal(y[7:12], lin(x[7:12]))
+        prompt = lin(x)
+        assert torch.equal(prompt, prompt.bfloat16().float())  # oneDNN's outputs: bfloat16 values
+        assert torch.allclose(prompt[:rows], y, rtol=2 ** -7, atol=1e-5)
+    assert not Linear(torch.randn(8, 48), "bfloat16").bf16_kernel

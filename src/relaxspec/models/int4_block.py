@@ -54,7 +54,7 @@ PATHS = ("vnni", "bf16")
 
 @functools.cache
 def kernel():
-    """The kernel's library (its function int4_block_mm), or None (with one warning line) where it cannot run or be
+    """The kernel's library (its functions int4_block_mm, int4_block_mm_q8, bf16_block_mm), or None (with one warning line) where it cannot run or be
     built; None, silently, with RELAXSPEC_NATIVE=0."""
     if not native.enabled():
         return None
@@ -75,7 +75,8 @@ def path() -> str:
 
 
 def _unavailable(why: str):
-    warnings.warn(f"relaxspec int4 block kernel unavailable ({why}); int4 uses aten's kernel", stacklevel=3)
+    warnings.warn(f"relaxspec int4 block kernel unavailable ({why}); int4 uses aten's kernel and bfloat16 "
+                  "oneDNN's alone", stacklevel=3)
     return None
 
 
@@ -140,6 +141,25 @@ def dense(codes: torch.Tensor, sz: torch.Tensor, layout: str | None = None) -> t
     z = (sz << 16).view(torch.float32)[..., None] - 8 * s
     w = (q * s + z).reshape(out, 2 * half)
     return w if layout == "vnni" else w.bfloat16().float()
+
+
+BF16_ROWS = 64  # bf16_mm serves calls of up to this many rows (decode steps, verify blocks); a prompt's rows go to
+# oneDNN's GEMM, 2-3x faster there (the kernel reads the weight once per block of rows, at a lower FLOP rate)
+
+
+def bf16_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, in] (CPU, any float dtype) @ W^T for W [out, in] in bfloat16 (contiguous, `in` a multiple of 32):
+    float32 [M, out], x rounded to bfloat16 and each output summed in float32 and returned as it is (oneDNN's
+    bfloat16 GEMM rounds its outputs to bfloat16, which ties logits that float32 tells apart); int4_block.c's
+    bf16_block_mm. A row gets the same bits alone, in a verify block or in a prompt."""
+    xc = x.to(torch.bfloat16).contiguous()
+    M, in_features = xc.shape
+    if in_features != weight.shape[1] or in_features % GROUP:
+        raise ValueError(f"bf16 block kernel: x [M, {in_features}] against a weight of {weight.shape[1]} inputs "
+                         f"(a multiple of {GROUP} needed)")
+    y = torch.empty((M, weight.shape[0]), dtype=torch.float32, device=xc.device)
+    kernel().bf16_block_mm(xc.data_ptr(), M, in_features, weight.data_ptr(), y.data_ptr(), weight.shape[0])
+    return y
 
 
 def block_mm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, layout: str | None = None) -> torch.Tensor:

@@ -6,7 +6,12 @@ LM head) are stored once, in that format, and multiplied by a stock kernel:
 * float32: oneDNN on the weight reordered once into its blocked layout, for one row (a decode step) and for a
   block of rows alike; small weights: `models/f32_kernels.py` (each weight read once per block of up to 8 rows,
   row-independent bits), or where that kernel cannot be built, or no oneDNN: sgemm on W^T. One copy.
-* bfloat16: the weight in bfloat16 [out, in], `F.linear` on the activations rounded to bfloat16 (oneDNN).
+* bfloat16: the weight in bfloat16 [out, in], multiplied by the activations rounded to bfloat16. Calls of up to
+  `int4_block.BF16_ROWS` (64) rows (decode steps, verify blocks: every call of the LM head) go, where it builds
+  (AVX-512 BF16, a C compiler), to `int4_block.bf16_mm`, which returns each output summed in float32, a row's bits
+  the same whatever the call's other rows; a prompt's rows, and every call where the kernel cannot run, to
+  `F.linear` (oneDNN), which rounds each output to bfloat16: a relative 2^-9 that ties logits float32 tells apart
+  (steps of 0.125 near 20).
 * int4: 4-bit codes per weight with a bfloat16 scale and zero per group of `GROUP_SIZE` inputs
   (w = (q - 8) * scale + zero), `aten._weight_int4pack_mm_for_cpu` on the activations rounded to bfloat16.
   The kernel needs `in_features % GROUP_SIZE == 0` (`int4_problem`); the output rows are padded with zero
@@ -20,8 +25,8 @@ What stays float32 in every format: the activations between layers and the resid
 weights, RoPE, attention (softmax, KV cache), the embedding table, and the logits (always float32 before any
 rule).
 
-Blocks and single rows: the int4 kernel gives a row the same numbers whether it is multiplied alone or in a
-block of N+1 rows (tested); oneDNN's float32 and bfloat16 kernels may block the inner dimension differently
+Blocks and single rows: the int4 and bfloat16 kernels give a row the same numbers whether it is multiplied alone
+or in a block of N+1 rows (tested); oneDNN's float32 and bfloat16 (a prompt's) kernels may block the inner dimension differently
 (a difference within their rounding), and so does attention (a block's masked softmax against one row's) in
 every format. Strict greedy therefore equals AR greedy except at near-ties of the verifier's top two logits;
 benchmarks/cpu_peer.py counts the divergences per format and prints each one's top-2 gap.
@@ -130,6 +135,7 @@ class Linear:
         weight = weight.detach()
         self.format, self.shape, self.group_size = fmt, tuple(weight.shape), group_size
         self.packed = self.t = self.w = self.scale_zero = self.block = self.tiles = self.native = None
+        self.bf16_kernel = False  # bfloat16 through int4_block.bf16_mm
         cpu = weight.device.type == "cpu"
         if fmt == "int4":
             if not cpu:
@@ -155,6 +161,8 @@ class Linear:
             self.t = weight.to(_DTYPES[fmt]).t().contiguous()
         elif fmt == "bfloat16" and cpu:
             self.w = weight.to(torch.bfloat16).contiguous()
+            self.bf16_kernel = (self.shape[1] % int4_block.GROUP == 0 and native_enabled()
+                                and int4_block.kernel() is not None)
         elif (fmt == "float32" and cpu and weight.numel() >= ONEDNN_MIN_ELEMENTS
               and torch.backends.mkldnn.is_available()):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 6)
@@ -169,13 +177,14 @@ class Linear:
             return torch.mm(x, self.t) if residual is None else torch.addmm(residual, x, self.t)
         if self.tiles is not None:
             return f32_kernels.block_mm(self.native, x, self.tiles, self.shape[0], residual)
-        if self.block is not None:
+        if self.w is not None:
+            y = (int4_block.bf16_mm(x, self.w) if self.bf16_kernel and x.shape[0] <= int4_block.BF16_ROWS
+                 else F.linear(x.to(torch.bfloat16), self.w).float())
+        elif self.block is not None:
             y = int4_block.block_mm(x, *self.block)
         elif self.format == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, self.group_size,
                                                            self.scale_zero)[:, :self.shape[0]].float()
-        elif self.format == "bfloat16":
-            y = F.linear(x.to(torch.bfloat16), self.w).float()
         else:
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return y if residual is None else y.add_(residual)

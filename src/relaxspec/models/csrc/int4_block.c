@@ -1,7 +1,8 @@
 /* The int4 block kernel (models/int4_block.py): y = x @ W^T for M rows of bfloat16 inputs x [M, in] against W in
    its packed int4 layout (codes [out, in / 2], one scale-and-zero word per group of 32 [out, in / 32]), each group
-   dequantized to bfloat16 once per call of up to 10 rows and applied with AVX-512 BF16 dot products. Outputs are
-   split between OpenMP threads (the process's runtime: torch's, and its thread count), never a dot product. */
+   dequantized to bfloat16 once per call of up to 10 rows and applied with AVX-512 BF16 dot products; its sibling
+   for bfloat16 weights (bf16_block_mm); and the int8-activation path (int4_block_mm_q8). Outputs are split
+   between OpenMP threads (the process's runtime: torch's, and its thread count), never a dot product. */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -95,6 +96,77 @@ void int4_block_mm(const uint16_t* x, int64_t M, int64_t in, const uint8_t* code
     const problem p = {x + m0 * in, in, codes, sz, y + m0 * out, out};
     const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
     runs[rows - 1](&p);
+  }
+}
+
+/* ---- bfloat16 weights (quant.py's bfloat16 format), bf16_block_mm: y[m, o] = one float32 chain of vdpbf16ps over
+   the inputs of W's row o (bfloat16 [out, in], read as stored) and x's row m (rounded to bfloat16, as oneDNN
+   rounds it), returned in float32. oneDNN's bfloat16 GEMM rounds each output to bfloat16 (a relative 2^-9): logits
+   that float32 tells apart come out tied. A row's numbers do not depend on the call's other rows, its chunking or
+   the threads, so a row alone, in a verify block or in a prompt gets the same bits. */
+
+#define X_BLOCK_BYTES (512 << 10) /* a block of rows' inputs, kept in L2 while every output tile passes over it */
+
+typedef struct {
+  const uint16_t* x;
+  int64_t in, M; /* M rows in this block */
+  const uint16_t* w;
+  float* y;
+  int64_t out;
+  int OT;        /* outputs per tile: 4 up to 4 rows in the call, else 2 (the accumulators stay in registers) */
+} bproblem;
+
+/* Rows [m0, m0 + M) against outputs o..o + OT - 1 (M and OT constants where it is inlined). */
+static inline __attribute__((always_inline)) void btile(const int M, const int OT, const bproblem* p, int64_t m0,
+                                                        int64_t o) {
+  const int64_t in = p->in, G = in / 32;
+  __m512 acc[4][MAX_ROWS];
+  for (int t = 0; t < OT; ++t)
+    for (int m = 0; m < M; ++m) acc[t][m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512bh w[4];
+    for (int t = 0; t < OT; ++t) w[t] = (__m512bh)_mm512_loadu_si512((const void*)(p->w + (o + t) * in + 32 * g));
+    for (int m = 0; m < M; ++m) {
+      const __m512bh xm = (__m512bh)_mm512_loadu_si512((const void*)(p->x + (m0 + m) * in + 32 * g));
+      for (int t = 0; t < OT; ++t) acc[t][m] = _mm512_dpbf16_ps(acc[t][m], w[t], xm);
+    }
+  }
+  for (int t = 0; t < OT; ++t)
+    for (int m = 0; m < M; ++m) p->y[(m0 + m) * p->out + o + t] = _mm512_reduce_add_ps(acc[t][m]);
+}
+
+/* Every chunk of up to MAX_ROWS rows of the block against outputs o..o + ot - 1 (ot: the problem's OT, or 1). */
+static void bcolumn(const bproblem* p, int ot, int64_t o) {
+  for (int64_t m0 = 0; m0 < p->M; m0 += MAX_ROWS) {
+    switch (p->M - m0 < MAX_ROWS ? p->M - m0 : MAX_ROWS) {
+#define CASE(MM) case MM: {                                                                                      \
+          if (ot == 1) btile(MM, 1, p, m0, o);                                                                 \
+          else if ((MM) <= 4 && ot == 4) btile(MM, 4, p, m0, o);                                               \
+          else btile(MM, 2, p, m0, o);                                                                         \
+          break;                                                                                               \
+        }
+      CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) default: CASE(10)
+#undef CASE
+    }
+  }
+}
+
+static void btiles(const void* arg, int64_t begin, int64_t end) {
+  const bproblem* p = arg;
+  for (int64_t i = begin; i < end; ++i) bcolumn(p, p->OT, i * p->OT);
+}
+
+/* y [M, out] float32 = x [M, in] (bfloat16 bits, contiguous) @ W^T, W [out, in] bfloat16 (contiguous), in a
+   multiple of 32: per block of rows (their inputs stay in cache), output tiles split between threads, each tile's
+   weights read once per block. */
+void bf16_block_mm(const uint16_t* x, int64_t M, int64_t in, const uint16_t* w, float* y, int64_t out) {
+  const int OT = M <= 4 ? 4 : 2;
+  int64_t block = X_BLOCK_BYTES / (2 * in) / MAX_ROWS * MAX_ROWS;
+  block = block < MAX_ROWS ? MAX_ROWS : block;
+  for (int64_t b0 = 0; b0 < M; b0 += block) {
+    const bproblem p = {x + b0 * in, in, M - b0 < block ? M - b0 : block, w, y + b0 * out, out, OT};
+    parallel_for(out / OT, 8, btiles, &p);
+    for (int64_t o = out / OT * OT; o < out; ++o) bcolumn(&p, 1, o);
   }
 }
 
