@@ -90,7 +90,7 @@ def test_stage_configs_take_flags_over_the_preset():
         config.validate()
         assert config.verifiers == ["verifier"] and config.drafters == ["qwen2.5-coder-0.5b"]
         assert config.tasks == ["humaneval-instruct"] and config.limit == 2 and config.looks == 1
-        assert config.max_new_tokens == 512 and config.speed_prompts == 4
+        assert config.max_new_tokens == 512 and config.speed_prompts == 4 and config.workers == 1
     assert configs["greedy"].temperature == 0 and configs["greedy"].repeats == 1
     assert configs["sampled"].temperature == 0.7 and configs["sampled"].top_p == 0.95 and configs["sampled"].repeats == 3
     assert configs["sampled"].batch_size == 6

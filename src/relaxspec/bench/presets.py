@@ -15,6 +15,8 @@ the end covers all of them (`relaxspec report DIR --all`).
            spec-casc-opt -0.1 / 0, spec-cont-dec 0.5 / 1, at N = 3.
   lengths  T = 0.7: strict and topk-delta 0.6 at N = 5 and auto (AR shared with the sampled stage).
 
+Cells run one at a time in this process (WORKERS) on every core (`--threads`), the batch-1 timing too.
+
 Drafter: the pair's own 0.5B (`qwen2.5-coder-0.5b`), both models int4 (the fastest format on a CPU). Measured on
 this CPU (benchmarks/real_pair_peer.py, greedy, batch 1): its step costs 0.39 of the verifier's and it is accepted
 0.70 of the time at N = 3 (tau 3.06), so strict runs 1.29x AR, where prompt lookup (`--drafter ngram`) accepts 0.21
@@ -44,6 +46,9 @@ TASK = "humaneval-instruct"
 PROBLEMS = 164  # HumanEval
 BUDGET_S = 3 * 3600.0
 AUTO_AS = 5  # draft length that prices N = auto (the schedule starts at 5)
+WORKERS = 1  # cells in this process, on every core: a cell of 55 problems holds ~8-10 GB at its peak (the prompts'
+# prefill, then KV caches to 512 new tokens), and two worker processes beside the driver's models ran a 24 GB machine
+# out of memory
 
 STAGES = {
     "greedy": {"temperature": 0.0, "top_p": None, "draft_lengths": [3],
@@ -172,7 +177,7 @@ def stage_configs(explicit: dict, costs: Costs = Costs()) -> list[tuple[str, "Be
     for name, stage in STAGES.items():
         reps = 1 if stage["temperature"] == 0 else repeats  # greedy repeats would repeat the same answers
         settings = {"verifiers": [VERIFIER], "drafters": [DRAFTER], "tasks": [TASK], "dtype": DTYPE, "looks": 1,
-                    "speed_prompts": SPEED_PROMPTS,
+                    "speed_prompts": SPEED_PROMPTS, "workers": WORKERS,
                     "max_new_tokens": 512, "batch_size": problems * reps, "time_budget_s": BUDGET_S, "max_drop": 0.03,
                     **stage, **explicit, "limit": problems, "repeats": reps}
         configs.append((name, BenchConfig(**settings)))
