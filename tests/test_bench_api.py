@@ -1,5 +1,6 @@
 """relaxspec.bench as a library: its public API, a typed cell request and result, one executor interface."""
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -52,9 +53,13 @@ class Job:
     label: str
     fail: bool = False
     affinity: str = "pair"
+    die: bool = False  # the worker process is killed (as the kernel's out-of-memory killer kills it)
 
     def run(self, cache):
         cache["runs"] = cache.get("runs", 0) + 1
+        if self.die:
+            import signal
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.fail:
             raise ValueError(f"bad parameters in {self.label}")
         return self.label
@@ -70,3 +75,29 @@ def test_local_and_pool_executors_are_one_interface():
         assert isinstance(pool, PoolExecutor) and isinstance(pool, Executor) and pool.capacity() == 2
         done = {f.job.label: (f.result, f.error) for f in pool.run([Job("a"), Job("b", fail=True), Job("c")])}
     assert done == {"a": ("a", None), "b": (None, "ValueError: bad parameters in b"), "c": ("c", None)}
+
+
+def test_a_pool_worker_killed_fails_the_unfinished_jobs_and_never_hangs():
+    """A worker killed mid-job (out of memory): every job is still reported once, the killed one and those not
+    finished as failed with one line that says why, never waited for; the next run starts a new pool."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("the pool waited for a dead worker")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(240)
+    try:
+        with make_executor(ExecutorOptions(), workers=2) as pool:
+            jobs = [Job("a"), Job("dies", die=True), *(Job(f"later {i}") for i in range(4))]
+            done = list(pool.run(jobs))
+            assert sorted(f.job.label for f in done) == sorted(j.label for j in jobs)
+            died = [f for f in done if f.error]
+            assert "dies" in [f.job.label for f in died]
+            assert all(f.error.startswith("BrokenProcessPool: its worker process died") and "\n" not in f.error
+                       for f in died)
+            assert all(f.result == f.job.label for f in done if not f.error)
+            again = list(pool.run([Job("after")]))
+            assert [(f.job.label, f.result, f.error) for f in again] == [("after", "after", None)]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -16,7 +16,8 @@ progress bar).
 
 The local executor runs jobs one after the other in this process, lazily (a job is pulled when the last one is
 done). The pool executor runs them in `workers` spawned processes with this process's torch threads, each
-process's cache kept across its jobs. The Ray executor runs one actor per worker, whose cache lives as long as the
+process's cache kept across its jobs; a worker that dies (killed, out of memory) fails its job and every job not
+finished, with one line that says so, and the next run starts a new pool. The Ray executor runs one actor per worker, whose cache lives as long as the
 actor (loaded models stay in memory across its cells: loading a pair costs more than a small cell); a job goes
 preferably to the worker that last ran one of the same affinity. An actor that dies (node lost, process killed,
 out of memory) is restarted and its in-flight jobs re-sent, at most `max_retries` times; after that the jobs
@@ -156,29 +157,57 @@ def _run_in_pool(indexed: tuple) -> tuple:
     return index, result, error, time.perf_counter() - t0
 
 
+WORKER_DIED = ("BrokenProcessPool: its worker process died (killed by the system: out of memory? fewer --workers or a smaller "
+               "--batch-size); not run")
+
+
 class PoolExecutor(Executor):
     """Runs jobs in `workers` spawned processes of this machine, each with this process's torch threads and a cache
-    kept across its jobs (`status` stays empty: a pool does not say which worker runs what)."""
+    kept across its jobs (`status` stays empty: a pool does not say which worker runs what). A worker that dies
+    (killed, out of memory) breaks the pool: every job not finished is reported failed (WORKER_DIED), never waited
+    for, and the next `run` starts a new pool."""
 
     def __init__(self, workers: int):
-        import multiprocessing
-
-        import torch
         super().__init__()
         self.workers = workers
-        self.pool = multiprocessing.get_context("spawn").Pool(workers, torch.set_num_threads,
-                                                               (torch.get_num_threads(),))
+        self.pool = self._start()
+
+    def _start(self):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        import torch
+        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
 
     def capacity(self) -> int:
         return self.workers
 
     def run(self, jobs: Iterable) -> Iterator[Finished]:
+        from concurrent.futures import as_completed
+        from concurrent.futures.process import BrokenProcessPool
+
         jobs = list(jobs)
-        for index, result, error, seconds in self.pool.imap_unordered(_run_in_pool, enumerate(jobs)):
-            yield Finished(jobs[index], result, error, "pool", seconds)  # seconds: the job's own, in its worker
+        futures = {self.pool.submit(_run_in_pool, (i, job)): i for i, job in enumerate(jobs)}
+        broken = False
+        for future in as_completed(futures):
+            try:
+                _, result, error, seconds = future.result()
+            except BrokenProcessPool:
+                broken, result, error, seconds = True, None, WORKER_DIED, 0.0
+            yield Finished(jobs[futures[future]], result, error, "pool", seconds)  # seconds: in its worker
+        if broken:
+            self.close()
+            self.pool = self._start()
 
     def close(self) -> None:
-        self.pool.terminate()
+        """Ends the workers now, a job in flight included (Ctrl-C, SIGTERM, the end of the grid)."""
+        processes = list((getattr(self.pool, "_processes", None) or {}).values())
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:  # (Python < 3.14 has no public way to end a worker in flight)
+            process.terminate()
+        for process in processes:
+            process.join(timeout=10)
 
 
 def import_ray():
