@@ -15,14 +15,14 @@ is running ("" when idle); `executor.on_change`, when set, is called after each 
 progress bar).
 
 The local executor runs jobs one after the other in this process, lazily (a job is pulled when the last one is
-done). The pool executor runs them in `workers` spawned processes with this process's torch threads, each
-process's cache kept across its jobs; a worker that dies (killed, out of memory) fails its job and every job not
-finished, with one line that says so, and the next run starts a new pool. The Ray executor runs one actor per worker, whose cache lives as long as the
-actor (loaded models stay in memory across its cells: loading a pair costs more than a small cell); a job goes
-preferably to the worker that last ran one of the same affinity. An actor that dies (node lost, process killed,
-out of memory) is restarted and its in-flight jobs re-sent, at most `max_retries` times; after that the jobs
-are reported as failed. Without `ray_address` a local Ray instance with this machine's CPUs is started (and
-shut down by `close`), without dashboard, its logs kept off the terminal.
+done). The pool executor runs them in `workers` spawned processes with this process's torch threads, each process's
+cache kept across its jobs; a worker that dies (killed, out of memory) fails its job and every job not finished,
+with one line that says so, and the next run starts a new pool. The Ray executor runs one actor per worker, whose
+cache lives as long as the actor (loaded models stay in memory across its cells: loading a pair costs more than a
+small cell); a job goes preferably to the worker that last ran one of the same affinity. An actor that dies (node
+lost, process killed, out of memory) is restarted and its in-flight jobs re-sent, at most `max_retries` times; after
+that the jobs are reported as failed. Without `ray_address` a local Ray instance with this machine's CPUs is started
+(and shut down by `close`), without dashboard, its logs kept off the terminal.
 """
 
 from __future__ import annotations
@@ -157,8 +157,8 @@ def _run_in_pool(indexed: tuple) -> tuple:
     return index, result, error, time.perf_counter() - t0
 
 
-WORKER_DIED = ("BrokenProcessPool: its worker process died (killed by the system: out of memory? fewer --workers or a smaller "
-               "--batch-size); not run")
+WORKER_DIED = ("BrokenProcessPool: its worker process died (killed by the system: out of memory? fewer --workers "
+               "or a smaller --batch-size); not run")
 
 
 class PoolExecutor(Executor):

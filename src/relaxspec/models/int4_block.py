@@ -54,8 +54,8 @@ PATHS = ("vnni", "bf16")
 
 @functools.cache
 def kernel():
-    """The kernel's library (its functions int4_block_mm, int4_block_mm_q8, bf16_block_mm), or None (with one warning line) where it cannot run or be
-    built; None, silently, with RELAXSPEC_NATIVE=0."""
+    """The kernel's library (its functions int4_block_mm, int4_block_mm_q8, bf16_block_mm), or None (with one
+    warning line) where it cannot run or be built; None, silently, with RELAXSPEC_NATIVE=0."""
     if not native.enabled():
         return None
     missing = [f for f in CPU_FLAGS if f not in native.cpu_flags()]

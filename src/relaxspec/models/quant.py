@@ -25,10 +25,10 @@ What stays float32 in every format: the activations between layers and the resid
 weights, RoPE, attention (softmax, KV cache), the embedding table, and the logits (always float32 before any
 rule).
 
-Blocks and single rows: the int4 and bfloat16 kernels give a row the same numbers whether it is multiplied alone
-or in a block of N+1 rows (tested); oneDNN's float32 and bfloat16 (a prompt's) kernels may block the inner dimension differently
-(a difference within their rounding), and so does attention (a block's masked softmax against one row's) in
-every format. Strict greedy therefore equals AR greedy except at near-ties of the verifier's top two logits;
+Blocks and single rows: the int4 and bfloat16 kernels give a row the same numbers whether it is multiplied alone or
+in a block of N+1 rows (tested); oneDNN's float32 and bfloat16 (a prompt's) kernels may block the inner dimension
+differently (a difference within their rounding), and so does attention (a block's masked softmax against one row's)
+in every format. Strict greedy therefore equals AR greedy except at near-ties of the verifier's top two logits;
 benchmarks/cpu_peer.py counts the divergences per format and prints each one's top-2 gap.
 
 Quantizing: min-max per group (scale = (max - min) / 15, code = round((w - min) / scale)), from the float
