@@ -128,7 +128,8 @@ def gap(logits: torch.Tensor) -> float:
 def ours_gap(model, prefix: list[int]) -> float:
     x = torch.tensor([prefix], device=model.device)
     pos = torch.arange(len(prefix), device=model.device)[None]
-    return gap(model.forward(x, model.new_cache(), None, pos)[0, -1])
+    logits, _ = model.forward(x, model.new_cache(), None, pos)
+    return gap(logits[0, -1])
 
 
 def llama_gap(llm, prefix: list[int]) -> float:

@@ -109,3 +109,18 @@ def test_divergence():
     assert mod.divergence([1, 2, 3], [1, 2, 3]) is None
     assert mod.divergence([1, 2, 3], [1, 5, 3]) == 1
     assert mod.divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_ours_gap_reads_the_prefix_last_position():
+    """The divergence table's gap on our side: top-1 minus top-2 logit after the prefix, the same whatever follows."""
+    import torch
+    from relaxspec.models import load_model
+    mod = benchmark_module("humaneval_baselines")
+    model = load_model("verifier")
+    prefix = model.tokenizer("Question: Mia has 120 apples. She buys 35 more.")["input_ids"]
+    g = mod.ours_gap(model, prefix)
+    x = torch.tensor([prefix + [5, 7]])
+    logits, _ = model.forward(x, model.new_cache(), None, torch.arange(x.shape[1])[None])
+    top = torch.topk(logits[0, len(prefix) - 1].float(), 2).values
+    assert isinstance(g, float) and g > 0
+    assert abs(g - float(top[0] - top[1])) < 1e-4 * max(1.0, abs(g))
