@@ -18,11 +18,17 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 def test_grid_stages_and_cells():
     cells = presets.grid()
-    assert {k: len(v) for k, v in cells.items()} == {"greedy": 7, "sampled": 23, "lengths": 4}
-    assert sum(m == AR for v in cells.values() for m, _, _ in v) == 2  # greedy's and sampled's; lengths shares it
+    assert {k: len(v) for k, v in cells.items()} == {"greedy": 7, "sampled": 23, "lengths": 2, "greedy-lengths": 4}
+    assert sum(m == AR for v in cells.values() for m, _, _ in v) == 2  # greedy's and sampled's; lengths share them
     greedy = {m for m, _, _ in cells["greedy"]}
     assert greedy == {AR, "strict", "topk-delta", "topk-ratio", "spec-casc-tok", "ensemble", "spec-casc-opt"}
-    assert {n for _, _, n in cells["lengths"]} == {5, AUTO}
+    assert {n for _, _, n in cells["lengths"]} == {5, AUTO} == {n for _, _, n in cells["greedy-lengths"]}
+    # a relaxed rule at every N where 55 samples can decide one: greedy (the sampled stage decided none)
+    assert {(m, n) for m, _, n in cells["greedy-lengths"]} == {(m, n) for m in ("strict", "spec-casc-tok")
+                                                                for n in (5, AUTO)}
+    configs = dict(presets.stage_configs({}))
+    assert configs["greedy-lengths"].temperature == 0 == configs["greedy"].temperature
+    assert configs["lengths"].temperature == 0.7
     sampled = {(m, tuple(p.values())) for m, p, _ in cells["sampled"]}
     assert ("cactus", (0.1,)) in sampled and ("cactus", (0.25,)) in sampled and ("spec-casc-tok", (0.8,)) in sampled
     # the 0.5B drafter gives logits: the rules that read them run too; PAD has no classifier for this pair
@@ -60,20 +66,21 @@ def test_estimate_prices_every_cell():
     assert c.ratio("strict", 3, "ngram") == pytest.approx((1.3 + 3 * 0.003) / 1.6)
     assert c.ratio("strict", 3, "qwen2.5-coder-0.5b") == pytest.approx((1.3 + 3 * 0.39) / 3.0)
     assert c.ratio("strict", AUTO, "ngram") == c.ratio("strict", 5, "ngram")
-    batched = (1 + 6 * 1.5) + (1 + 22 * 1.5) + 4 * 1.5  # greedy, sampled, lengths: AR 1, a speculative cell 1.5
+    # greedy, sampled, lengths, greedy-lengths: AR 1, a speculative cell 1.5
+    batched = (1 + 6 * 1.5) + (1 + 22 * 1.5) + 2 * 1.5 + 4 * 1.5
     b1 = 0.05 * 210  # an answer at batch 1
     r3, r5 = (1.3 + 3 * 0.39) / 3.0, (1.5 + 5 * 0.39) / 3.0
-    timing = 4 * b1 * ((6 * r3 + 1) + (22 * r3 + 4) + (2 * r5 + 2 * r5 + 1))  # AR once per 6 cells, a turn
+    timing = 4 * b1 * ((6 * r3 + 1) + (22 * r3 + 4) + (2 * r5 + 1) + (4 * r5 + 1))  # AR once per 6 cells, a turn
     est = presets.estimate(10, costs=c)
-    assert est["total"] == pytest.approx(3 * c.overhead_s + 10 * batched * c.sample_s + timing)
+    assert est["total"] == pytest.approx(4 * c.overhead_s + 10 * batched * c.sample_s + timing)
     assert presets.estimate(10, repeats=2, costs=c)["greedy"] == est["greedy"]  # greedy never repeats
     assert presets.estimate(10, repeats=2, costs=c)["sampled"] > est["sampled"]
 
 
 def test_fit_problems_is_the_most_that_fits():
     problems, repeats = presets.fit_problems()
-    assert (problems, repeats) == (55, 1)  # at the measured costs (Costs' defaults)
-    assert presets.estimate(55)["total"] <= presets.BUDGET_S < presets.estimate(56)["total"]
+    assert (problems, repeats) == (50, 1)  # at the measured costs (Costs' defaults)
+    assert presets.estimate(50)["total"] <= presets.BUDGET_S < presets.estimate(51)["total"]
     fast = presets.Costs(batch_ar_s_per_token=0.001)
     problems, repeats = presets.fit_problems(costs=fast)
     assert problems == 164 and repeats > 1
@@ -85,7 +92,7 @@ def test_fit_problems_is_the_most_that_fits():
 
 def test_stage_configs_take_flags_over_the_preset():
     configs = dict(presets.stage_configs({"verifiers": ["verifier"], "limit": 2, "repeats": 3}))
-    assert list(configs) == ["greedy", "sampled", "lengths"]
+    assert list(configs) == ["greedy", "sampled", "lengths", "greedy-lengths"]
     for name, config in configs.items():
         config.validate()
         assert config.verifiers == ["verifier"] and config.drafters == ["qwen2.5-coder-0.5b"]
@@ -95,7 +102,7 @@ def test_stage_configs_take_flags_over_the_preset():
     assert configs["sampled"].temperature == 0.7 and configs["sampled"].top_p == 0.95 and configs["sampled"].repeats == 3
     assert configs["sampled"].batch_size == 6
     text = presets.describe(presets.stage_configs({}))
-    assert "34 cells on the first 55 of 164 problems" in text and "3.0 h" in text
+    assert "36 cells on the first 50 of 164 problems" in text and "3.0 h" in text
 
 
 def _bench(out, *extra):
@@ -126,10 +133,10 @@ def test_interrupted_run_resumes_to_the_same_rows(tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     run = subprocess.run(_bench(whole), capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "34 cells on the first 2 of 164 problems" in run.stdout
+    assert "36 cells on the first 2 of 164 problems" in run.stdout
     assert f"(greedy, T=0, {os.cpu_count()} threads)" in run.stderr  # every core unless --threads says otherwise
     want = _rows(whole)
-    assert len(want) == 34 * 2
+    assert len(want) == 36 * 2
 
     proc = subprocess.Popen(_bench(resumed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 600

@@ -162,7 +162,7 @@ def cmd_bench(args) -> int:
 
     import warnings
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
-    if getattr(args, "preset", None) == "qwen-coder":  # three bench runs (stages) into one store: bench.presets
+    if getattr(args, "preset", None) == "qwen-coder":  # four bench runs (stages) into one store: bench.presets
         if args.config:
             raise ValueError("--preset qwen-coder takes flags, not --config")
         return _run_preset(args, {name: str(value) if name == "out" else value for flag, name in _FLAG_TO_FIELD.items()
