@@ -35,6 +35,20 @@ def tuned(tmp_path_factory):
     return result, out
 
 
+def test_the_plot_title_fits_the_figure(tuned):
+    """The title (task name, then what is drawn) lies inside the figure, a long task name included."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+    from relaxspec.tune.report import search_figure
+    result, _ = tuned
+    for task in (result.config.task, "humaneval-instruct"):
+        fig = search_figure(dataclasses.replace(result, config=dataclasses.replace(result.config, task=task)))
+        box = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, (task, box, fig.bbox)
+        plt.close(fig)
+
+
 def test_tune_writes_a_toml_that_generate_and_bench_read(tuned):
     result, out = tuned
     assert result.choice is not None and Path(result.toml_path).is_file() and Path(result.plot_path).is_file()

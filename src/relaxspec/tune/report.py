@@ -123,7 +123,17 @@ def write_outputs(result, plots: bool = True) -> None:
 
 def plot_search(result, path: Path) -> Path:
     """Every configuration at its last rung: speed-up vs drop with 95% CIs, the budget line, the choice and
-    its held-out confirmation."""
+    its held-out confirmation (search_figure), saved to `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = search_figure(result)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def search_figure(result):
+    """plot_search's figure."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -162,13 +172,12 @@ def plot_search(result, path: Path) -> Path:
                         markersize=7, label="choice on held-out prompts")
     ax.set_xlabel("utility drop vs strict at the same N (95% CI)")
     ax.set_ylabel(f"{cfg.objective} speed-up vs AR (95% CI)")
-    ax.set_title(f"relaxspec tune: {cfg.task}, each configuration at its last rung (95% CIs from rung 2 on)")
+    ax.set_title(f"relaxspec tune: {cfg.task}\neach configuration at its last rung (95% CIs from rung 2 on)",
+                 fontsize=10)
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _below(high: float, low: float) -> float:
