@@ -22,9 +22,9 @@ the end covers all of them (`relaxspec report DIR --all`).
 Cells run one at a time in this process (WORKERS) on every core (`--threads`), the batch-1 timing too.
 
 Drafter: the pair's own 0.5B (`qwen2.5-coder-0.5b`), both models int4 (the fastest format on a CPU). Measured on
-this CPU (benchmarks/real_pair_peer.py, greedy, batch 1): its step costs 0.39 of the verifier's and it is accepted
-0.73 of the time at N = 3 (tau 3.18), so strict runs 1.36x AR, where prompt lookup (`--drafter ngram`) accepts 0.21
-(tau 1.61) and its one-hot drafts leave out the rules that read the drafter's logits. PAD has no classifier for
+this CPU (benchmarks/real_pair_peer.py, greedy, batch 1): its step costs 0.36 of the verifier's and it is accepted
+0.71 of the time at N = 3 (tau 3.10), so strict runs 1.34x AR, where prompt lookup (`--drafter ngram`) accepts 0.21
+(tau 1.62) and its one-hot drafts leave out the rules that read the drafter's logits. PAD has no classifier for
 this pair: left out. Every cell is one batch of all its problems (`batch_size` = problems x repeats), one look (the
 budget goes into the first look); then SPEED_PROMPTS prompts of each speculative cell are timed alone (batch 1,
 beside AR), which gives the measured speed-ups next to the modelled ones at the measured c_rel and c_block.
