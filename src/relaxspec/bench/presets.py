@@ -15,7 +15,7 @@ the end covers all of them (`relaxspec report DIR --all`).
            spec-casc-opt -0.1 / 0, spec-cont-dec 0.5 / 1, at N = 3.
   lengths  T = 0.7: strict at N = 5 and auto (AR shared with the sampled stage): the speed of longer drafts and
            strict's check against AR at each N. No relaxed rule here: at T = 0.7 55 paired samples decide none
-           (the sampled stage's 21 rules all stayed open on the pair), so relaxed rules at N = 5 and auto go to
+           (the sampled stage's 21 rules all stayed open on the pair); the next stage runs one greedy instead.
   greedy-lengths  T = 0: strict and spec-casc-tok 0.35 (the greedy stage's rule within budget) at N = 5 and auto
            (AR shared with the greedy stage), where a greedy run can decide them.
 
@@ -198,8 +198,9 @@ def describe(configs, costs: Costs = Costs()) -> str:
     cells = grid(drafter)
     lines = [f"bench --preset {QWEN_CODER}: {sum(len(c) for c in cells.values())} cells on the first {problems} of "
              f"{PROBLEMS} problems ({repeats} sample(s) a problem when sampling), drafter {drafter}:"]
+    width = max(len(name) for name, _ in configs)
     for name, config in configs:
-        lines.append(f"  {name:<14} T={config.temperature:g}: {len(cells[name])} cells, about "
+        lines.append(f"  {name:<{width}} T={config.temperature:g}: {len(cells[name])} cells, about "
                      f"{est[name] / 60:.0f} min")
     lines.append(f"  about {est['total'] / 3600:.1f} h in all at {VERIFIER}'s int4 costs on 2 CPU cores "
                  f"({costs.ar_s_per_token * 1000:.0f} ms/token AR, {costs.tokens_per_answer} tokens an answer, "
