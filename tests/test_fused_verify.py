@@ -555,3 +555,32 @@ def test_capped_ratio_kernel_equals_torch_bit_for_bit_with_edge_values():
     assert torch.equal(torch.nan_to_num(got, nan=-7.0), torch.nan_to_num(want, nan=-7.0))
     assert torch.equal(torch.signbit(got), torch.signbit(want))
     assert got[0, 0] == 0 and got[0, 2] == 0 and got[0, 3] == 1 and (got[~got.isnan()] <= 1).all()
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_a_block_tested_in_parts_equals_the_block_tested_whole(name, monkeypatch):
+    # A block larger than verify's test_chunk_elements is tested a few sequences at a time (bounded memory): the same
+    # results, bit for bit, on the torch path and the C path, with relax masks, ragged rows and tensor inputs.
+    rule = RULES[name]
+    g = torch.Generator().manual_seed(91)
+    B, N, V = 5, 3, 40
+    parts = []
+    select = verify_module.VerifyContext.select
+    monkeypatch.setattr(verify_module.VerifyContext, "select",
+                        lambda ctx, start, stop: parts.append((start, stop)) or select(ctx, start, stop))
+    for sampling, mode, relaxed in itertools.product(SAMPLINGS, ("sampled", "accept", "reject"), (False, True)):
+        target, draft, drafts = block(B, N, V, mode, g)
+        inputs = {"pivot_prob": torch.rand(B, N, generator=g)} if "pivot_prob" in rule.inputs else {}
+        relax = torch.rand(B, N + 1, generator=g) < 0.5 if relaxed else None
+        num_drafts = torch.randint(0, N + 1, (B,), generator=g)
+        for off in (False, True):
+            with fused.disabled() if off else contextlib.nullcontext():
+                results = []
+                for elements in (1 << 30, 2 * N * V):  # whole; two sequences at a time
+                    monkeypatch.setattr(verify_module, "test_chunk_elements", lambda device, e=elements: e)
+                    step = verify_module.VerifyStep(name, **sampling)
+                    results.append(step(target, draft, drafts, random=draws("counter", B, N, 3), relax=relax,
+                                        num_drafts=num_drafts, **inputs))
+                assert_same(*results, where=f"({sampling} {mode} relax={relaxed} off={off})")
+    if rule.name != "strict":  # (strict's test is strict's: no rule math to split)
+        assert parts[:3] == [(0, 2), (2, 4), (4, 6)]  # (the last part: sequence 4 alone)
