@@ -7,6 +7,7 @@ constants measured once per grid (`speed_constants`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import statistics
 import time
@@ -219,13 +220,19 @@ class CellRunner:
     """Models, tasks and the PAD classifier of a process that runs cells (the driver itself, or a pool worker)."""
 
     def __init__(self, config: BenchConfig, pivot_fn=None):
-        from relaxspec.models import load_model
-        from relaxspec.drafters import load_drafter
         self.config, self.pivot_fn, self.tasks = config, pivot_fn, {}
-        self.models = {name: load_model(name, **model_options(config)) for name in dict.fromkeys(config.verifiers)}
-        # Drafters of any kind (LM, MTP head, prompt lookup), loaded for each verifier: a head is bound to its own.
-        self.drafters = {(v, d): load_drafter(d, self.models[v]) for v in self.models
-                         for d in dict.fromkeys(config.drafters)}
+
+    # The models load when first read: a resumed run whose cells are all stored loads none (bench.runner.prepare).
+    @functools.cached_property
+    def models(self) -> dict:
+        from relaxspec.models import load_model
+        return {name: load_model(name, **model_options(self.config)) for name in dict.fromkeys(self.config.verifiers)}
+
+    @functools.cached_property
+    def drafters(self) -> dict:
+        """Drafters of any kind (LM, MTP head, prompt lookup), loaded for each verifier: a head is bound to its own."""
+        from relaxspec.drafters import load_drafter
+        return {(v, d): load_drafter(d, self.models[v]) for v in self.models for d in dict.fromkeys(self.config.drafters)}
 
     def pair(self, spec: CellSpec) -> tuple:
         """(verifier, drafter or None for AR) of a cell."""

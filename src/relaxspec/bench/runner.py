@@ -112,10 +112,13 @@ def prepare(config: BenchConfig, store: Store, summary: RunSummary, log=print, r
     and batch-1 timing of the cells new in this run, measured here before any worker starts (a quiet machine)."""
     cells, pivot_fn, versions = runnable(plan(config), config, summary)
     runner = CellRunner(config, pivot_fn)
-    versions.update({name: model_version(name) for name in [*runner.models, *config.drafters]})  # next to loading
+    versions.update({name: model_version(name) for name in [*dict.fromkeys(config.verifiers), *config.drafters]})
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
     key_of = {c.identity: k for c, k in keyed}  # not the label: it does not name the pair
     strict_key = {k: key_of.get(c.strict.identity) for c, k in keyed if c.method not in (AR, STRICT)}
+    if config.looks == 1 and all(looks_done(store.utilities(k), lambda n, t=c.task: runner.samples_at(t, n), 1)
+                                 for c, k in keyed):
+        return Grid(keyed, strict_key, versions, runner, {}, {}, remote)  # all stored: no model loads, nothing runs
     phase_start = time.time()
     speed = speed_constants(runner.models, cells, drafters=runner.drafters,
                             dynamic=config.draft_confidence is not None, pivot_fn=pivot_fn)
