@@ -51,10 +51,13 @@ RUNS = {  # script: (tiny arguments, a line its output must hold)
     "round_ops": (["--prompts", "2", "--max-new-tokens", "24", "--top", "3"], "ops per round outside the forwards"),
     "round_parts": (["--prompts", "2", "--cells", "strict:3", "pad:3"], "x b1 / S_blk"),
     "sampler_speed": (["--vocab", "714", "--rows", "1", "--calls", "20", "--rounds", "3"], "714"),
+    "verify_memory": (["--rules", "strict", "spec-casc-tok", "pad", "--batch", "3", "--drafts", "2", "--vocab", "50",
+                       "--blocks", "2", "--threads", "1", "--temperatures", "0", "0.7"], "| spec-casc-tok | 0 |"),
     "verify_speed": (["--batch", "2", "--drafts", "3", "--vocab", "100", "--repeats", "5", "--warmup", "2"], "pad"),
     "verify_step": (["--rules", "strict", "pad", "--drafts", "3", "--repeats", "20"], "pad"),
 }
-LEFT_OUT = {"real_pair", "smollm2_drafter", "rules_against", "tune_vs_grid"}  # (see the module docstring)
+LEFT_OUT = {"real_pair", "smollm2_drafter", "rules_against", "tune_vs_grid",  # (see the module docstring)
+            "humaneval_ties"}  # (reads a results file: its own test below)
 
 
 def _run(command: list[str], env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -84,3 +87,18 @@ def test_the_drafter_training_recipe_runs(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").glob("*.tar")) == ["mtp-b.tar"]
     bad = _run(["bash", "benchmarks/gpu_train_drafters.sh", str(tmp_path / "out")], {**env, "HEADS": "mtp-z"})
     assert bad.returncode == 2 and "unknown head mtp-z" in bad.stderr
+
+
+def test_humaneval_ties_runs_on_a_results_file(tmp_path):
+    # Two answers of the built-in verifier to HumanEval/0 that part at their third token: each format's lean there.
+    import json
+    results = tmp_path / "he.jsonl"
+    results.write_text("".join(json.dumps({"system": system, "task_id": "HumanEval/0", "token_ids": ids,
+                                           "passed": passed}) + "\n"
+                               for system, ids, passed in (("relaxspec", [5, 6, 7, 8], False),
+                                                           ("llama.cpp", [5, 6, 9], True))))
+    done = _run([sys.executable, "benchmarks/humaneval_ties.py", "--results", str(results), "--model", "verifier",
+                 "--dtypes", "float32", "int4", "--threads", "1", "--skip-llama"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| HumanEval/0 | 2 |" in done.stdout and "| False / True |" in done.stdout, done.stdout
+    assert "int4: leans to our token at" in done.stdout and "as float32 does at" in done.stdout, done.stdout

@@ -559,7 +559,7 @@ def test_capped_ratio_kernel_equals_torch_bit_for_bit_with_edge_values():
 
 @pytest.mark.parametrize("name", list(RULES))
 def test_a_block_tested_in_parts_equals_the_block_tested_whole(name, monkeypatch):
-    # A block larger than verify's test_chunk_elements is tested a few sequences at a time (bounded memory): the same
+    # A block larger than verify's chunk_elements is tested a few sequences at a time (bounded memory): the same
     # results, bit for bit, on the torch path and the C path, with relax masks, ragged rows and tensor inputs.
     rule = RULES[name]
     g = torch.Generator().manual_seed(91)
@@ -577,7 +577,7 @@ def test_a_block_tested_in_parts_equals_the_block_tested_whole(name, monkeypatch
             with fused.disabled() if off else contextlib.nullcontext():
                 results = []
                 for elements in (1 << 30, 2 * N * V):  # whole; two sequences at a time
-                    monkeypatch.setattr(verify_module, "test_chunk_elements", lambda device, e=elements: e)
+                    monkeypatch.setattr(verify_module, "chunk_elements", lambda device, e=elements: e)
                     step = verify_module.VerifyStep(name, **sampling)
                     results.append(step(target, draft, drafts, random=draws("counter", B, N, 3), relax=relax,
                                         num_drafts=num_drafts, **inputs))

@@ -542,9 +542,9 @@ class VerifyStep:
     def _tests(self, ctx: VerifyContext, params: dict, relax, own_test: bool):
         """(accept_prob, strict_accept_prob) [B, N] by the rule's torch math: strict's where `relax` leaves a
         position to strict; strict_accept_prob is accept_prob itself for a rule that keeps strict's test. A block
-        larger than `test_chunk_elements` is tested a few sequences at a time (each position's test reads its own
+        larger than `chunk_elements` is tested a few sequences at a time (each position's test reads its own
         row only: the same values)."""
-        rows = max(1, test_chunk_elements(ctx.p.device) // (ctx.num_drafts * ctx.p.shape[-1]))
+        rows = max(1, chunk_elements(ctx.p.device) // (ctx.num_drafts * ctx.p.shape[-1]))
         if rows < ctx.batch_size:
             parts = [self._tests(ctx.select(b, b + rows), {name: value[b:b + rows] if name in self.rule.inputs
                                                             else value for name, value in params.items()},
@@ -681,7 +681,7 @@ def _verify_greedy_strict(target_logits, draft_logits, draft_tokens, draft_probs
                         accepted=match, relaxed_only=torch.zeros_like(match), last_token=best.gather(1, at).squeeze(1))
 
 
-def test_chunk_elements(device: torch.device) -> int:
+def chunk_elements(device: torch.device) -> int:
     """How many block elements (positions x vocabulary) a rule's torch test reads at once at most (`VerifyStep._tests`):
     a rule's dense intermediates (p~, masks, products: a dozen [sequences, N, V] tensors for spec-casc-tok) stay
     bounded. On a CPU 2^22 (16 MB a float32 tensor, under glibc's largest mmap threshold, so they are reused from the

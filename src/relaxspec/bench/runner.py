@@ -220,7 +220,8 @@ def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: B
     if look == 1:
         summary.skipped = [k for c, k in keyed if done[k] >= target]
         if summary.skipped:
-            log(f"bench: {len(summary.skipped)} of {len(keyed)} cells already in {store.path}; running the rest")
+            rest = "nothing to run" if len(summary.skipped) == len(keyed) else "running the rest"
+            log(f"bench: {len(summary.skipped)} of {len(keyed)} cells already in {store.path}; {rest}")
         return [CellRequest(c, k, done[k], target) for c, k in keyed if done[k] < target]
     confidence = decision_confidence(config.looks)
     undecided = {k for c, k in keyed if strict_key.get(k) and store.has(strict_key[k]) and not is_decided(
