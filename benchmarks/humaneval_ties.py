@@ -104,6 +104,7 @@ def main(argv=None) -> int:
             for i, _, k, ours, theirs in cases:
                 z = llama_logits(llm, list(ids[i]), ours["token_ids"][:k])
                 lean[LLAMA].append(float(z[ours["token_ids"][k]] - z[theirs["token_ids"][k]]))
+            llm.close()  # (now: at interpreter exit its finalizer fails noisily)
     names = list(lean)
     print("| problem | position | our token | llama.cpp's | passed ours / llama.cpp | "
           + " | ".join(f"{n}: z(ours) - z(theirs)" for n in names) + " |")
