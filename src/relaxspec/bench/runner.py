@@ -109,7 +109,8 @@ class Grid:
 
 def prepare(config: BenchConfig, store: Store, summary: RunSummary, log=print, remote: bool = False) -> Grid:
     """The grid's cells that can run (`runnable`), this process's runner, the cells' keys, and the speed constants
-    and batch-1 timing of the cells new in this run, measured here before any worker starts (a quiet machine)."""
+    and batch-1 timing of the cells new in this run, measured here before any worker starts (a quiet machine); with
+    one look and every cell stored, none of that: no model loads."""
     cells, pivot_fn, versions = runnable(plan(config), config, summary)
     runner = CellRunner(config, pivot_fn)
     versions.update({name: model_version(name) for name in [*dict.fromkeys(config.verifiers), *config.drafters]})
