@@ -448,7 +448,7 @@ def test_a_generation_leaves_no_reference_cycles(builtin_pair, temperature):
 
     generate(verifier, drafter, ["1+1="], method="strict", max_new_tokens=4)  # (first-call caches, made once)
     for method in ["ar", *RULES]:
-        extra = dict(pivot_fn=pivot_fn) if "pivot_prob" in RULES.get(method, RULES["strict"]).inputs else {}
+        extra = dict(pivot_fn=pivot_fn) if method in RULES and "pivot_prob" in RULES[method].inputs else {}
         gc.collect()
         gc.disable()
         try:

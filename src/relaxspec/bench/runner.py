@@ -117,8 +117,7 @@ def prepare(config: BenchConfig, store: Store, summary: RunSummary, log=print, r
     keyed = [(c, cell_key(cell_config(c, config, versions))) for c in cells]
     key_of = {c.identity: k for c, k in keyed}  # not the label: it does not name the pair
     strict_key = {k: key_of.get(c.strict.identity) for c, k in keyed if c.method not in (AR, STRICT)}
-    if config.looks == 1 and all(looks_done(store.utilities(k), lambda n, t=c.task: runner.samples_at(t, n), 1)
-                                 for c, k in keyed):
+    if config.looks == 1 and all(_looks_stored(keyed, store, runner.samples_at, 1).values()):
         return Grid(keyed, strict_key, versions, runner, {}, {}, remote)  # all stored: no model loads, nothing runs
     phase_start = time.time()
     speed = speed_constants(runner.models, cells, drafters=runner.drafters,
@@ -210,7 +209,7 @@ def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: B
     that run cells at once: config.workers when None) fits in the time budget; a relaxed cell only with its
     strict reference."""
     plan = plan or (lambda task, n: samples_at(config.limit, config.repeats, n, math.inf))
-    done = {k: looks_done(store.utilities(k), lambda n, t=c.task: plan(t, n), look) for c, k in keyed}
+    done = _looks_stored(keyed, store, plan, look)
     target = look
     for c, k in keyed:  # samples stored under another plan (e.g. --repeats changed): not mixed in
         if done[k] == 0 and store.has(k):
@@ -247,6 +246,12 @@ def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: B
         planned.add(k)
         jobs.append(CellRequest(c, k, done[k], target))
     return jobs
+
+
+def _looks_stored(keyed: list, store: Store, plan, look: int) -> dict:
+    """{key: the last look up to `look` whose samples are all stored, 0 if none} for each (cell, key) of `keyed`;
+    `plan(task, look)`: a cell's samples after a look (bench.sampling.looks_done)."""
+    return {k: looks_done(store.utilities(k), lambda n, t=c.task: plan(t, n), look) for c, k in keyed}
 
 
 def store_result(store: Store, result: CellResult, cell_conf: dict, speed: dict, batch1: dict, dynamic: bool,
