@@ -243,3 +243,26 @@ def test_report_command_on_a_store_whose_ar_cell_emitted_no_tokens(tmp_path, cap
     assert "strict" in out and "nan" not in out
     assert main(["report", str(tmp_path), "--findings"]) == 0
     assert "nan" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("statement, says", [
+    ("UPDATE cells SET config = json_remove(config, '$.method') WHERE key = 'fast'",
+     "damaged: cell fast (? N=3 t): its config lacks method"),  # a KeyError: 'method' before
+    ("UPDATE cells SET metrics = '{}' WHERE key = 'fast'",
+     "damaged: cell fast (fuzzy N=3 t): its metrics are empty"),  # the cell silently left the report before
+    ("UPDATE rows SET utility = 'high' WHERE cell_key = 'fast' AND prompt_index = 4",
+     "damaged: cell fast (fuzzy N=3 t): the utility of sample (4, 0) is 'high', not a number"),
+])
+def test_a_damaged_cell_is_named_by_report(tmp_path, capsys, statement, says):
+    import sqlite3
+
+    from relaxspec.cli import main
+    with Store(tmp_path) as store:
+        put(store, "ar", "ar", STRICT)
+        put(store, "strict", "strict", STRICT)
+        put(store, "fast", "fuzzy", FAST, {"threshold": 0.3})
+    with sqlite3.connect(tmp_path / "results.sqlite") as db:
+        db.execute(statement)
+    code = main(["report", str(tmp_path), "--no-plots"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"relaxspec: error: results store {tmp_path / 'results.sqlite'} {says}\n", err

@@ -179,3 +179,56 @@ def test_code_version_covers_the_whole_sample_path(tmp_path, monkeypatch):
     assert edited("bench/report.py", "def ", "def  ") == base  # presentation only
     (root / "tasks" / "template.txt").write_text("{question}")  # a data file next to the tasks counts too
     assert code_version(root) != base
+
+
+def test_a_store_another_process_is_writing_is_busy_not_corrupted(tmp_path, monkeypatch):
+    import os
+
+    from relaxspec.bench import store as store_module
+    Store(tmp_path).close()
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.1)
+    writer = sqlite3.connect(tmp_path / "results.sqlite")
+    writer.execute("BEGIN EXCLUSIVE")  # what a run holds while it commits a look
+    try:
+        with pytest.raises(ValueError) as found:
+            Store(tmp_path)
+    finally:
+        writer.close()
+    message = str(found.value)
+    assert message.startswith(f"results store {tmp_path / 'results.sqlite'} is busy: process {os.getpid()} (")
+    assert message.endswith("is writing it; try again when that run ends") and "corrupted" not in message
+    Store(tmp_path).close()  # free again once the writer ends
+
+
+def test_a_store_that_is_a_fifo_is_one_line(tmp_path, capsys):
+    import os
+
+    from relaxspec.cli import main
+    os.mkfifo(tmp_path / "results.sqlite")
+    assert main(["report", str(tmp_path), "--no-plots"]) == 2  # sqlite3.OperationalError: disk I/O error before
+    assert capsys.readouterr().err == (f"relaxspec: error: {tmp_path / 'results.sqlite'} is a FIFO (named pipe), not "
+                                       "a relaxspec results store (a SQLite file): move it away or give another "
+                                       "directory\n")
+
+
+def test_a_store_this_user_cannot_read_is_one_line():
+    """As an ordinary user (root reads anything): report on a results.sqlite only its owner may read."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+    base = Path(tempfile.mkdtemp(prefix="relaxspec-unreadable-"))
+    try:
+        base.chmod(0o755)
+        Store(base).close()
+        as_user = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"] if os.geteuid() == 0 else []
+        (base / "results.sqlite").chmod(0o600 if as_user else 0)
+        done = subprocess.run([*as_user, str(Path(sys.executable).with_name("relaxspec")), "report", str(base)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr == (  # sqlite3.OperationalError: unable to open database file
+            f"relaxspec: error: cannot read the results store {base / 'results.sqlite'}: permission denied (run as "
+            "its owner, or give another directory)\n"), done.stderr
+    finally:
+        shutil.rmtree(base)

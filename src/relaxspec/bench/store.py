@@ -15,11 +15,17 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import sqlite3
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 DB_NAME = "results.sqlite"
+BUSY_TIMEOUT_S = 5.0  # how long opening or reading waits for another run's write (one look's commit) to end
+# what every stored cell's config holds (bench.cell.cell_config) and what report reads of it
+CONFIG_FIELDS = ("verifier", "drafter", "task", "method", "params", "draft_length", "seed", "temperature", "top_k",
+                 "top_p", "max_new_tokens", "code_version")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS cells (
@@ -80,11 +86,12 @@ class Store:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / DB_NAME
-        if self.path.is_dir():
-            raise ValueError(f"{self.path} is a directory, not a relaxspec results store")
-        existed = self.path.is_file()
-        self.conn = sqlite3.connect(self.path)
+        existed = self.path.exists()
+        if existed:
+            _check_readable(self.path)
+        self.conn = None
         try:
+            self.conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
             if existed:
                 found = self.conn.execute("PRAGMA integrity_check").fetchone()[0]
                 if found != "ok":
@@ -97,12 +104,15 @@ class Store:
                 if "token_hash" not in columns:  # a store written before token hashes were kept
                     self.conn.execute("ALTER TABLE rows ADD COLUMN token_hash TEXT NOT NULL DEFAULT ''")
         except sqlite3.DatabaseError as e:
-            self.conn.close()
-            raise ValueError(f"results store {self.path} is corrupted ({e}); move it away and re-run the bench")\
-                from None
+            self._close_quietly()
+            raise ValueError(_open_error(self.path, e)) from None
         except ValueError:
-            self.conn.close()
+            self._close_quietly()
             raise
+
+    def _close_quietly(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
     def _check_tables(self) -> None:
         """ValueError unless an existing file holds this store's tables (or none yet): a foreign database is
@@ -124,14 +134,32 @@ class Store:
                 raise ValueError(f"results store {self.path} damaged: its {name} table is {what}")
 
     def check_consistent(self) -> None:
-        """ValueError 'results store damaged: ...' when a cell's stored rows are not the samples its metrics count
-        (looks write both in one transaction, so they always agree unless the file was edited)."""
+        """ValueError 'results store damaged: ...' when a cell's config lacks one of CONFIG_FIELDS, its metrics lack
+        n_samples, its stored rows are not the samples its metrics count (looks write both in one transaction, so
+        they always agree unless the file was edited) or a stored utility is not a number."""
         counts = dict(self.conn.execute("SELECT cell_key, COUNT(*) FROM rows GROUP BY cell_key"))
         for cell in self.cells():
+            where = f"cell {cell.key} ({_label(cell.config)})"
+            missing = [name for name in CONFIG_FIELDS if name not in cell.config]
+            if missing:
+                raise self._damaged(f"{where}: its config lacks {', '.join(missing)}")
             expected = cell.metrics.get("n_samples")
-            if expected is not None and counts.get(cell.key, 0) != expected:
-                raise ValueError(f"results store {self.path} damaged: cell {cell.key} ({_label(cell.config)}) has "
-                                 f"{counts.get(cell.key, 0)} stored samples, its metrics count {expected}")
+            if not isinstance(expected, int):
+                raise self._damaged(f"{where}: its metrics " + ("are empty" if not cell.metrics else
+                                                                f"have n_samples {expected!r}, not a count"))
+            if counts.get(cell.key, 0) != expected:
+                raise self._damaged(f"{where} has {counts.get(cell.key, 0)} stored samples, its metrics count "
+                                    f"{expected}")
+        bad = self.conn.execute("SELECT cell_key, prompt_index, repeat, utility FROM rows"
+                                " WHERE typeof(utility) NOT IN ('integer', 'real') LIMIT 1").fetchone()
+        if bad:
+            key, prompt_index, repeat, utility = bad
+            cell = self.get(key)
+            raise self._damaged(f"cell {key} ({_label(cell.config if cell else {})}): the utility of sample "
+                                f"({prompt_index}, {repeat}) is {utility!r}, not a number")
+
+    def _damaged(self, what: str) -> ValueError:
+        return ValueError(f"results store {self.path} damaged: {what}")
 
     @classmethod
     def open_existing(cls, out_dir: str | Path) -> "Store":
@@ -223,6 +251,53 @@ def _json(text, what: str, key: str, path) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"results store {path} damaged: {what} is not a JSON object, cell {key}")
     return value
+
+
+def _check_readable(path: Path) -> None:
+    """ValueError unless an existing results store is a regular file this user can read (SQLite would say only
+    'disk I/O error' or 'unable to open database file')."""
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                                             (stat.S_ISSOCK, "a socket")) if test(mode)), "a device")
+        raise ValueError(f"{path} is {kind}, not a relaxspec results store (a SQLite file): move it away or give "
+                         "another directory")
+    if not os.access(path, os.R_OK):  # not open() and close(): closing a file drops this process's SQLite locks on it
+        raise ValueError(f"cannot read the results store {path}: permission denied (run as its owner, or give "
+                         "another directory)")
+
+
+def _open_error(path: Path, error: sqlite3.DatabaseError) -> str:
+    """The one line for an error of SQLite while opening and checking a store: busy (another process is writing
+    it), not usable (an operational error: I/O, permissions) or corrupted."""
+    if "locked" in str(error) or "busy" in str(error):
+        holders = _lock_holders(path)
+        who = ", ".join(holders) if holders else "another run"
+        return f"results store {path} is busy: {who} is writing it; try again when that run ends"
+    if isinstance(error, sqlite3.OperationalError):
+        return f"cannot use the results store {path}: {error}"
+    return f"results store {path} is corrupted ({error}); move it away and re-run the bench"
+
+
+def _lock_holders(path: Path) -> list[str]:
+    """'process PID (its command line)' of each process holding a lock on the file (Linux's /proc/locks; [] where
+    that is not readable)."""
+    try:
+        found = path.stat()
+        locks = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    inode = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}"
+    pids = dict.fromkeys(fields[4] for fields in map(str.split, locks) if len(fields) > 5 and fields[5] == inode)
+    return [f"process {pid} ({_command(pid)})" for pid in pids]
+
+
+def _command(pid: str) -> str:
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    return " ".join(w.decode(errors="replace") for w in words if w)[:100]
 
 
 def _label(config: dict) -> str:
