@@ -18,6 +18,8 @@ STRICT_SETTINGS = {
     "pad": dict(threshold=0.0, floor="classifier"),
     "topk-delta": dict(topk=0.0),
     "topk-ratio": dict(topk=0.0),
+    "fly": dict(fly_window_size=0.0),
+    "regret-budget": dict(budget=0.0, max_mismatches=0.0),
 }
 
 

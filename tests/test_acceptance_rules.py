@@ -311,7 +311,7 @@ def test_pad_classifier_branch():
 def test_rules_listing_is_complete():
     assert list(RULES) == ["strict", "cactus", "mentored", "fuzzy", "r-fuzzy", "spec-casc-opt",
                            "spec-casc-tok", "ensemble", "spec-cont-dec", "typical", "threshold", "topk-delta",
-                           "topk-ratio", "pad"]
+                           "topk-ratio", "fly", "regret-budget", "pad"]
     for name, rule in RULES.items():
         assert rule.name == name and rule.description
         for spec in rule.params.values():

@@ -16,6 +16,7 @@ from relaxspec.acceptance.base import (
     Positions,
     Rule,
     Targets,
+    StateSpec,
     TensorInput,
     VerifyContext,
     check_one_hot_q,
@@ -37,6 +38,8 @@ from relaxspec.acceptance import (  # noqa: E402,F401
     threshold,
     topk_delta,
     topk_ratio,
+    fly,
+    regret_budget,
     pad,
 )
 from relaxspec.acceptance.processing import (
@@ -70,6 +73,7 @@ __all__ = [
     "build_context",
     "ParamSpec",
     "ChoiceSpec",
+    "StateSpec",
     "TensorInput",
     "Rule",
     "Targets",

@@ -110,6 +110,19 @@ class TensorInput:
     doc: str = ""
 
 
+@dataclass(frozen=True)
+class StateSpec:
+    """A per-sequence value a rule carries from block to block (e.g. the regret budget a request has spent): a float
+    tensor [B] the rule reads at each block and returns updated (`Rule.next_state`), starting at `initial`. The engine
+    keeps it per sequence across rounds; a direct `verify` call without it starts from `initial` (a fresh request)."""
+
+    name: str
+    initial: float
+    low: float
+    high: float
+    doc: str = ""
+
+
 # ---------------------------------------------------------------- targets and context
 
 
@@ -148,14 +161,20 @@ class Positions:
     p, q: [..., V] processed verifier / drafter probabilities; z_p, z_q: [..., V]
     raw logits (before temperature); x: [...] draft tokens; p_x, q_x: [...];
     p_tilde: [..., V] verifier at temperature 1 without top-k / top-p.
+    On the drafts only (`VerifyContext.drafts`, [B, N]), for a rule whose test at a position reads other positions
+    of its row: u, the block's acceptance uniforms [B, N] where the loop drew them before the test (a rule declaring
+    `reads_uniforms`, when sampling; None otherwise), and `row_ends` [B], how many drafts each row proposes.
     """
 
-    def __init__(self, sources: dict, select, temperature: float, top_k, top_p, parent=None):
+    def __init__(self, sources: dict, select, temperature: float, top_k, top_p, parent=None, u=None,
+                 num_drafts=None):
         self._sources = sources  # name -> tensor over the whole block
         self._select = select  # block tensor -> these positions
         self.temperature = temperature
         self.top_k = top_k
         self.top_p = top_p
+        self.u = u
+        self._num_drafts = num_drafts
         # The positions these are selected from (a row: the drafts; the drafts: the block), held as they are: a callable
         # bound to the context would make a reference cycle, and each block's tensors would then wait for the cyclic
         # garbage collector (at a 55 x 11 x 151,936 block, 0.37 GB more every block, until the machine ran out)
@@ -220,6 +239,14 @@ class Positions:
     def p_tilde(self) -> torch.Tensor:
         return self.z_p.softmax(dim=-1)
 
+    @_lazy
+    def row_ends(self) -> torch.Tensor:
+        """long [B]: the drafts each row proposes (the block's `num_drafts`, else every column of x [B, N]); later
+        columns are padding, never proposed."""
+        if self._num_drafts is not None:
+            return self._num_drafts
+        return torch.full(self.x.shape[:1], self.x.shape[1], dtype=torch.long, device=self.x.device)
+
 
 @dataclass
 class VerifyContext:
@@ -237,6 +264,8 @@ class VerifyContext:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    row_drafts: torch.Tensor | None = None  # long [B]: the drafts each row proposes (verify's num_drafts; None: all N)
+    uniforms: torch.Tensor | None = None  # [B, N]: the acceptance uniforms, drawn before the test (`reads_uniforms`)
     _drafts: Positions | None = field(default=None, repr=False)
     _whole: Positions | None = field(default=None, repr=False)
 
@@ -264,7 +293,8 @@ class VerifyContext:
         """All N draft positions, [B, N, ...] (cached, so p_x etc. are computed once)."""
         if self._drafts is None:
             n = self.num_drafts  # (q, the drafts and a drafter's N rows have n rows already: read as they are)
-            self._drafts = self._positions(lambda t: t if t.shape[1] == n else t[:, :n], self.whole())
+            self._drafts = self._positions(lambda t: t if t.shape[1] == n else t[:, :n], self.whole(),
+                                           u=self.uniforms, num_drafts=self.row_drafts)
         return self._drafts
 
     def whole(self) -> Positions:
@@ -280,19 +310,21 @@ class VerifyContext:
 
     def select(self, start: int, stop: int) -> VerifyContext:
         """Sequences start..stop-1 of the block (views: no copy)."""
+        part = (lambda t: None if t is None else t[start:stop])
         return VerifyContext(p=self.p[start:stop], q=self.q[start:stop], target_logits=self.target_logits[start:stop],
                              draft_logits=self.draft_logits[start:stop], draft_tokens=self.draft_tokens[start:stop],
-                             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+                             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                             row_drafts=part(self.row_drafts), uniforms=part(self.uniforms))
 
     def row(self, i: int) -> Positions:
         """Draft position i of every sequence: [B, ...], views of the block (no copy: rules never write into what
         they read)."""
         return self._positions(lambda t: t[:, i], self.drafts())
 
-    def _positions(self, select, parent=None) -> Positions:
+    def _positions(self, select, parent=None, **block) -> Positions:
         sources = dict(p=self.p, q=self.q, z_p=self.target_logits, z_q=self.draft_logits,
                        x=self.draft_tokens)
-        return Positions(sources, select, self.temperature, self.top_k, self.top_p, parent)
+        return Positions(sources, select, self.temperature, self.top_k, self.top_p, parent, **block)
 
 
 # ---------------------------------------------------------------- rules
@@ -319,6 +351,14 @@ class Rule:
     * `at_greedy`: what the rule does at temperature 0 (p and q one-hot), for the listing.
     * `draws_at_greedy`: at temperature 0 its test still keeps some drafts with a probability strictly between 0
       and 1 (ensemble's 1-w), so a caller must give it seeded uniforms there too (the engine does).
+    * `reads_uniforms`: its test at a position reads the strict test's outcome at other positions of the row (FLy's
+      window of later drafts, a budget spent by earlier ones), so the loop draws the block's acceptance uniforms
+      before the test and gives them as `Positions.u` on the drafts (when sampling; at temperature 0 the strict
+      test's outcomes are 0 or 1 and u is None). Still only the loop draws.
+    * `state`: per-sequence values it carries from block to block (`StateSpec`; a request's spent budget): `verify`
+      takes each as a float tensor [B] (default: its initial value) and returns them updated in
+      `VerifyResult.state` (`next_state`); the engine keeps them per sequence across rounds and reports them in
+      `GenerationStats.rule_state`.
 
     What a rule's acceptance test trusts, read by the findings report (study.findings) to group rules:
 
@@ -334,6 +374,8 @@ class Rule:
     description: str = ""
     params: dict[str, ParamSpec | ChoiceSpec] = {}
     inputs: dict[str, TensorInput] = {}
+    state: dict[str, StateSpec] = {}
+    reads_uniforms: bool = False
     extra_draft_passes: int = 0
     reads_q: bool = True
     greedy_closed_form: bool = False
@@ -378,6 +420,17 @@ class Rule:
         """[B, V] bonus distribution. Default: p at the bonus position."""
         return ctx.p[:, -1]
 
+    def next_state(self, pos: Positions, relaxed: torch.Tensor, **params) -> dict[str, torch.Tensor]:
+        """The rule's `state` after a block: each value [B] from the one it had (in params, by name), the drafts
+        (pos, [B, N]) and `relaxed` (bool [B, N]: the drafts kept though the strict test, with the same uniform,
+        rejects them). Default: no state."""
+        return {}
+
+    def initial_state(self, batch_size: int, device) -> dict[str, torch.Tensor]:
+        """Each `state` value at the start of a request, float32 [B] on `device`."""
+        return {name: torch.full((batch_size,), spec.initial, dtype=torch.float32, device=device)
+                for name, spec in self.state.items()}
+
     def residual_argmax(self, pos: Positions, **params) -> torch.Tensor:
         """A residual a rule may take as its own (`residual = Rule.residual_argmax`, typical's): one-hot on the
         argmax of p (first index on ties): a rejection emits the verifier's most likely token. With the default
@@ -388,6 +441,8 @@ class Rule:
         """Dense targets on the whole block (for inspection; verify only gathers rows)."""
         params = self.validate(params, batch_shape=tuple(ctx.draft_tokens.shape),
                                draft_rows=ctx.draft_logits.shape[1])
+        params.update({name: value for name, value in self.initial_state(ctx.batch_size, ctx.p.device).items()
+                       if params[name] is None})
         pos = ctx.drafts()
         return Targets(
             accept_prob=self.accept_prob(pos, **params),
@@ -410,7 +465,7 @@ class Rule:
         values, missing / malformed tensor inputs (shape checked if batch_shape [B, N] is given),
         and a missing bonus-position drafter row for a rule with `extra_draft_passes` (checked
         if draft_rows, the number of draft_logits rows, is given with batch_shape)."""
-        known = {**self.params, **self.inputs}
+        known = {**self.params, **self.inputs, **self.state}
         for name in params:
             if name not in known:
                 valid = ", ".join(known) or "none"
@@ -423,6 +478,8 @@ class Rule:
             out[name] = spec.check(params.get(name, spec.default), self.name)
         for name, spec in self.inputs.items():
             out[name] = self._check_input(spec, params.get(name), batch_shape)
+        for name, spec in self.state.items():  # (None: the initial value, on the block's device, filled by the caller)
+            out[name] = None if params.get(name) is None else self._check_state(spec, params[name], batch_shape)
         if self.extra_draft_passes and draft_rows is not None and draft_rows != batch_shape[1] + 1:
             raise ValueError(
                 f"rule {self.name!r} needs the drafter's row at the bonus position (one extra drafter pass): "
@@ -445,6 +502,20 @@ class Rule:
             self._check_input_values(spec, value)
         return value
 
+    def _check_state(self, spec: StateSpec, value, batch_shape, device=None, values: bool = True) -> torch.Tensor:
+        """A state value as given: a float tensor [B] (shape checked if batch_shape [B, N] is given), its values
+        (`values`) in [spec.low, spec.high]; None: the initial value (batch_shape and device needed)."""
+        where = f"rule {self.name!r}: state {spec.name!r}"
+        if value is None:
+            return torch.full(batch_shape[:1], spec.initial, dtype=torch.float32, device=device)
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise ValueError(f"{where} must be a floating-point torch.Tensor [B] ({spec.doc})")
+        if batch_shape is not None and tuple(value.shape) != tuple(batch_shape[:1]):
+            raise ValueError(f"{where} must have shape [B] = [{batch_shape[0]}], got {list(value.shape)}")
+        if values and value.numel() and not bool(((value >= spec.low) & (value <= spec.high)).all()):
+            raise ValueError(f"{where} must lie in [{spec.low:g}, {spec.high:g}] (NaN not allowed)")
+        return value
+
     @staticmethod
     def _input_in_range(spec: TensorInput, value: torch.Tensor) -> torch.Tensor:
         """Where `value` lies in [spec.low, spec.high] (NaN: False), compared in the tensor's dtype."""
@@ -463,6 +534,9 @@ class Rule:
                  if self.extra_draft_passes else "no extra drafter pass",
                  "reads q" if self.reads_q else "does not read q"]
         needs += [f"input {name}" for name in self.inputs]
+        needs += [f"per-sequence state {name}" for name in self.state]
+        if self.reads_uniforms:
+            needs.append("reads the block's acceptance uniforms")
         if self.greedy_closed_form:
             needs.append("greedy closed form")
         return "; ".join(needs)
@@ -507,7 +581,7 @@ def check_one_hot_q(rule: Rule | str) -> None:
 
 
 def _owner_hint(name: str) -> str:
-    owners = [r.name for r in RULES.values() if name in r.params or name in r.inputs]
+    owners = [r.name for r in RULES.values() if name in r.params or name in r.inputs or name in r.state]
     if not owners:
         return ""
     return f"; {name!r} is a parameter of: {', '.join(owners)}"

@@ -182,6 +182,14 @@ def accept_or_strict(gate: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -
     return capped_ratio(p_x.masked_fill(gate, math.inf), q_x)
 
 
+def strict_kept(pos, strict: torch.Tensor) -> torch.Tensor:
+    """bool [B, N]: where the strict test keeps each draft of the block `pos` (`strict` = min(1, p(x)/q(x)) there),
+    for a rule whose test reads the strict outcome at other positions (`Rule.reads_uniforms`): u < strict with the
+    block's acceptance uniforms `pos.u`, the comparison the shared loop makes; without them (temperature 0, where
+    strict is 0 or 1; dense targets) where strict keeps the draft for sure (strict = 1)."""
+    return strict >= 1.0 if pos.u is None else pos.u < strict
+
+
 def ranking_probs(pos) -> tuple[torch.Tensor, torch.Tensor]:
     """(probs [..., V], probs at the drafts [...]): the verifier distribution a top-k candidate test ranks tokens by
     (topk-delta, topk-ratio): the processed p when sampling, the untempered softmax(z_p) at temperature 0, where the

@@ -67,6 +67,8 @@ class VerifyResult:
     # bool [B]: the rows whose tensor inputs lie in range, for the caller to read (VerifyStep(defer_input_checks=True)
     # where the torch path checks them); None: checked already (an input out of range raised)
     inputs_ok: torch.Tensor | None = None
+    # the rule's per-sequence state after the block (`Rule.state`: name -> float [B]); None for a rule without one
+    state: dict | None = None
 
 
 def build_context(
@@ -295,10 +297,10 @@ def verify(
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     step = VerifyStep(method, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, **{
-        name: value for name, value in params.items() if name not in get_rule(method).inputs})
+        name: value for name, value in params.items() if name not in _per_block(get_rule(method))})
     block = _check_block(target_logits, draft_logits, draft_tokens, draft_probs, direct=True)
     N = block.num_drafts
-    inputs = {name: value for name, value in params.items() if name in step.rule.inputs}
+    inputs = {name: value for name, value in params.items() if name in _per_block(step.rule)}
     step.rule.validate({**step.params, **inputs}, batch_shape=tuple(draft_tokens.shape),
                        draft_rows=draft_logits.shape[1])
     if num_drafts is not None:
@@ -353,9 +355,12 @@ class VerifyStep:
         if greedy not in GREEDY_MODES:
             raise ValueError(f"greedy must be one of {', '.join(GREEDY_MODES)}, got {greedy!r}")
         check_sampling_args(temperature, top_k, top_p)
-        inputs = {name: params.pop(name) for name in list(params) if name in self.rule.inputs}
+        inputs = {name: params.pop(name) for name in list(params) if name in _per_block(self.rule)}
         if inputs:
-            raise ValueError(f"rule {self.rule.name!r}: pass the input(s) {sorted(inputs)} per block, when calling")
+            carried = " (a per-sequence state: the engine carries it from round to round)" if any(
+                name in self.rule.state for name in inputs) else ""
+            raise ValueError(f"rule {self.rule.name!r}: pass the input(s) {sorted(inputs)} per block, when "
+                             f"calling{carried}")
         # Numeric and choice parameters; tensor inputs come with each block (placeholders stand in here).
         placeholders = {name: torch.full((), spec.low, device="cpu") for name, spec in self.rule.inputs.items()}
         checked = self.rule.validate({**params, **placeholders})
@@ -385,9 +390,15 @@ class VerifyStep:
         params = dict(self.params)
         for name, spec in rule.inputs.items():  # (its values: below, or by the C, which reads them)
             params[name] = rule._check_input(spec, inputs.get(name), tuple(draft_tokens.shape), values=False)
+        for name, spec in rule.state.items():  # (its values: by `verify`, or the engine, which made them)
+            params[name] = rule._check_state(spec, inputs.get(name), tuple(draft_tokens.shape), draft_tokens.device,
+                                             values=False)
         if self.closed_form:  # strict everywhere: nothing to relax
-            return self._greedy_strict(params, target_logits, draft_logits, draft_tokens, draft_probs, num_drafts)
+            result = self._greedy_strict(params, target_logits, draft_logits, draft_tokens, draft_probs, num_drafts)
+            result.state = {name: params[name] for name in rule.state} if rule.state else None
+            return result
         ctx = _context(target_logits, draft_logits, draft_tokens, draft_probs, **self.sampling)
+        ctx.row_drafts = num_drafts
         key = self._plan_key(ctx, random, relax, params)
         plan = self._plans.get(key)
         if plan is None:
@@ -395,7 +406,12 @@ class VerifyStep:
         inputs_ok = self._inputs_in_range(params) if plan.checks_inputs else None
         if random is None:
             random = GeneratorDraws(generator, ctx.batch_size, ctx.p.device)
-        return plan.path(self, ctx, params, random, num_drafts, relax, inputs_ok)
+        if rule.reads_uniforms and self.draws:  # drawn before the test, which reads them (Rule.reads_uniforms)
+            ctx.uniforms = random.uniform(ACCEPT, ctx.num_drafts, dtype=_acceptance_dtype(random, ctx.p))
+        result = plan.path(self, ctx, params, random, num_drafts, relax, inputs_ok)
+        if rule.state:
+            result.state = rule.next_state(ctx.drafts(), result.relaxed_only, **params)
+        return result
 
     def _plan_key(self, ctx: VerifyContext, random: Draws | None, relax, params: dict) -> tuple:
         """What a block's path depends on beyond the step's settings: `relax` given or not, the random source's kind,
@@ -456,7 +472,8 @@ class VerifyStep:
         declines the block (e.g. scores that overflow), its torch math serves it with the same uniforms (and says
         why)."""
         N = ctx.num_drafts
-        u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, ctx.p if accept_prob is None else accept_prob))
+        u = ctx.uniforms if ctx.uniforms is not None else random.uniform(
+            ACCEPT, N, dtype=_acceptance_dtype(random, ctx.p if accept_prob is None else accept_prob))
         # (the rule's one tensor input, if it has one, as its C reads it: float32 on the block's device)
         name, spec = next(iter(self.rule.inputs.items())) if kernel and self.rule.inputs else (None, None)
         inp = None if name is None else params[name].to(ctx.p.device, torch.float32)
@@ -482,7 +499,8 @@ class VerifyStep:
         rule, B, N = self.rule, ctx.batch_size, ctx.num_drafts
         accept_prob, strict_accept_prob = self._tests(ctx, params, relax, self.own_test) if tests is None else tests
         if u is None:
-            u = random.uniform(ACCEPT, N, dtype=_acceptance_dtype(random, accept_prob))
+            u = ctx.uniforms if ctx.uniforms is not None else random.uniform(
+                ACCEPT, N, dtype=_acceptance_dtype(random, accept_prob))
         # The drafts before the first rejection are kept; n counts them (N, or the row's num_drafts, if
         # every draft passed).
         accepted, kept, n, relaxed_only = _first_rejection(
@@ -546,7 +564,7 @@ class VerifyStep:
         row only: the same values)."""
         rows = max(1, chunk_elements(ctx.p.device) // (ctx.num_drafts * ctx.p.shape[-1]))
         if rows < ctx.batch_size:
-            parts = [self._tests(ctx.select(b, b + rows), {name: value[b:b + rows] if name in self.rule.inputs
+            parts = [self._tests(ctx.select(b, b + rows), {name: value[b:b + rows] if name in _per_block(self.rule)
                                                             else value for name, value in params.items()},
                                  None, own_test) for b in range(0, ctx.batch_size, rows)]
             accept_prob, strict_accept_prob = (torch.cat(part) for part in zip(*parts))
@@ -562,6 +580,11 @@ class VerifyStep:
 # The loop's two stretches of bookkeeping: one C call each for float32 CPU tensors (acceptance/fused.py), the torch
 # ops otherwise (the reference: other devices and dtypes, fused.disabled() / loop_disabled()); the same results, bit
 # for bit.
+
+
+def _per_block(rule: Rule) -> dict:
+    """The rule's per-block tensors, by name: its inputs ([B, N]) and its per-sequence state ([B])."""
+    return {**rule.inputs, **rule.state}
 
 
 def _acceptance_dtype(random: Draws, accept_prob: torch.Tensor) -> torch.dtype:

@@ -126,8 +126,12 @@ def _output(request: Request, decoding: Decoding) -> GenerationOutput:
     results = [SequenceResult(prompt=prompt, text=tokenizer.decode(outputs[seq], skip_special_tokens=True),
                               token_ids=outputs[seq], stats=seq_stats[seq], trace=traces[seq], seed=request.seeds[seq])
                for seq, prompt in enumerate(request.prompts)]
+    rule_state = decoding.rule_state()  # (one copy to the host, at the end)
+    for seq, values in enumerate(zip(*rule_state.values())):
+        seq_stats[seq].rule_state = {name: [value] for name, value in zip(rule_state, values)}
     merged = GenerationStats.merge(seq_stats)
     for name in ("sequences", "sequence_rounds", "drafts_proposed", "drafts_accepted", "drafts_cut",
-                 "proposed_per_position", "accepted_per_position", "generated_tokens", "emitted_tokens"):
+                 "proposed_per_position", "accepted_per_position", "generated_tokens", "emitted_tokens",
+                 "rule_state"):
         setattr(stats, name, getattr(merged, name))
     return GenerationOutput(results=results, stats=stats)

@@ -77,6 +77,11 @@ class Decoding:
     def warnings(self) -> list[str]:
         return []
 
+    def rule_state(self) -> dict[str, list[float]]:
+        """The rule's per-sequence state at the end of the call (`Rule.state`), one value per sequence in prompt
+        order: {} for a rule without one (and AR)."""
+        return {}
+
 
 class Autoregressive(Decoding):
     """method="ar": one token per round, sampled from the verifier's logits."""
@@ -114,6 +119,10 @@ class Speculative(Decoding):
         self.stop = None if r.draft_confidence is None else partial(ConfidenceStop, r.draft_confidence)
         self.pivot = r.pivot_fn
         self.phase = None  # (made after the prefills, with the rows' streams)
+        # The rule's per-sequence state (`Rule.state`, e.g. a request's spent budget), carried from round to round:
+        # one value per sequence of the call, on the device; `live` says which sequence each live row is.
+        self.state = r.rule.initial_state(len(r.prompts), r.device)
+        self.live = torch.arange(len(r.prompts), device=r.device)
 
     def start(self) -> torch.Tensor:
         r = self.request
@@ -158,8 +167,11 @@ class Speculative(Decoding):
                                               drafts)
         if self.phase is not None:
             params["relax"] = self.phase.relax(drafts, book.limits(), stats)
+        params.update({name: value[self.live] for name, value in self.state.items()})
         results = self.step(target_logits, proposal.logits, drafts, random=draws, draft_probs=proposal.probs,
                             num_drafts=num_drafts, **params)
+        for name, value in self.state.items():  # (on the device: read once, at the end of the call)
+            value[self.live] = results.state[name].to(value.dtype)
         accepted = results.num_accepted
         stats.time_verify_s += time.perf_counter() - t1
 
@@ -184,8 +196,12 @@ class Speculative(Decoding):
     def keep_rows(self, keep: torch.Tensor, rows: list[int]) -> None:
         super().keep_rows(keep, rows)
         self.drafter.select(keep)
+        self.live = self.live[keep]
         if self.phase is not None:
             self.phase.select(rows)
+
+    def rule_state(self) -> dict[str, list[float]]:
+        return {name: value.tolist() for name, value in self.state.items()}
 
     def warnings(self) -> list[str]:
         message = None if self.phase is None else self.phase.never_opened(self.stats)

@@ -36,6 +36,9 @@ class GenerationStats:
     # with a phase (generate(phase=...)): draft positions the rule decided, inside the span (strict decided the rest
     # of drafts_proposed); 0 with a phase: the span never opened, the run was strict
     phase_relaxed_positions: int = 0
+    # a rule's per-sequence state at the end (`Rule.state`, e.g. regret-budget's regret_spent and mismatches_taken):
+    # name -> one value per sequence, in prompt order (a result's stats: its one value); {} for a rule without one
+    rule_state: dict[str, list[float]] = field(default_factory=dict)
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     time_total_s: float = 0.0
@@ -77,7 +80,10 @@ class GenerationStats:
             for f in fields(cls):
                 if f.name == "draft_length":
                     continue
-                if f.name.endswith("_per_position"):
+                if f.name == "rule_state":  # per sequence: the parts' sequences one after the other
+                    for name, values in p.rule_state.items():
+                        out.rule_state.setdefault(name, []).extend(values)
+                elif f.name.endswith("_per_position"):
                     setattr(out, f.name, [a + b for a, b in zip(getattr(out, f.name), getattr(p, f.name))])
                 else:
                     setattr(out, f.name, getattr(out, f.name) + getattr(p, f.name))
