@@ -195,9 +195,9 @@ def test_the_paper_preset_is_the_grid_the_issue_names():
                         import itertools
                         want |= {(name, tuple(sorted(zip(grids, combo)))) for combo in itertools.product(*grids.values())}
                 assert got == want
-    # 31 settings of the investigation's rules + 6 of the engines' (threshold 2, topk-delta 2, topk-ratio 2); PAD cells run
-    # only where the classifier fits (the runner skips the others)
-    assert len(cells) == 2 * (1 + 3 * 3 * 37)
+    # 31 settings of the investigation's rules + 12 of the engines' (threshold 2, topk-delta 2, topk-ratio 2, fly 3,
+    # regret-budget 3); PAD cells run only where the classifier fits (the runner skips the others)
+    assert len(cells) == 2 * (1 + 3 * 3 * 43)
     # A partial run covers every drafter and task at N=3 before any N=5 cell: AR, then N by N.
     order = [(c.draft_length, c.task, c.drafter) for c in cells[2:]]
     assert order == sorted(order, key=lambda o: (o[0], ("arithmetic", "sorting").index(o[1]),

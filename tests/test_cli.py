@@ -24,7 +24,7 @@ def test_generate_json_is_one_object_with_the_documented_fields():
             "proposed_per_position",
             "acceptance_rate", "acceptance_rate_per_position", "mean_acceptance_length", "generated_tokens",
             "verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s",
-            "phase_relaxed_positions"}
+            "phase_relaxed_positions", "rule_state"}
     assert set(data["stats"]) == keys
     (result,) = data["results"]
     batch_only = {"verifier_forwards", "drafter_forwards", "time_draft_s", "time_verify_s", "time_total_s",

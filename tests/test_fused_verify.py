@@ -35,7 +35,7 @@ pytestmark = [
 ]
 
 # the result's tensors (inputs_ok: None but for a step that defers its input checks, tested on its own)
-FIELDS = [f.name for f in dataclasses.fields(verify_module.VerifyResult) if f.name != "inputs_ok"]
+FIELDS = [f.name for f in dataclasses.fields(verify_module.VerifyResult) if f.name not in ("inputs_ok", "state")]
 SAMPLINGS = [dict(temperature=0.7), dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5, top_p=0.95),
              dict(temperature=1.0, top_k=3), dict(temperature=0.0)]  # (greedy: one-hot p and q, strict in closed form)
 
@@ -147,7 +147,8 @@ def test_every_rule_c_path_equals_torch_path(name, calls):
     # bonus, or typical's argmax residual), else in two around the rule's own rows.
     one = seen["one call"] - greedy_blocks * (step.block_rows is not None)
     assert (step.block_rows is not None) == (name in ("strict", "mentored", "topk-delta", "topk-ratio", "r-fuzzy",
-                                                      "spec-casc-opt", "ensemble", "pad", "typical"))
+                                                      "spec-casc-opt", "ensemble", "pad", "typical", "fly",
+                                                      "regret-budget"))
     assert (calls["verify_default"], calls["first_rejection"], calls["finish"]) == (one, loops - one, loops - one)
     assert (seen["kernel"] > 0) == (name in NATIVE), seen  # (when sampling: 4 of the 5 samplings)
     assert seen["n=0"] and seen["n=N"] and seen["between"], seen
