@@ -152,3 +152,74 @@ def test_interrupted_run_resumes_to_the_same_rows(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert "skipped" in again.stdout
     assert _rows(resumed) == want
+
+
+# ------------------------------------------------------------------ its flags, checked before any model loads
+
+
+def _refused(capsys, *args) -> str:
+    """In-process main(): exit 2 and one 'relaxspec: error:' line, returned."""
+    from relaxspec.cli import main
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("relaxspec: error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flag", [["--temperature", "0.3"], ["--top-p", "0.9"], ["--top-k", "20"],
+                                  ["--sampling", "paper"], ["--tasks", "arithmetic"], ["--methods", "strict"],
+                                  ["--draft-lengths", "4"]])
+def test_flags_the_stages_fix_are_refused(capsys, tmp_path, monkeypatch, flag):
+    """--sampling was dropped, --temperature replaced every stage's (the greedy stages sampled), --tasks ran the
+    stages on another task priced as HumanEval on the Qwen pair: each is refused, naming the flag."""
+    monkeypatch.setenv("RELAXSPEC_CACHE", str(tmp_path / "cache"))  # (before: the run went on to the models)
+    err = _refused(capsys, "bench", "--preset", "qwen-coder", *flag, "--out", tmp_path / "b")
+    assert f"bench --preset qwen-coder fixes {flag[0]} itself" in err and "plain `relaxspec bench`" in err
+    err = _refused(capsys, "bench", "--preset", "qwen-coder", "--sampling", "paper", "--temperature", "0.5",
+                   "--out", tmp_path / "b")
+    assert "fixes --temperature, --sampling itself" in err and "drop them" in err
+
+
+def test_a_limit_past_humaneval_is_capped_with_a_line():
+    with pytest.warns(UserWarning, match="--limit 500 is more than humaneval-instruct's 164 problems; running all 164"):
+        configs = presets.stage_configs({"limit": 500})
+    assert {c.limit for _, c in configs} == {164}
+    assert "on the first 164 of 164 problems" in presets.describe(configs)
+
+
+def test_only_the_pair_it_measured_is_priced():
+    qwen = presets.describe(presets.stage_configs({}))
+    assert "about 3.0 h in all" in qwen and "verifier qwen2.5-coder-1.5b, drafter qwen2.5-coder-0.5b" in qwen
+    assert "h in all" in presets.describe(presets.stage_configs({"drafters": ["ngram"]}))
+    for other in ({"verifiers": ["verifier"], "drafters": ["drafter-weak"]}, {"dtype": "float32"}):
+        text = presets.describe(presets.stage_configs(other))
+        assert "time not estimated: the preset's costs are qwen2.5-coder-1.5b's in int4" in text, text
+        assert "min" not in text and "h in all" not in text
+
+
+def test_every_missing_model_is_named_with_one_fetch(capsys, tmp_path, monkeypatch):
+    """An empty cache: both models and one command fetching both (before: the 1.5B alone, at its load)."""
+    monkeypatch.setenv("RELAXSPEC_CACHE", str(tmp_path / "cache"))
+    err = _refused(capsys, "bench", "--preset", "qwen-coder", "--out", tmp_path / "b")
+    assert f"not in the model cache ({tmp_path / 'cache' / 'models'}): qwen2.5-coder-1.5b (" in err
+    assert "qwen2.5-coder-0.5b (" in err
+    assert err.rstrip().endswith("run `relaxspec models fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b`")
+    err = _refused(capsys, "bench", "--verifier", "qwen2.5-coder-1.5b", "--drafter", "qwen2.5-coder-0.5b,drafter-weak",
+                   "--out", tmp_path / "b")  # a plain bench too
+    assert err.rstrip().endswith("run `relaxspec models fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b`")
+
+
+def test_sigterm_stops_the_preset_as_plain_bench(tmp_path):
+    """SIGTERM mid-stage: exit 143 with bench's 'interrupted' line (before: killed, the shell's bare 'Terminated')."""
+    out = tmp_path / "b"
+    proc = subprocess.Popen(_bench(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": SRC})
+    deadline = time.time() + 600
+    while _stored_cells(out) < 1 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    assert f"bench: interrupted; finished cells are stored in {out / 'results.sqlite'}" in err
+    assert "Traceback" not in err

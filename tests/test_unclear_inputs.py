@@ -199,3 +199,14 @@ def test_a_truncated_gguf_is_named(capsys, tmp_path):
 def test_generate_checks_its_arguments_before_loading_models(capsys, tmp_path, flag, value, says):
     # the verifier does not exist: the argument's error comes first, so nothing was loaded
     one_line_error(capsys, "generate", "--verifier", tmp_path / "missing", "--prompt", PROMPT, flag, value, says=says)
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+@pytest.mark.parametrize("value, says", [("nan", "temperature must be a finite number >= 0, got nan"),
+                                         ("inf", "temperature must be a finite number >= 0, got inf"),
+                                         ("-0.5", "temperature must be a finite number >= 0, got -0.5")])
+def test_bench_and_tune_refuse_a_temperature_that_is_not_finite_and_at_least_0(capsys, tmp_path, command, value,
+                                                                              says):
+    # the verifier does not exist: the temperature's error comes first (before: each cell failed on it, or the race)
+    one_line_error(capsys, command, "--verifier", tmp_path / "missing", "--temperature", value, "--out",
+                   tmp_path / "out", says=f"{command}: {says}")

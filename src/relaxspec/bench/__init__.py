@@ -20,8 +20,9 @@ from relaxspec.bench.cell import (CellRequest, CellResult, CellRunner, CellSpec,
                                   pad_classifier, run_cell, speed_constants, time_batch1)
 from relaxspec.bench.cell_job import CellJob
 from relaxspec.bench.cli_args import Terminated, check_threads, csv_list, interrupted, on_sigterm
-from relaxspec.bench.config import (BenchConfig, check_draft_confidence_setting, check_out_dir, check_settings_types,
-                                    classifier_cost, extra_draft_passes, load_toml, needs_classifier, parse_method)
+from relaxspec.bench.config import (BenchConfig, check_draft_confidence_setting, check_out_dir, check_sampling_setting,
+                                    check_settings_types, classifier_cost, extra_draft_passes, load_toml,
+                                    needs_classifier, parse_method)
 from relaxspec.bench.executors import (Executor, ExecutorOptions, Finished, add_executor_arguments, executor_options,
                                        make_executor)
 from relaxspec.bench.metrics import BEYOND, NO_STRICT, WITHIN, compare, decision
@@ -48,6 +49,7 @@ __all__ = [
     # settings and names
     "BenchConfig", "parse_method", "load_toml", "needs_classifier", "classifier_cost", "extra_draft_passes",
     "check_settings_types", "check_out_dir", "check_draft_confidence_setting", "check_phase_setting", "phase_for",
+    "check_sampling_setting",
     "AR", "AUTO", "STRICT", "method_label", "draft_length_order", "HELDOUT_BAND", "FINDINGS_MAX_DROP",
     # statistics, speed models, report rows
     "Interval", "paired_diff_interval", "ratio", "ratio_interval", "cluster_of", "compare", "decision",

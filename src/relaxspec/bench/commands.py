@@ -84,7 +84,7 @@ def register(subparsers) -> None:
     b.add_argument("--preset", choices=sorted([*RUN_PRESETS, "qwen-coder"]),
                    help="run preset (paper: the findings' grid, see below; qwen-coder: the Qwen2.5-Coder pair on "
                         "humaneval-instruct in 3 hours, bench.presets and docs/real-answer.md); explicit flags "
-                        "override it")
+                        "override it (qwen-coder refuses those its stages fix: sampling, methods, N, tasks)")
     b.add_argument("--sampling", choices=sorted(SAMPLING_PRESETS),
                    help="sampling preset (paper: temperature 0.6, top_k 20, top_p 0.95); explicit flags override it")
     b.add_argument("--temperature", type=float, help="default 0.7")
@@ -165,10 +165,12 @@ def cmd_bench(args) -> int:
     if getattr(args, "preset", None) == "qwen-coder":  # four bench runs (stages) into one store: bench.presets
         if args.config:
             raise ValueError("--preset qwen-coder takes flags, not --config")
-        return _run_preset(args, {name: str(value) if name == "out" else value for flag, name in _FLAG_TO_FIELD.items()
-                                  if (value := getattr(args, flag, None)) is not None})
+        explicit = {name: str(value) if name == "out" else value for flag, name in _FLAG_TO_FIELD.items()
+                    if (value := getattr(args, flag, None)) is not None}
+        return _run_preset(args, {**explicit, **({"sampling": args.sampling} if args.sampling else {})})
     config = config_from_args(args)
     check_tasks(config.tasks, config.limit)
+    check_fetched([*config.verifiers, *config.drafters])
     if any(runs_code(t) for t in config.tasks):  # refused here, before any model loads, if unisolated
         require_isolation(args.unsafe_exec)
     args.threads = 1 if args.threads is None else args.threads
@@ -236,24 +238,38 @@ def _run_preset(args, explicit: dict) -> int:
     for _, config in configs:
         config.validate()
     check_tasks(configs[0][1].tasks, configs[0][1].limit)
+    check_fetched([*configs[0][1].verifiers, *configs[0][1].drafters])
     require_isolation(args.unsafe_exec)  # humaneval-instruct runs code: refused now if unisolated, before any model
     threads = (os.cpu_count() or 1) if args.threads is None else args.threads  # the big pair gains from every core
     check_threads(threads)
     torch.set_num_threads(threads)
     print(describe(configs))
+    on_sigterm()
     failed = []
     for i, (name, config) in enumerate(configs, 1):
         print(f"bench: stage {i}/{len(configs)} ({name}, T={config.temperature:g}, {threads} threads)", file=sys.stderr)
         try:
             summary = run_grid(config, progress=not args.no_progress, executor=executor_options(args))
-        except KeyboardInterrupt:
-            return interrupted("bench", "finished cells are", Path(config.out))
+        except KeyboardInterrupt as e:
+            return interrupted("bench", "finished cells are", Path(config.out), e)
         print(f"bench: {name}: ran {len(summary.ran)} cells, skipped {len(summary.skipped)} finished ones, "
               f"in {summary.wall_s:.1f} s")
         failed += summary.failed
     print_failed(failed)
     code = _report(Path(configs[0][1].out), None, configs[0][1].max_drop, not args.no_plots, everything=True)
     return 1 if failed else code
+
+
+def check_fetched(models) -> None:
+    """ValueError naming every registry model among `models` that is not in the cache, with the one command that
+    fetches them all (rather than the first one missing when it loads, and the next one on the next run)."""
+    from relaxspec.models import registry
+    missing = [name for name in dict.fromkeys(models)  # (a file there but not the pinned one: refused at its load)
+               if registry.is_registered(name) and not (registry.cache_dir() / registry.REGISTRY[name].file).is_file()]
+    if missing:
+        sizes = ", ".join(f"{name} ({registry.human_size(registry.REGISTRY[name].download)})" for name in missing)
+        raise ValueError(f"not in the model cache ({registry.cache_dir()}): {sizes}; run `relaxspec models fetch "
+                         f"{' '.join(missing)}`")
 
 
 def _report(out_dir: Path, csv_path, max_drop: float, plots: bool, everything: bool) -> int:

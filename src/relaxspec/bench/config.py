@@ -118,6 +118,7 @@ class BenchConfig:
                 raise ValueError(f"bench: {name.replace('_', ' ')} must be a positive integer, got {value!r}")
         if not isinstance(self.speed_prompts, int) or self.speed_prompts < 0:
             raise ValueError(f"bench: speed prompts must be an integer >= 0, got {self.speed_prompts!r}")
+        check_sampling_setting(self, "bench")
         if self.max_new_tokens < 1:
             raise ValueError(f"bench: max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not 0 <= self.max_drop < 1:
@@ -159,6 +160,16 @@ class BenchConfig:
                 value = [value]
             kwargs[name] = value
         return cls(**kwargs)
+
+
+def check_sampling_setting(config, who: str) -> None:
+    """ValueError '<who>: temperature must be a finite number >= 0, got nan' (and top_k's, top_p's) before any
+    work, rather than when the first cell samples."""
+    from relaxspec.acceptance.processing import check_sampling_args
+    try:
+        check_sampling_args(config.temperature, config.top_k, config.top_p)
+    except ValueError as e:
+        raise ValueError(f"{who}: {e}") from None
 
 
 def check_settings_types(config, who: str, lists: dict, scalars: dict | None = None) -> None:

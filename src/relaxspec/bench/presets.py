@@ -70,6 +70,25 @@ STAGES = {
 }
 
 
+# What the preset fixes: each stage's sampling, rules and N (STAGES) and its task; a flag or --sampling for one of them
+# is refused (it would change every stage alike: a temperature would make the greedy stages sample)
+FIXED = ("tasks", "methods", "draft_lengths", "temperature", "top_p", "top_k", "sampling")
+
+
+def check_flags(explicit: dict) -> None:
+    """ValueError naming the flags in `explicit` (BenchConfig fields from flags, and "sampling") the preset fixes."""
+    fixed = [f"--{name.replace('_', '-')}" for name in FIXED if name in explicit]
+    if fixed:
+        raise ValueError(f"bench --preset {QWEN_CODER} fixes {', '.join(fixed)} itself (its stages run {TASK} at "
+                         "T = 0 and T = 0.7 with top-p 0.95, each with its own rules and N: docs/bench.md); drop "
+                         f"{'them' if len(fixed) > 1 else 'it'}, or run a plain `relaxspec bench` for other settings")
+
+
+def priced(verifier: str, drafter: str, dtype: str | None) -> bool:
+    """Whether Costs price this pair: the preset's verifier in int4 with its drafter or prompt lookup."""
+    return verifier == VERIFIER and dtype == DTYPE and (drafter == DRAFTER or drafter_kind(drafter) == "ngram")
+
+
 def drafter_kind(drafter: str) -> str:
     """"ngram" for prompt lookup (its spec may carry options after a colon), else "lm"."""
     return "ngram" if drafter.split(":")[0] == "ngram" else "lm"
@@ -174,10 +193,17 @@ def fit_problems(budget_s: float = BUDGET_S, costs: Costs = Costs(), drafter: st
 def stage_configs(explicit: dict, costs: Costs = Costs()) -> list[tuple[str, "BenchConfig"]]:
     """(stage, BenchConfig) in run order: the preset's settings, `explicit` (BenchConfig fields from flags) over
     them. Problems and repeats from fit_problems unless `limit` / `repeats` are given."""
+    import warnings
+
     from relaxspec.bench.config import BenchConfig
+    check_flags(explicit)
     drafter = (explicit.get("drafters") or [DRAFTER])[0]
     problems, repeats = fit_problems(costs=costs, drafter=drafter)
     problems, repeats = explicit.get("limit", problems), explicit.get("repeats", repeats)
+    if isinstance(problems, int) and problems > PROBLEMS:
+        warnings.warn(f"bench --preset {QWEN_CODER}: --limit {problems} is more than {TASK}'s {PROBLEMS} problems; "
+                      f"running all {PROBLEMS}", stacklevel=2)
+        problems = PROBLEMS
     configs = []
     for name, stage in STAGES.items():
         reps = 1 if stage["temperature"] == 0 else repeats  # greedy repeats would repeat the same answers
@@ -191,17 +217,23 @@ def stage_configs(explicit: dict, costs: Costs = Costs()) -> list[tuple[str, "Be
 
 def describe(configs, costs: Costs = Costs()) -> str:
     """The stages, their cells and the estimate, as printed before the run."""
-    drafter = configs[0][1].drafters[0]
-    problems = configs[0][1].limit
+    first = configs[0][1]
+    drafter, verifier = first.drafters[0], first.verifiers[0]
+    problems = first.limit
     repeats = max(c.repeats for _, c in configs)
-    est = estimate(problems, repeats, costs, drafter)
+    est = estimate(problems, repeats, costs, drafter) if priced(verifier, drafter, first.dtype) else None
     cells = grid(drafter)
     lines = [f"bench --preset {QWEN_CODER}: {sum(len(c) for c in cells.values())} cells on the first {problems} of "
-             f"{PROBLEMS} problems ({repeats} sample(s) a problem when sampling), drafter {drafter}:"]
+             f"{PROBLEMS} problems ({repeats} sample(s) a problem when sampling), verifier {verifier}, drafter "
+             f"{drafter}:"]
     width = max(len(name) for name, _ in configs)
     for name, config in configs:
-        lines.append(f"  {name:<{width}} T={config.temperature:g}: {len(cells[name])} cells, about "
-                     f"{est[name] / 60:.0f} min")
+        lines.append(f"  {name:<{width}} T={config.temperature:g}: {len(cells[name])} cells"
+                     + (f", about {est[name] / 60:.0f} min" if est else ""))
+    if est is None:
+        lines.append(f"  time not estimated: the preset's costs are {VERIFIER}'s in {DTYPE} with {DRAFTER} or "
+                     "prompt lookup; a re-run resumes cell by cell")
+        return "\n".join(lines)
     lines.append(f"  about {est['total'] / 3600:.1f} h in all at {VERIFIER}'s int4 costs on 2 CPU cores "
                  f"({costs.ar_s_per_token * 1000:.0f} ms/token AR, {costs.tokens_per_answer} tokens an answer, "
                  f"tau {costs.tau[drafter_kind(drafter)]:g} at N = 3, "
@@ -210,4 +242,4 @@ def describe(configs, costs: Costs = Costs()) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["QWEN_CODER", "STAGES", "Costs", "grid", "estimate", "fit_problems", "stage_configs", "describe"]
+__all__ = ["QWEN_CODER", "STAGES", "FIXED", "Costs", "check_flags", "priced", "grid", "estimate", "fit_problems", "stage_configs", "describe"]

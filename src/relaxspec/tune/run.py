@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from relaxspec.acceptance.random import check_seed
 from relaxspec.bench import (AR, HELDOUT_BAND, BenchConfig, Interval, check_draft_confidence_setting, check_out_dir,
-                             check_phase_setting, check_settings_types, extra_draft_passes, make_executor,
-                             paired_diff_interval)
+                             check_phase_setting, check_sampling_setting, check_settings_types, extra_draft_passes,
+                             make_executor, paired_diff_interval)
 from relaxspec.tune.cells import Cells
 from relaxspec.tune.objective import OBJECTIVES, speed_interval
 from relaxspec.tune.racing import ALPHA, DEFAULT_CAPS, DEFAULT_SIZES, Race, race, validate_schedule
@@ -79,6 +79,7 @@ class TuneConfig:
             raise ValueError("tune: methods name nothing to search (ar is the speed reference, not searched; "
                              "strict is always searched: name rules, or strict alone to pick its N)")
         check_out_dir(self.out, "--out")
+        check_sampling_setting(self, "tune")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"tune: unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
         if not 0 <= self.max_drop < 1:
