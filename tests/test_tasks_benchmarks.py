@@ -209,7 +209,7 @@ def test_file_errors(tmp_path):
 
 
 def test_every_benchmark_has_a_template_with_the_placeholder():
-    assert set(BENCHMARKS) == {"gsm8k", "math500", "aime24", "gpqa", "mbpp", "humaneval", "humaneval-instruct",
+    assert set(BENCHMARKS) == {"gsm8k", "math500", "aime24", "gpqa", "mbpp", "mbpp-instruct", "humaneval", "humaneval-instruct",
                                "livecodebench"}
     for bench in BENCHMARKS.values():
         assert "{question}" in bench.template

@@ -44,7 +44,7 @@ def test_tasks_show_errors_are_one_line(tmp_path, capsys):
 
 def test_hub_loading_offline_is_one_clear_line(tmp_path):
     """The real `datasets.load_dataset` path, with the hub unreachable (offline mode, empty cache)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "RELAXSPEC_CACHE": str(tmp_path),
            "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     proc = subprocess.run([sys.executable, "-m", "relaxspec", "tasks", "show", "gsm8k", "--examples", "1"],
                           env=env, capture_output=True, text=True, timeout=120)

@@ -48,3 +48,17 @@ def interrupted(command: str, what: str, out: Path, reason: KeyboardInterrupt | 
     print(f"\n{command}: interrupted; {what} stored in {out / 'results.sqlite'}; re-run the same command to resume",
           file=sys.stderr)
     return 143 if isinstance(reason, Terminated) else 130
+
+
+def fetch_each(names, fetch) -> int:
+    """`models fetch` and `tasks fetch`: fetch(name) for each name, printing what it returns (a path); Ctrl-C or
+    SIGTERM stops it with one line (exit 130 / 143), the fetch in flight having removed its files and its pip."""
+    on_sigterm()
+    for name in names:
+        try:
+            result = fetch(name)
+        except KeyboardInterrupt as e:
+            print(f"relaxspec: error: fetching {name!r} interrupted; nothing of it was kept", file=sys.stderr)
+            return 143 if isinstance(e, Terminated) else 130
+        print(result, flush=True)
+    return 0

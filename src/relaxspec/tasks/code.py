@@ -3,7 +3,7 @@
   extract_code     the code of a response: a fenced block (the first one that defines the entry
                    point when one is named, else the last one; an unclosed fence runs to the end),
                    else the raw response.
-  passes_asserts   a program made of setup + code + assert lines passes in the sandbox (mbpp).
+  passes_asserts   a program made of code + setup + assert lines passes in the sandbox (mbpp).
   passes_io        a stdin/stdout program prints the expected output for every input (livecodebench).
 """
 
@@ -34,7 +34,9 @@ def defines(code: str, name: str) -> bool:
 
 
 def passes_asserts(code: str, tests: list[str], setup: str = "", timeout: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
-    return passes_tests("\n".join([setup, code, "", *tests]), timeout=timeout)
+    """The program: the code, then the setup (MBPP's `test_setup_code` builds its inputs from the code's own
+    classes, e.g. task 367's trees of `Node`s), then the asserts."""
+    return passes_tests("\n".join([code, "", setup, "", *tests]), timeout=timeout)
 
 
 def same_output(got: str, want: str) -> bool:
