@@ -3,6 +3,8 @@
 CLI rows go through the CLI's main() (the one-line error path, rc 2); API rows through the function."""
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -210,3 +212,44 @@ def test_bench_and_tune_refuse_a_temperature_that_is_not_finite_and_at_least_0(c
     # the verifier does not exist: the temperature's error comes first (before: each cell failed on it, or the race)
     one_line_error(capsys, command, "--verifier", tmp_path / "missing", "--temperature", value, "--out",
                    tmp_path / "out", says=f"{command}: {says}")
+
+
+def test_a_prompt_with_a_lone_surrogate_is_named(capsys, tmp_path):
+    """Valid JSON, not text: a transformers traceback before."""
+    says = "holds a lone surrogate (U+D800 at character 0), which is not text"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n{"prompt": "\\ud800 hi"}\n')
+    one_line_error(capsys, "generate", "--prompts", prompts, "--max-new-tokens", "3",
+                   says=f"{prompts}:2: the prompt {says}")
+    with pytest.raises(ValueError, match=r"^prompt 1 " + re.escape(says)):
+        generate("verifier", None, ["fine", "\ud800 hi"], method="ar", max_new_tokens=3)
+    with pytest.raises(ValueError, match=r"^prompt 0 \(user turn\) holds a lone surrogate \(U\+DC00 at character 1\)"):
+        generate("verifier", None, [[{"role": "user", "content": "a\udc00"}]], method="ar", max_new_tokens=3)
+
+
+def test_tune_without_a_budget_is_one_line(tmp_path):
+    """budget_minutes=None: TypeError: '>' not supported before; no budget is inf minutes (docs/tune.md)."""
+    import relaxspec
+    with pytest.raises(ValueError, match=r"^tune: budget must be > 0 minutes \(inf: no budget\), got None$"):
+        relaxspec.tune(budget_minutes=None, out=str(tmp_path / "t"))
+    TuneConfig(budget_minutes=math.inf, out=str(tmp_path / "t")).validate()
+
+
+@pytest.mark.parametrize("on_meta", ["target_logits", "draft_logits", "draft_tokens", "draft_probs"])
+def test_verify_on_meta_tensors_is_one_line(on_meta):
+    """RuntimeError: Tensor.item() cannot be called on meta tensors before."""
+    g = torch.Generator().manual_seed(0)
+    block = {"target_logits": torch.randn(1, 3, 5, generator=g), "draft_logits": torch.randn(1, 2, 5, generator=g),
+             "draft_tokens": torch.zeros(1, 2, dtype=torch.long)}
+    block["draft_probs"] = process_logits(block["draft_logits"], temperature=0.7)
+    every = {name: value.to("meta") for name, value in block.items()}
+    for tensors in ({**block, on_meta: block[on_meta].to("meta")}, every):
+        with pytest.raises(ValueError, match=r"^\w+ is on the meta device: a shape without values, nothing to "):
+            verify("strict", tensors["target_logits"], tensors["draft_logits"], tensors["draft_tokens"],
+                   draft_probs=tensors["draft_probs"], temperature=0.7)
+
+
+@pytest.mark.parametrize("name", [None, 3, "", "  "])
+def test_load_model_without_a_name_is_one_line(name):
+    with pytest.raises(ValueError, match=r"^load_model needs a model's name or path \(`relaxspec models list` names "):
+        load_model(name)

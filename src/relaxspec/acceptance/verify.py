@@ -132,6 +132,11 @@ def check_block(target_logits, draft_logits, draft_tokens, draft_probs=None) -> 
 def _check_block(target_logits, draft_logits, draft_tokens, draft_probs, direct: bool) -> _Block:
     """check_block's checks; direct (`verify`): rows of -inf logits and -1 drafts are returned, not refused, and
     draft_probs' mass is left to `_check_draft_probs_mass` (which reads only the rows a draft is proposed at)."""
+    for name, tensor in (("target_logits", target_logits), ("draft_logits", draft_logits),
+                         ("draft_tokens", draft_tokens), ("draft_probs", draft_probs)):
+        if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+            raise ValueError(f"{name} is on the meta device: a shape without values, nothing to verify (give tensors "
+                             "on a CPU or a GPU)")
     masked_target = check_logits("target_logits", target_logits, masked_rows=direct)
     if not isinstance(draft_logits, torch.Tensor):
         raise ValueError(f"draft_logits must be a torch.Tensor, got {type(draft_logits).__name__}")

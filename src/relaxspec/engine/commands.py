@@ -33,6 +33,7 @@ def parse_params(pairs: list[str] | None) -> dict:
 
 
 def _read_prompts(args) -> list[str]:
+    from relaxspec.models.prompts import check_text
     from relaxspec.tasks.base import jsonl_records
 
     if args.prompt is not None:
@@ -50,6 +51,7 @@ def _read_prompts(args) -> list[str]:
             raise ValueError(f"{name}:{line_no}: expected an object with a string 'prompt'")
         if not record["prompt"].strip():
             raise ValueError(f"{name}:{line_no}: the prompt is empty or whitespace only")
+        check_text(record["prompt"], f"{name}:{line_no}: the prompt")
         prompts.append(record["prompt"])
     if not prompts:
         raise ValueError(f"{name}: no prompts")

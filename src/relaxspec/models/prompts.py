@@ -47,6 +47,16 @@ def prompt_list(prompts) -> list:
     return prompts
 
 
+def check_text(text: str, what: str) -> None:
+    """ValueError '<what> holds a lone surrogate ...' for a string that is not Unicode text (a surrogate code point
+    without its pair, e.g. JSON's "\\ud800" alone, which no tokenizer can encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), which "
+                         "is not text: give the character itself, or both halves of its surrogate pair") from None
+
+
 def encode_prompts(tokenizer, prompts, *, chat_template: str = "auto", system: str | None = None) -> list[list[int]]:
     """Token ids of each prompt. chat_template "auto": through the tokenizer's chat template when it has one,
     unless the prompt already holds the template's markers (already templated: left as it is), plain text
@@ -59,12 +69,15 @@ def encode_prompts(tokenizer, prompts, *, chat_template: str = "auto", system: s
     prompts = prompt_list(prompts)
     for i, prompt in enumerate(prompts):
         if _is_conversation(prompt):
+            for message in prompt:
+                check_text(message["content"], f"prompt {i} ({message['role']} turn)")
             continue
         if not isinstance(prompt, str):
             raise ValueError(f"prompt {i} is not a string or a list of {{'role', 'content'}} messages "
                              f"({type(prompt).__name__})")
         if not prompt.strip():
             raise ValueError(f"prompt {i} is empty or whitespace only")
+        check_text(prompt, f"prompt {i}")
     wants = chat_template == "on" or (chat_template == "auto" and has_chat_template(tokenizer))
     if (wants or any(_is_conversation(p) for p in prompts)) and not has_chat_template(tokenizer):
         raise ValueError(f"chat_template {chat_template!r} or a list of messages asked for a chat template, but "

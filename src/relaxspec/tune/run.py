@@ -95,8 +95,8 @@ class TuneConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"tune: {name.replace('_', ' ')} must be a positive integer, got {value!r}")
         check_seed(self.seed, "tune: seed")
-        if not self.budget_minutes > 0:
-            raise ValueError(f"tune: budget must be > 0 minutes, got {self.budget_minutes}")
+        if self.budget_minutes is None or not self.budget_minutes > 0:
+            raise ValueError(f"tune: budget must be > 0 minutes (inf: no budget), got {self.budget_minutes}")
         if self.caps is None:
             self.caps = tuple(DEFAULT_CAPS[min(i, len(DEFAULT_CAPS) - 1)] for i in range(len(self.sizes) - 1))
         validate_schedule(self.sizes, self.caps)
