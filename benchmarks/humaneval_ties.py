@@ -5,7 +5,7 @@ llama.cpp, with the same prefix.
     python benchmarks/humaneval_ties.py --results he-0.5b-auto.jsonl [--model qwen2.5-coder-0.5b]
         [--dtypes auto float32] [--gguf FILE] [--threads 2] [--skip-llama] [--problems HumanEval/46 ...]
 
---results: a JSONL of benchmarks/humaneval_baselines.py holding both systems' answers. For each problem whose two
+--results: a JSONL of benchmarks/task_baselines.py (--task humaneval-instruct) holding both systems' answers. For each problem whose two
 answers part, the prefix is the prompt's token ids (the task humaneval-instruct, our tokenizer's chat template)
 and the tokens the two answers share; each computation feeds it as generation did: the prompt in one pass, then
 each shared token in a decode step of its own. Printed per problem: z(ours) - z(llama.cpp's) for each --dtypes
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from humaneval_baselines import LLAMA, OURS, TASK, divergence, llama_model, read_done  # noqa: E402
+from task_baselines import LLAMA, OURS, TASK, divergence, llama_model, read_done  # noqa: E402
 
 from relaxspec.models import load_model  # noqa: E402
 from relaxspec.models.prompts import encode_prompts  # noqa: E402
@@ -52,7 +52,7 @@ def llama_logits(llm, prompt: list[int], shared: list[int]) -> torch.Tensor:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", type=Path, required=True, help="humaneval_baselines.py's JSONL, both systems in it")
+    p.add_argument("--results", type=Path, required=True, help="task_baselines.py's JSONL, both systems in it")
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
     p.add_argument("--dtypes", nargs="+", default=["auto", REFERENCE])
     p.add_argument("--gguf", help="the GGUF llama.cpp runs (default: the registry's fetched file of --model)")

@@ -1,22 +1,23 @@
-"""HumanEval (instruct) greedy pass@1 of one model: relaxspec's AR and llama.cpp on the same prompts, with the
+"""A task's greedy score (pass@1, accuracy) of one model: relaxspec's AR and llama.cpp on the same prompts, with the
 published reference beside them.
 
-    python benchmarks/humaneval_baselines.py [--model qwen2.5-coder-1.5b] [--gguf FILE] [--dtype int4]
-        [--limit 164] [--batch-size 16] [--max-new-tokens 512] [--threads 2] [--out humaneval-baselines.jsonl]
+    python benchmarks/task_baselines.py [--task humaneval-instruct] [--model qwen2.5-coder-1.5b] [--gguf FILE]
+        [--dtype int4] [--limit N] [--batch-size 16] [--max-new-tokens 512] [--threads 2] [--out FILE.jsonl]
         [--skip-llama] [--no-progress]
 
-Both systems get the same token ids: the task `humaneval-instruct`'s prompt (EvalPlus's instruct prompt, see
-relaxspec.tasks.humaneval_instruct) through our tokenizer's chat template (models.prompts.encode_prompts, as the
-engine does), greedy, up to --max-new-tokens, stopping at the tokenizer's end-of-turn token. relaxspec runs
-`engine.generate(method="ar")` in batches of --batch-size; llama.cpp (llama-cpp-python, the GGUF given by --gguf,
-or the model's own file when --model is one) is fed the ids and decodes greedily (top-k 1), one problem at a time.
-Both answers are decoded by our tokenizer and scored alike: the answer's first python block run against the
-problem's tests in the sandbox.
+Both systems get the same token ids: the task's prompt (humaneval-instruct, mbpp-instruct: EvalPlus's instruct
+prompt; gsm8k: the question asking for a \\boxed{} answer; any task `relaxspec tasks list` names) through our
+tokenizer's chat template (models.prompts.encode_prompts, as the engine does), greedy, up to --max-new-tokens,
+stopping at the tokenizer's end-of-turn token. relaxspec runs `engine.generate(method="ar")` in batches of
+--batch-size; llama.cpp (llama-cpp-python, the GGUF given by --gguf, or the model's own file when --model is one)
+is fed the ids and decodes greedily (top-k 1), one problem at a time. Both answers are decoded by our tokenizer and
+scored alike by the task (code in the sandbox, numbers by the task's extraction).
 
-Resumable: each problem's result (system, task id, token ids, answer, passed, seconds) is appended to --out as
-it finishes; a re-run reads it and runs only what is missing. The table: pass@1 of each system with its Wilson
-interval (continuity-corrected, 95%), ms/token, and the reference (Qwen2.5-Coder technical report, instruct
-models, bf16, their own prompt: HumanEval 70.7 for 1.5B-Instruct, 61.6 for 0.5B-Instruct); then every problem
+Resumable: each problem's result (system, problem id, token ids, answer, passed, seconds) is appended to --out
+(default `<task>-<model>-baselines.jsonl`) as it finishes; a re-run reads it and runs only what is missing. The
+table: the score of each system with its Wilson interval (continuity-corrected, 95%), ms/token, and the reference
+(Qwen2.5-Coder technical report, instruct models, bf16, their own prompt: HumanEval 70.7 / 61.6 and MBPP 69.2 /
+52.4 for 1.5B- / 0.5B-Instruct; compare the direction, not the decimal); then every problem
 whose two answers differ in tokens: the first position where they diverge and the top-2 logit gap there on each
 side (a gap under NEAR_TIE logits: a near-tie that quantization or summation order can flip; larger on either
 side: the two models really disagree there), and whether each passed. llama.cpp is skipped (said once) when
@@ -38,10 +39,20 @@ from relaxspec.models import load_model
 from relaxspec.models.prompts import encode_prompts
 from relaxspec.tasks import get_task
 
-TASK = "humaneval-instruct"
+TASK = "humaneval-instruct"  # the default task
 OURS, LLAMA = "relaxspec", "llama.cpp"
 NEAR_TIE = 1.0  # logits
-REFERENCES = {"qwen2.5-coder-1.5b": 70.7, "qwen2.5-coder-0.5b": 61.6}  # Qwen2.5-Coder report (arXiv 2409.12186)
+REFERENCES = {  # Qwen2.5-Coder report (arXiv 2409.12186), instruct models
+    "humaneval-instruct": {"qwen2.5-coder-1.5b": 70.7, "qwen2.5-coder-0.5b": 61.6},
+    "mbpp-instruct": {"qwen2.5-coder-1.5b": 69.2, "qwen2.5-coder-0.5b": 52.4},
+}
+
+
+def problem_ids(task) -> list[str]:
+    """Each problem's id in the results: its reference where those are unique (HumanEval's and MBPP's task ids),
+    else `<task>/<index>` (GSM8K's references are its gold numbers)."""
+    refs = task.references
+    return list(refs) if len(set(refs)) == len(refs) else [f"{task.name}/{i}" for i in range(len(refs))]
 
 
 def read_done(path: Path) -> dict:
@@ -63,6 +74,7 @@ def append(path: Path, rec: dict) -> None:
 
 
 def run_ours(model, task, ids, todo, args, out: Path, done: dict, progress: bool) -> None:
+    names = problem_ids(task)
     from tqdm import tqdm
 
     from relaxspec.engine import generate
@@ -74,7 +86,7 @@ def run_ours(model, task, ids, todo, args, out: Path, done: dict, progress: bool
                           max_new_tokens=args.max_new_tokens)
         seconds = (time.perf_counter() - t0) / len(batch)
         for i, r in zip(batch, result.results):
-            rec = {"system": OURS, "task_id": task.references[i], "token_ids": list(r.token_ids),
+            rec = {"system": OURS, "task_id": names[i], "token_ids": list(r.token_ids),
                    "answer": r.text, "passed": task.score(r.text, task.references[i]) == 1.0, "seconds": seconds,
                    "batch": len(batch)}
             append(out, rec)
@@ -91,7 +103,7 @@ def llama_model(path: str, threads: int, n_ctx: int, logits_all: bool = False):
 
 def run_llama(llm, tokenizer, task, ids, todo, args, out: Path, done: dict, progress: bool) -> None:
     from tqdm import tqdm
-    eos = tokenizer.eos_token_id
+    eos, names = tokenizer.eos_token_id, problem_ids(task)
     bar = tqdm(total=len(todo), desc=LLAMA, unit="problem", disable=not progress, dynamic_ncols=True)
     for i in todo:
         t0 = time.perf_counter()
@@ -103,7 +115,7 @@ def run_llama(llm, tokenizer, task, ids, todo, args, out: Path, done: dict, prog
             if len(tokens) >= args.max_new_tokens:
                 break
         answer = tokenizer.decode(tokens, skip_special_tokens=True)
-        rec = {"system": LLAMA, "task_id": task.references[i], "token_ids": tokens, "answer": answer,
+        rec = {"system": LLAMA, "task_id": names[i], "token_ids": tokens, "answer": answer,
                "passed": task.score(answer, task.references[i]) == 1.0, "seconds": time.perf_counter() - t0,
                "batch": 1}
         append(out, rec)
@@ -145,27 +157,33 @@ def pct(interval) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default=TASK, help="a task spec (relaxspec tasks list; default %(default)s)")
     p.add_argument("--model", default="qwen2.5-coder-1.5b", help="a model name or path for load_model")
     p.add_argument("--gguf", help="the GGUF file llama.cpp runs (default: --model when it is one)")
     p.add_argument("--dtype", default=None, help="load_model dtype (e.g. int4; default: the loader's)")
-    p.add_argument("--limit", type=int, default=164, help="the first problems (default all 164)")
+    p.add_argument("--limit", type=int, default=None, help="the first problems (default: all of the task's)")
     p.add_argument("--batch-size", type=int, default=16, help="problems per generate call (relaxspec)")
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("humaneval-baselines.jsonl"))
+    p.add_argument("--out", type=Path, default=None, help="results JSONL (default <task>-<model>-baselines.jsonl)")
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     for name in ("limit", "batch_size", "max_new_tokens", "threads"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be a positive integer")
     torch.set_num_threads(args.threads)
+    from relaxspec.tasks import runs_code
     from relaxspec.tasks.sandbox import require_isolation
     try:
-        require_isolation()
-        task = get_task(TASK, limit=args.limit)
+        if runs_code(args.task):
+            require_isolation()
+        task = get_task(args.task, limit=args.limit)
     except ValueError as e:
         p.error(str(e))
+    if args.out is None:
+        args.out = Path(f"{args.task.partition(':')[0]}-{Path(str(args.model)).name}-baselines.jsonl")
+    names = problem_ids(task)
     gguf = args.gguf or (args.model if str(args.model).endswith(".gguf") else None)
     if gguf is None and not args.skip_llama:
         from relaxspec.models import registry
@@ -179,10 +197,9 @@ def main(argv=None) -> int:
     ids = encode_prompts(tok, task.prompts, chat_template="auto")
     done = read_done(args.out)
     progress = not args.no_progress
-    todo = [i for i, ref in enumerate(task.references) if (OURS, ref) not in done]
-    if len(todo) < len(task.references):
-        print(f"{args.out}: {len(task.references) - len(todo)} of {len(task.references)} {OURS} results stored; "
-              f"running the rest")
+    todo = [i for i, ref in enumerate(names) if (OURS, ref) not in done]
+    if len(todo) < len(names):
+        print(f"{args.out}: {len(names) - len(todo)} of {len(names)} {OURS} results stored; running the rest")
     run_ours(model, task, ids, todo, args, args.out, done, progress)
     llm, systems = None, [OURS]
     if args.skip_llama:
@@ -196,20 +213,20 @@ def main(argv=None) -> int:
             print("llama.cpp: skipped (llama_cpp is not installed)")
     if llm is not None:
         systems.append(LLAMA)
-        todo = [i for i, ref in enumerate(task.references) if (LLAMA, ref) not in done]
+        todo = [i for i, ref in enumerate(names) if (LLAMA, ref) not in done]
         run_llama(llm, tok, task, ids, todo, args, args.out, done, progress)
 
-    refs = task.references
-    print(f"\nHumanEval (instruct prompt) greedy pass@1, {len(refs)} problems, model {args.model}"
+    refs = names
+    print(f"\n{args.task} greedy {task.metric} score, {len(refs)} problems, model {args.model}"
           f"{f', GGUF {gguf}' if llm is not None else ''}; 95% Wilson intervals")
-    print("| system | pass@1 % | ms/token |")
+    print("| system | score % | ms/token |")
     print("|---|---|---|")
     for system in systems:
         recs = [done[(system, r)] for r in refs]
         tokens = sum(max(1, len(x["token_ids"])) for x in recs)
         ms = 1000 * sum(x["seconds"] for x in recs) / tokens
         print(f"| {system} | {pct(utility_interval([float(x['passed']) for x in recs]))} | {ms:.1f} |")
-    ref = REFERENCES.get(Path(str(args.model)).name.split("-instruct")[0].lower())
+    ref = REFERENCES.get(args.task, {}).get(Path(str(args.model)).name.split("-instruct")[0].lower())
     print(f"| Qwen2.5-Coder report (bf16, own prompt) | {ref if ref is not None else 'n/a'} | - |")
     if llm is not None:
         differ, scorer = [], None

@@ -27,7 +27,7 @@ RUNS = {  # script: (tiny arguments, a line its output must hold)
     "engine_profile": (["--prompts", "2", "--max-new-tokens", "24", "--draft-lengths", "3", "--top", "5"], "ms/round"),
     "engine_speed": (["--prompts", "2", "--max-new-tokens", "24", "--draft-lengths", "3", "--repeats", "1",
                       "--batch", "4"], "x"),
-    "humaneval_baselines": (["--model", "verifier", "--limit", "2", "--max-new-tokens", "12", "--threads", "1",
+    "task_baselines": (["--model", "verifier", "--limit", "2", "--max-new-tokens", "12", "--threads", "1",
                              "--skip-llama", "--out", "/dev/null", "--no-progress"], "| relaxspec |"),
     "int4_block_speed": (["--threads", "1", "--rows", "1", "4", "--rounds", "3"], "|"),
     "interval_coverage": (["--sims", "20"], "utility"),

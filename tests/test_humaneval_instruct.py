@@ -82,12 +82,12 @@ def test_tasks_show_prints_the_prompt():
 
 
 def test_baselines_script_runs_and_resumes(tmp_path):
-    """benchmarks/humaneval_baselines.py at tiny scale on the built-in model (llama.cpp skipped: no GGUF file for
+    """benchmarks/task_baselines.py at tiny scale on the built-in model (llama.cpp skipped: no GGUF file for
     it); a re-run finds every result stored and generates nothing."""
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "b.jsonl"
-    cmd = [sys.executable, str(root / "benchmarks" / "humaneval_baselines.py"), "--model", "verifier", "--limit", "2",
+    cmd = [sys.executable, str(root / "benchmarks" / "task_baselines.py"), "--model", "verifier", "--limit", "2",
            "--max-new-tokens", "12", "--threads", "1", "--out", str(out), "--no-progress"]
     env = {**__import__("os").environ, "PYTHONPATH": str(root / "src")}
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
@@ -105,7 +105,7 @@ def test_baselines_script_runs_and_resumes(tmp_path):
 
 
 def test_divergence():
-    mod = benchmark_module("humaneval_baselines")
+    mod = benchmark_module("task_baselines")
     assert mod.divergence([1, 2, 3], [1, 2, 3]) is None
     assert mod.divergence([1, 2, 3], [1, 5, 3]) == 1
     assert mod.divergence([1, 2], [1, 2, 3]) == 2
@@ -115,7 +115,7 @@ def test_ours_gap_reads_the_prefix_last_position():
     """The divergence table's gap on our side: top-1 minus top-2 logit after the prefix, the same whatever follows."""
     import torch
     from relaxspec.models import load_model
-    mod = benchmark_module("humaneval_baselines")
+    mod = benchmark_module("task_baselines")
     model = load_model("verifier")
     prefix = model.tokenizer("Question: Mia has 120 apples. She buys 35 more.")["input_ids"]
     g = mod.ours_gap(model, prefix)
