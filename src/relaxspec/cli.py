@@ -47,6 +47,7 @@ def _rule_info(rule) -> dict:
                        for p in rule.params.values()},
             "needs": {"extra_draft_passes": rule.extra_draft_passes, "reads_q": rule.reads_q,
                       "inputs": {t.name: t.doc for t in rule.inputs.values()},
+                      "state": {t.name: t.doc for t in rule.state.values()}, "reads_uniforms": rule.reads_uniforms,
                       "greedy_closed_form": rule.greedy_closed_form},
             "at_temperature_0": rule.at_greedy,
             "one_hot_q": {"valid": rule.valid_with_one_hot_q, "behaviour": rule.one_hot_q}}
