@@ -19,6 +19,8 @@ def test_json_listing_has_needs_greedy_and_one_hot_q(capsys):
         info = listed[name]
         assert info["needs"] == {"extra_draft_passes": rule.extra_draft_passes, "reads_q": rule.reads_q,
                                  "inputs": {t: spec.doc for t, spec in rule.inputs.items()},
+                                 "state": {t: spec.doc for t, spec in rule.state.items()},
+                                 "reads_uniforms": rule.reads_uniforms,
                                  "greedy_closed_form": rule.greedy_closed_form}
         assert info["one_hot_q"] == {"valid": rule.valid_with_one_hot_q, "behaviour": rule.one_hot_q}
         assert info["at_temperature_0"] == rule.at_greedy
