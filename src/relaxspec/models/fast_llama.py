@@ -33,6 +33,8 @@ the weights' dtype, except RoPE, which is applied in float32 (bfloat16 has no co
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -94,6 +96,14 @@ def _interleave_rope_pairs(weight, heads: int, head_dim: int, inverse: bool = Fa
     return weight[rows]
 
 
+class BuiltLayer(NamedTuple):
+    """A decoder layer already in its format, as `DecoderLayers.layers` holds it (weights: input norm, qkv, o,
+    post-attention norm, gate_up, down) with its q/k/v bias (or None): what models/weight_cache.py reads back."""
+
+    weights: tuple
+    qkv_bias: torch.Tensor | None
+
+
 class DecoderLayers:
     """Llama decoder layers run lean over a `KVCache` (pre-norm attention with RoPE, SwiGLU MLP; the module
     docstring's choices): FastLlama's layers, and those of the MTP drafter head (drafters/mtp.py), which are the
@@ -109,7 +119,8 @@ class DecoderLayers:
         transformers' layout (q and k rows half-split per head: interleaved here), optionally followed by the q, k,
         v biases (Qwen2; None each where absent). A matrix is a tensor or a quant.Int4Codes (a GGUF file's own
         codes). `weight_format` applies on a CPU (float32, bfloat16, int4, or "auto": Int4Codes kept in int4, every
-        other matrix in bfloat16); elsewhere the weights keep `weights_dtype`. Every matrix is copied into its format."""
+        other matrix in bfloat16); elsewhere the weights keep `weights_dtype`. Every matrix is copied into its format,
+        but for a layer given as a `BuiltLayer` (already in it: kept as it is)."""
         self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
         self.device = device
         self.dtype = torch.float32 if device.type == "cpu" else weights_dtype  # compute dtype
@@ -127,7 +138,12 @@ class DecoderLayers:
         self.layers = []
         dt, fmt, kw = self.dtype, self.weight_format, self.linear_options
         self.qkv_bias: list[torch.Tensor | None] = []  # per layer [q + 2 kv] in the compute dtype, or None
-        for w_in, q, k, v, o, w_post, gate, up, down, *bias in layers:
+        for parts in layers:
+            if isinstance(parts, BuiltLayer):  # already in its format (the converted-weight cache)
+                self.layers.append(parts.weights)
+                self.qkv_bias.append(parts.qkv_bias)
+                continue
+            w_in, q, k, v, o, w_post, gate, up, down, *bias = parts
             qkv = cat_weights([_interleave_rope_pairs(q, heads, head_dim),
                                _interleave_rope_pairs(k, kv_heads, head_dim), v])
             self.layers.append((w_in.detach().to(dt), self._linear(qkv), self._linear(o), w_post.detach().to(dt),
@@ -141,6 +157,8 @@ class DecoderLayers:
 
     def _linear(self, weight) -> Linear:
         """A matrix in the layers' format ("auto": a GGUF file's own 4-bit codes in int4, anything else in bfloat16)."""
+        if isinstance(weight, Linear):  # already in its format (the converted-weight cache)
+            return weight
         fmt = self.weight_format
         if fmt == "auto":
             fmt = "int4" if isinstance(weight, Int4Codes) else "bfloat16"
@@ -247,7 +265,9 @@ class FastLlama(DecoderLayers):
         keep their dtype. The transformers model's linear weights are copied (its own stay usable:
         `release_weights` drops them, `linear_weights` reads them back). `source(name)`: the weight of that
         transformers state_dict name (a tensor or a quant.Int4Codes), read one at a time (a GGUF file's tensors,
-        models/gguf_weights.py); default: the model's own parameters."""
+        models/gguf_weights.py); default: the model's own parameters. A source with a `built` attribute (a
+        converted-weight cache's entry, models/weight_cache.py) gives its `layers` (BuiltLayer each) and `lm_head`
+        (a quant.Linear) already in the format: only the embedding and final norm are asked of it."""
         cfg = model.config
         inner = model.model
         rotary = inner.rotary_emb
@@ -271,13 +291,18 @@ class FastLlama(DecoderLayers):
                              if getattr(layer.self_attn, f"{n}_proj").bias is not None else None for n in "qkv")
                 yield (*w, bias if bias[0] is not None else None)
 
-        super().__init__(weights(), cfg.num_attention_heads, cfg.num_key_value_heads,
+        built = getattr(source, "built", None)  # layers and LM head already in the format (models/weight_cache.py)
+        super().__init__(built.layers if built is not None else weights(), cfg.num_attention_heads,
+                         cfg.num_key_value_heads,
                          getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
                          cfg.rms_norm_eps, rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)),
                          self.embed.device, self.embed.dtype, weight_format)
         self.final_norm = source("model.norm.weight").detach().to(self.dtype)
-        head = self.embed if getattr(cfg, "tie_word_embeddings", False) else source("lm_head.weight")
-        self.lm_head = self._linear(head)
+        if built is not None:
+            self.lm_head = built.lm_head
+        else:
+            head = self.embed if getattr(cfg, "tie_word_embeddings", False) else source("lm_head.weight")
+            self.lm_head = self._linear(head)
 
     _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                 "mlp.up_proj", "mlp.down_proj")

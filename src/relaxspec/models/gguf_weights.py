@@ -21,11 +21,13 @@ tensor's last byte is a one-line ValueError ("truncated or corrupt").
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from relaxspec.models.fast_llama import FastLlama
 from relaxspec.models.quant import GROUP_SIZE, Int4Codes, quantize_int4
 
 SUPPORTED = ("qwen2",)
@@ -261,37 +263,79 @@ class GGUFWeights:
         return f"relaxspec: {self.path.name}: 4-bit tensors keep the file's codes; the other matrices ({kinds}) {how}"
 
 
-def load(name: str, path, weight_format: str, device: torch.device, tokenizer_source=None):
+def load(name: str, path, weight_format: str, device: torch.device, tokenizer_source=None,
+         cache: bool | None = None):
     """(transformers model on the meta device but for its small tensors, tokenizer, FastLlama) for a GGUF file of
-    a SUPPORTED architecture on a CPU, or None (another architecture or device: transformers' loader serves)."""
-    import sys
-
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    from relaxspec.models.fast_llama import FastLlama
+    a SUPPORTED architecture on a CPU, or None (another architecture or device: transformers' loader serves).
+    `cache` (None: unless RELAXSPEC_WEIGHT_CACHE=0): read the converted-weight cache's entry of the file in this
+    format when it has one (memory-mapped; models/weight_cache.py), else convert and write it."""
+    from relaxspec.models import weight_cache
 
     path = Path(path)
     if device.type != "cpu" or architecture(path) not in SUPPORTED:
         return None
+    entry = None
+    if weight_cache.enabled(cache):
+        try:
+            entry = weight_cache.Entry(path, weight_format)
+        except OSError:
+            entry = None  # (an unreadable file: the reader below says so in one line)
+        stored = entry.read() if entry is not None else None
+        if stored is not None:
+            loaded = _load_stored(entry, stored, weight_format, device)
+            if loaded is not None:
+                return loaded
     source = GGUFWeights(path, open_reader(path), weight_format)  # (the reader is dropped: its keys are large)
-    hf_logging.disable_progress_bar()
     try:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        config, tokenizer = _config_and_tokenizer(path.parent, gguf_file=path.name)
     except Exception as e:  # noqa: BLE001 - damaged metadata: one line
         raise _corrupt(path, e) from None
     config.tie_word_embeddings = "output.weight" not in source.tensors
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    inner = model.model
-    with torch.device(device):  # (its inverse frequencies are computed, not read from the file)
-        inner.rotary_emb = type(inner.rotary_emb)(config)
+    model = _meta_model(config, device)
     fast = FastLlama(model, weight_format, source=source)
     note = source.note()
     if note:
         print(note, file=sys.stderr)
     _materialize(model, fast, source)
+    if entry is not None:
+        entry.write(model, tokenizer, fast, note)
+    return model.eval(), tokenizer, fast
+
+
+def _config_and_tokenizer(folder, **extra):
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return AutoConfig.from_pretrained(folder, **extra), AutoTokenizer.from_pretrained(folder, **extra)
+
+
+def _meta_model(config, device: torch.device):
+    """The transformers model of `config` on the meta device, but for its RoPE module (inverse frequencies computed,
+    not read from the file) on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    inner = model.model
+    with torch.device(device):
+        inner.rotary_emb = type(inner.rotary_emb)(config)
+    return model
+
+
+def _load_stored(entry, stored, weight_format: str, device: torch.device):
+    """The model of a cache hit (its config and tokenizer from the entry, the weights mapped), or None with one
+    stderr line when the entry turns out unusable (it is then rebuilt)."""
+    try:
+        config, tokenizer = _config_and_tokenizer(stored.folder)
+        model = _meta_model(config, device)
+        fast = FastLlama(model, weight_format, source=stored.source)
+        _materialize(model, fast, stored.source)
+    except Exception as e:  # noqa: BLE001 - whatever a damaged entry makes fail: rebuilt, never used
+        entry.refuse(e)
+        return None
+    if stored.note:
+        print(stored.note, file=sys.stderr)
     return model.eval(), tokenizer, fast
 
 

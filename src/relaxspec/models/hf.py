@@ -201,7 +201,7 @@ def gather_cache(cache, index: torch.Tensor) -> None:
 
 
 def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend: str = "auto",
-               compile: bool = False) -> CausalLM:
+               compile: bool = False, weight_cache: bool | None = None) -> CausalLM:
     """A built-in model by name (see `relaxspec models list`), a local Hugging Face model directory, a hub id
     (`org/name`, from the local Hugging Face cache: nothing is downloaded unless HF_HUB_OFFLINE=0), or a
     GGUF file (`FILE.gguf`, `DIR::FILE.gguf`, or `smollm2`; dequantized on load).
@@ -218,6 +218,8 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     FastLlama (a ValueError for other architectures), "transformers" forces the latter.
     compile: run the engine's steps through torch.compile with a static KV cache (models/compiled.py; Llama
     architectures, on any device; CUDA graphs on CUDA); off by default (on a CPU it was measured slower).
+    weight_cache: keep a GGUF file's converted weights on disk and map them on later loads (models/weight_cache.py;
+    a file read natively, on a CPU); None: on unless RELAXSPEC_WEIGHT_CACHE=0.
     Every failure to load is a one-line ValueError naming the model.
     """
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
@@ -240,7 +242,7 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
         if backend != "transformers" and not compile:
             from relaxspec.models import gguf_weights  # the file's own quantization, tensor by tensor
 
-            loaded = gguf_weights.load(name, directory / gguf_file, weight_format, device)
+            loaded = gguf_weights.load(name, directory / gguf_file, weight_format, device, cache=weight_cache)
             if loaded is not None:
                 model, tokenizer, fast = loaded
                 _return_freed_memory()

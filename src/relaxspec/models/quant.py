@@ -116,6 +116,15 @@ def cat_weights(parts: list):
     return torch.cat([p.dense() if isinstance(p, Int4Codes) else p.detach().float() for p in parts])
 
 
+def int4_layout(group_size: int = GROUP_SIZE) -> str:
+    """How `Linear` stores an int4 weight in this process (`int4_impl` "auto"): the block kernel's layout, "vnni" or
+    "bf16" (int4_block.path), where it runs, else "aten"."""
+    if (os.environ.get("RELAXSPEC_INT4_KERNEL", "block") == "block" and group_size == int4_block.GROUP
+            and native_enabled() and int4_block.kernel() is not None):
+        return int4_block.path()
+    return "aten"
+
+
 class Linear:
     """x [M, in] (float32) @ W^T for one weight W [out, in] stored once in a format; float32 out [M, out].
     On a device other than the CPU (formats float32 / bfloat16 / float16 only) W^T is kept in that dtype and
@@ -204,6 +213,51 @@ class Linear:
             return int4_block.dense(*self.block)
         eye = torch.eye(self.shape[1], dtype=torch.bfloat16, device="cpu")  # (int4 runs on a CPU only)
         return torch.cat([self(eye[i:i + 256]).t() for i in range(0, self.shape[1], 256)], dim=1).contiguous()
+
+    def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """(meta, tensors) from which `restore` rebuilds this layer without converting anything again (the
+        converted-weight cache, models/weight_cache.py): int4 in its kernel's own layout (the block kernel's packed
+        codes and scale / zero words, or aten's packed codes with the scales), bfloat16 its matrix; float32 its
+        dense matrix (oneDNN's blocked copy or the small-weight tiles are laid out again by `restore`)."""
+        meta = {"format": self.format, "shape": list(self.shape), "group_size": self.group_size}
+        if self.block is not None:
+            return {**meta, "kind": "block", "layout": int4_block.path()}, {"codes": self.block[0],
+                                                                           "sz": self.block[1]}
+        if self.format == "int4":
+            return {**meta, "kind": "aten"}, {"packed": self.packed, "scale_zero": self.scale_zero}
+        if self.w is not None:
+            return {**meta, "kind": "bfloat16"}, {"w": self.w}
+        if self.t is not None and self.format != "float32":
+            return {**meta, "kind": "t"}, {"t": self.t}
+        return {**meta, "kind": "dense"}, {"dense": self.dense()}
+
+    @classmethod
+    def restore(cls, meta: dict, tensors: dict[str, torch.Tensor]) -> "Linear":
+        """The layer `state` described, on its tensors as they are (memory-mapped ones stay mapped: no copy but
+        float32's layout); a ValueError when this process would not run it so (another int4 kernel or layout)."""
+        kind, fmt = meta["kind"], meta["format"]
+        if kind == "dense":
+            return cls(tensors["dense"], fmt, meta["group_size"])
+        self = cls.__new__(cls)
+        self.format, self.shape, self.group_size = fmt, tuple(meta["shape"]), meta["group_size"]
+        self.packed = self.t = self.w = self.scale_zero = self.block = self.tiles = self.native = None
+        self.bf16_kernel = False
+        layout = int4_layout(self.group_size) if fmt == "int4" else None
+        if kind in ("block", "aten") and (meta.get("layout") if kind == "block" else "aten") != layout:
+            raise ValueError(f"int4 stored for the {meta.get('layout', 'aten')} layout; this process runs {layout}")
+        if kind == "block":
+            self.block = (tensors["codes"], tensors["sz"])
+        elif kind == "aten":
+            self.packed, self.scale_zero = tensors["packed"], tensors["scale_zero"]
+        elif kind == "bfloat16":
+            self.w = tensors["w"]
+            self.bf16_kernel = (self.shape[1] % int4_block.GROUP == 0 and native_enabled()
+                                and int4_block.kernel() is not None)
+        elif kind == "t":
+            self.t = tensors["t"]
+        else:
+            raise ValueError(f"unknown stored layer kind {kind!r}")
+        return self
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,337 @@
+"""The converted-weight cache (models/weight_cache.py): hit, miss, stale, damaged, read-only, interrupted, off.
+
+Each test gets its own cache folder (RELAXSPEC_WEIGHT_CACHE_DIR; the native kernels stay in the suite's cache).
+A hit is told apart from a conversion by a counting wrapper around the real `GGUFWeights.__call__` (every tensor a
+conversion reads goes through it), by the entry's weights file left untouched (same inode and mtime), and by the
+model's tensors lying inside the process's mapping of that file (/proc/self/maps).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from relaxspec.models import gguf_weights, load_model, weight_cache
+from test_gguf_quants import logits_of, write_qwen2
+
+FORMATS = ["int4", "auto"]
+
+
+@pytest.fixture(scope="module")
+def qwen2_file(tmp_path_factory):
+    return write_qwen2(tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf", {})
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "weights"
+    monkeypatch.setenv("RELAXSPEC_WEIGHT_CACHE_DIR", str(folder))
+    monkeypatch.delenv("RELAXSPEC_WEIGHT_CACHE", raising=False)
+    return folder
+
+
+@pytest.fixture
+def conversions(monkeypatch):
+    """How many tensors were read from a GGUF file (by the real GGUFWeights.__call__) since the test began."""
+    count = {"n": 0}
+    real = gguf_weights.GGUFWeights.__call__
+
+    def counted(self, hf_name):
+        count["n"] += 1
+        return real(self, hf_name)
+
+    monkeypatch.setattr(gguf_weights.GGUFWeights, "__call__", counted)
+    return count
+
+
+def entries(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and len(p.name) > 64) if folder.exists() else []
+
+
+def weights_file(folder: Path, fmt: str) -> Path:
+    (entry,) = [p for p in entries(folder) if p.name.split("-")[1] == fmt]
+    return entry / weight_cache.WEIGHTS
+
+
+def mapped_ranges(path: Path) -> list[tuple[int, int]]:
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+def inside(tensor: torch.Tensor, ranges) -> bool:
+    return any(start <= tensor.data_ptr() < end for start, end in ranges)
+
+
+def stderr_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("relaxspec:")]
+
+
+def convert_reference(path, fmt):
+    """The model as loaded without the cache (converted in memory), its logits."""
+    return logits_of(load_model(path, dtype=fmt, weight_cache=False))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_second_load_maps_the_cache_and_converts_nothing(qwen2_file, cache, conversions, capsys, fmt):
+    first = load_model(qwen2_file, dtype=fmt)
+    assert conversions["n"] > 0
+    lines = stderr_lines(capsys)
+    assert any("cached in" in line for line in lines), lines
+    path = weights_file(cache, fmt)
+    before = path.stat()
+    expected = logits_of(first)
+    del first
+
+    conversions["n"] = 0
+    second = load_model(qwen2_file, dtype=fmt)
+    assert conversions["n"] == 0  # nothing read from the GGUF file
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+    lines = stderr_lines(capsys)
+    assert not any("cached in" in line or "weight cache" in line for line in lines), lines
+    assert any("4-bit tensors keep the file's codes" in line for line in lines), lines  # the format's note, as before
+    assert torch.equal(logits_of(second), expected)  # bit-identical to the converting load
+
+    ranges = mapped_ranges(path)  # the weights are views of the mapped entry, not copies
+    fast = second.fast
+    qkv, o, gate_up, down = (fast.layers[0][i] for i in (1, 2, 4, 5))
+    assert ranges and inside(fast.embed, ranges) and inside(fast.final_norm, ranges)
+    int4 = gate_up.block[0] if gate_up.block is not None else gate_up.packed
+    assert inside(int4, ranges)
+    if fmt == "auto":
+        assert qkv.format == "bfloat16" and inside(qkv.w, ranges)
+    assert inside(second.model.model.layers[0].self_attn.q_proj.bias, ranges)
+    assert sorted(second.state_dict()) == sorted(convert_reference_state(qwen2_file, fmt))
+
+
+def convert_reference_state(path, fmt):
+    return load_model(path, dtype=fmt, weight_cache=False).state_dict()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_miss_converts_and_writes_one_entry_per_file_and_format(qwen2_file, tmp_path, cache, conversions,
+                                                                  capsys, fmt):
+    other = "int4" if fmt == "auto" else "auto"
+    load_model(qwen2_file, dtype=other)
+    conversions["n"] = 0
+    lm = load_model(qwen2_file, dtype=fmt)  # another format: a miss
+    assert conversions["n"] > 0 and len(entries(cache)) == 2
+    assert torch.equal(logits_of(lm), convert_reference(qwen2_file, fmt))
+    # a file rewritten at the same path (same size, other weights) is another key: a miss, never the old entry
+    moved = write_qwen2(tmp_path / "moving.gguf", {})
+    old = logits_of(load_model(moved, dtype=fmt))
+    write_qwen2(moved, {}, seed=1)
+    conversions["n"] = 0
+    new = logits_of(load_model(moved, dtype=fmt))
+    assert conversions["n"] > 0
+    assert not torch.equal(new, old) and torch.equal(new, convert_reference(moved, fmt))
+    # the same bytes at another path: the same entry (keyed by the file's SHA-256)
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(moved, copy)
+    conversions["n"] = 0
+    count = len(entries(cache))
+    assert torch.equal(logits_of(load_model(copy, dtype=fmt)), new)
+    assert conversions["n"] == 0 and len(entries(cache)) == count
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_cache_turned_off_writes_and_reads_nothing(qwen2_file, cache, conversions, monkeypatch, fmt):
+    load_model(qwen2_file, dtype=fmt, weight_cache=False)
+    assert not cache.exists()
+    monkeypatch.setenv("RELAXSPEC_WEIGHT_CACHE", "0")
+    load_model(qwen2_file, dtype=fmt)
+    assert not cache.exists()
+    monkeypatch.delenv("RELAXSPEC_WEIGHT_CACHE")
+    load_model(qwen2_file, dtype=fmt)  # on again: written ...
+    conversions["n"] = 0
+    monkeypatch.setenv("RELAXSPEC_WEIGHT_CACHE", "0")
+    load_model(qwen2_file, dtype=fmt)  # ... and off: not read
+    assert conversions["n"] > 0
+
+
+def test_the_default_folder_is_under_the_cache_root(tmp_path, monkeypatch):
+    monkeypatch.delenv("RELAXSPEC_WEIGHT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("RELAXSPEC_CACHE", str(tmp_path))
+    assert weight_cache.directory() == tmp_path / "weights"
+
+
+def rewrite_header(path: Path, change) -> None:
+    """weights.bin with its JSON header changed in place by `change(dict)` (same length: padded with spaces)."""
+    data = bytearray(path.read_bytes())
+    n = int.from_bytes(data[8:16], "little")
+    header = json.loads(data[16:16 + n])
+    change(header)
+    text = json.dumps(header, separators=(",", ":")).encode()  # (shorter than the file's own spacing)
+    assert len(text) <= n
+    data[16:16 + n] = text + b" " * (n - len(text))
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_stale_entry_is_rebuilt_with_one_line(qwen2_file, cache, conversions, capsys, fmt):
+    expected = logits_of(load_model(qwen2_file, dtype=fmt))
+    path = weights_file(cache, fmt)
+    rewrite_header(path, lambda h: h.update(version=weight_cache.VERSION - 1))
+    capsys.readouterr()
+    conversions["n"] = 0
+    lm = load_model(qwen2_file, dtype=fmt)
+    lines = stderr_lines(capsys)
+    stale = [line for line in lines if "is stale" in line]
+    assert len(stale) == 1 and stale == [line for line in lines if "weight cache entry" in line], lines
+    assert f"version {weight_cache.VERSION - 1}, now {weight_cache.VERSION}" in stale[0]
+    assert conversions["n"] > 0 and torch.equal(logits_of(lm), expected)
+    header = json.loads(path.read_bytes()[16:16 + int.from_bytes(path.read_bytes()[8:16], "little")])
+    assert header["version"] == weight_cache.VERSION  # rewritten ...
+    conversions["n"] = 0
+    assert torch.equal(logits_of(load_model(qwen2_file, dtype=fmt)), expected)
+    assert conversions["n"] == 0 and not any("weight cache" in line for line in stderr_lines(capsys))  # ... and used
+
+
+def truncate(entry: Path):
+    path = entry / weight_cache.WEIGHTS
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) - 1000])
+
+
+def garbage(entry: Path):
+    path = entry / weight_cache.WEIGHTS
+    path.write_bytes(os.urandom(path.stat().st_size))
+
+
+def bad_header(entry: Path):
+    path = entry / weight_cache.WEIGHTS
+    data = bytearray(path.read_bytes())
+    data[16:40] = b"{not json at all !!!!!!!"
+    path.write_bytes(bytes(data))
+
+
+def wrong_offsets(entry: Path):  # a header that parses but places a tensor past the end
+    rewrite_header(entry / weight_cache.WEIGHTS,
+                   lambda h: next(iter(h["tensors"].values())).__setitem__(2, h["data_bytes"] + 64))
+
+
+def short_tokenizer(entry: Path):
+    path = entry / "tokenizer.json"
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def unreadable(entry: Path):  # a folder where the weights file goes: reading it fails (even as root)
+    path = entry / weight_cache.WEIGHTS
+    path.unlink()
+    path.mkdir()
+
+
+def missing_config(entry: Path):
+    (entry / "config.json").unlink()
+
+
+DAMAGE = [truncate, garbage, bad_header, wrong_offsets, short_tokenizer, unreadable, missing_config]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("damage", DAMAGE, ids=[d.__name__ for d in DAMAGE])
+def test_a_damaged_entry_is_rebuilt_with_one_line_never_used(qwen2_file, cache, conversions, capsys, fmt, damage):
+    expected = logits_of(load_model(qwen2_file, dtype=fmt))
+    (entry,) = entries(cache)
+    damage(entry)
+    capsys.readouterr()
+    conversions["n"] = 0
+    lm = load_model(qwen2_file, dtype=fmt)
+    lines = stderr_lines(capsys)
+    damaged = [line for line in lines if "is damaged" in line]
+    assert len(damaged) == 1 and "rebuilding it" in damaged[0], lines
+    assert conversions["n"] > 0 and torch.equal(logits_of(lm), expected)
+    conversions["n"] = 0
+    assert torch.equal(logits_of(load_model(qwen2_file, dtype=fmt)), expected)  # the rebuilt entry serves
+    assert conversions["n"] == 0 and not any("weight cache" in line for line in stderr_lines(capsys))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_cache_folder_that_cannot_be_written_loads_as_without_it(qwen2_file, tmp_path, monkeypatch, capsys, fmt):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("RELAXSPEC_WEIGHT_CACHE_DIR", str(blocker / "weights"))  # (mkdir fails, root or not)
+    lm = load_model(qwen2_file, dtype=fmt)
+    lines = [line for line in stderr_lines(capsys) if "weight cache" in line]
+    assert len(lines) == 1 and "cannot write the weight cache" in lines[0], lines
+    assert torch.equal(logits_of(lm), convert_reference(qwen2_file, fmt))
+    assert blocker.read_text() == "not a folder"
+
+
+LOAD_SCRIPT = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from relaxspec.models import load_model
+from test_gguf_quants import logits_of
+for fmt in ("int4", "auto"):
+    torch.save(logits_of(load_model({gguf!r}, dtype=fmt)), {out!r} + "/" + fmt + ".pt")
+"""
+
+
+def read_only_mounts_work(tmp_path: Path) -> bool:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if shutil.which("unshare") is None:
+        return False
+    result = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind -o ro {probe} {probe} && "
+                             f"! touch {probe}/x 2>/dev/null"], capture_output=True)
+    return result.returncode == 0
+
+
+def run_on_read_only_cache(folder: Path, gguf: Path, out: Path) -> subprocess.CompletedProcess:
+    """Both formats loaded in a process that sees `folder` (the weight cache) mounted read-only (a private mount
+    namespace: EROFS for root as for anyone)."""
+    script = LOAD_SCRIPT.format(tests=str(Path(__file__).parent), gguf=str(gguf), out=str(out))
+    env = {**os.environ, "RELAXSPEC_WEIGHT_CACHE_DIR": str(folder)}
+    env.pop("RELAXSPEC_WEIGHT_CACHE", None)
+    return subprocess.run(["unshare", "-m", "sh", "-c", f'mount --bind -o ro "$0" "$0" && exec "$1" -c "$2"',
+                           str(folder), sys.executable, script], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def test_a_read_only_cache_folder_is_read_but_never_written(qwen2_file, tmp_path, cache, capsys):
+    if not read_only_mounts_work(tmp_path):
+        pytest.skip("no private mount namespace here (unshare -m; mount --bind -o ro) for a read-only folder")
+    cache.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    empty = run_on_read_only_cache(cache, qwen2_file, out)  # nothing in it: converted in memory, one line each
+    assert empty.returncode == 0, empty.stderr[-3000:]
+    lines = [line for line in empty.stderr.splitlines() if "weight cache" in line]
+    assert len(lines) == 2 and all("cannot write the weight cache" in line and "Read-only file system" in line
+                                   for line in lines), lines
+    assert not any(cache.iterdir())
+    for fmt in FORMATS:
+        assert torch.equal(torch.load(out / f"{fmt}.pt"), convert_reference(qwen2_file, fmt))
+    for fmt in FORMATS:  # written here, then read by the read-only process: a hit, no line
+        load_model(qwen2_file, dtype=fmt)
+    held = run_on_read_only_cache(cache, qwen2_file, out)
+    assert held.returncode == 0, held.stderr[-3000:]
+    assert not any("weight cache" in line or "cached in" in line for line in held.stderr.splitlines()), held.stderr
+    for fmt in FORMATS:
+        assert torch.equal(torch.load(out / f"{fmt}.pt"), convert_reference(qwen2_file, fmt))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_interrupted_write_leaves_nothing_that_is_used(qwen2_file, cache, conversions, fmt):
+    load_model(qwen2_file, dtype=fmt)
+    (entry,) = entries(cache)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    work = cache / f".fetch-{int(dead.stdout)}-weights-abc"  # a write killed before its rename: a whole copy even
+    shutil.copytree(entry, work)
+    shutil.rmtree(entry)
+    expected = convert_reference(qwen2_file, fmt)
+    conversions["n"] = 0
+    assert torch.equal(logits_of(load_model(qwen2_file, dtype=fmt)), expected)
+    assert conversions["n"] > 0  # not used: converted again
+    assert not work.exists() and len(entries(cache)) == 1  # the dead process's work removed, the entry written
