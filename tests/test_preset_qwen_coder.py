@@ -128,6 +128,19 @@ def _stored_cells(out):
         return 0
 
 
+def _signalled(out, cells: int, signum) -> tuple[int, str]:
+    """A small preset run into `out` sent `signum` once it has stored `cells` cells: (its exit code, its stderr)."""
+    proc = subprocess.Popen(_bench(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": SRC})
+    deadline = time.time() + 600
+    while _stored_cells(out) < cells and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=300)
+    return proc.returncode, err
+
+
 def test_interrupted_run_resumes_to_the_same_rows(tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC}
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
@@ -138,14 +151,8 @@ def test_interrupted_run_resumes_to_the_same_rows(tmp_path):
     want = _rows(whole)
     assert len(want) == 36 * 2
 
-    proc = subprocess.Popen(_bench(resumed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 600
-    while _stored_cells(resumed) < 8 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130 and "re-run the same command to resume" in err
+    code, err = _signalled(resumed, 8, signal.SIGINT)
+    assert code == 130 and "re-run the same command to resume" in err
     part = _rows(resumed)
     assert 0 < len(part) < len(want)
     again = subprocess.run(_bench(resumed), capture_output=True, text=True, env=env, timeout=900)
@@ -212,14 +219,7 @@ def test_every_missing_model_is_named_with_one_fetch(capsys, tmp_path, monkeypat
 def test_sigterm_stops_the_preset_as_plain_bench(tmp_path):
     """SIGTERM mid-stage: exit 143 with bench's 'interrupted' line (before: killed, the shell's bare 'Terminated')."""
     out = tmp_path / "b"
-    proc = subprocess.Popen(_bench(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": SRC})
-    deadline = time.time() + 600
-    while _stored_cells(out) < 1 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before it could be stopped"
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143, err[-2000:]
+    code, err = _signalled(out, 1, signal.SIGTERM)
+    assert code == 143, err[-2000:]
     assert f"bench: interrupted; finished cells are stored in {out / 'results.sqlite'}" in err
     assert "Traceback" not in err
