@@ -3,6 +3,8 @@
 `get_task(spec)` builds one from a spec string:
   "arithmetic", "sorting"   built-in synthetic tasks (held-out "test" split)
   "jsonl:PATH[:METRIC]"     a user dataset, METRIC one of exact (default), numeric, contains
+  "mix:BAND/BAND"           slices of other tasks in bands (relaxspec.tasks.mix): e.g. tune's search band
+                            then its held-out band
   "NAME" or "NAME:PATH"     a benchmark (gsm8k, math500, aime24, gpqa, mbpp, humaneval, humaneval-instruct,
                             livecodebench):
                             from the Hugging Face hub, or from a local JSONL / parquet file in the
@@ -13,17 +15,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relaxspec.tasks import arithmetic, sorting, synthetic  # noqa: F401  (public submodules)
+from relaxspec.tasks import arithmetic, mix, sorting, synthetic  # noqa: F401  (public submodules)
 from relaxspec.tasks.base import Example, Task, final_answer, parse_number
 from relaxspec.tasks.benchmarks import BENCHMARKS
 
 BUILTIN_TASKS = ("arithmetic", "sorting", *BENCHMARKS)
-KNOWN_SPECS = ("arithmetic", "sorting", "jsonl:PATH[:exact|numeric|contains]", *(f"{b}[:PATH]" for b in BENCHMARKS))
+KNOWN_SPECS = ("arithmetic", "sorting", "jsonl:PATH[:exact|numeric|contains]", *(f"{b}[:PATH]" for b in BENCHMARKS),
+               "mix:TASK[a:b],TASK[a:b]/TASK,...")
 DEFAULT_SYNTHETIC_N = 100
 
 
 def runs_code(spec) -> bool:
     """Whether the task named by `spec` scores responses by running them (in the code sandbox)."""
+    if isinstance(spec, str) and spec.startswith(mix.PREFIX):
+        return any(runs_code(part) for part in mix.part_specs(spec))
     name = spec.partition(":")[0] if isinstance(spec, str) else None
     return name in BENCHMARKS and BENCHMARKS[name].metric == "tests-passed"
 
@@ -46,6 +51,10 @@ def get_task(spec: str, limit: int | None = None, seed: int = 0, prompt_template
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"task spec must be a non-empty string; known: {', '.join(KNOWN_SPECS)}")
     name, _, path = spec.partition(":")
+    if spec.startswith(mix.PREFIX):
+        if prompt_template is not None:
+            raise ValueError(f"a prompt template applies to one benchmark, not to the parts of {spec!r}")
+        return mix.mix_task(spec, get_task, limit=limit)
     if name in BENCHMARKS:
         from relaxspec.tasks.benchmarks import benchmark_task
         return benchmark_task(name, path or None, limit=limit, prompt_template=prompt_template)

@@ -73,16 +73,15 @@ class Cells:
         have = self.store.utilities(key)
         return key, cell_conf, bench, [j for j in jobs if j not in have]
 
-    @staticmethod
-    def _request(spec: CellSpec, key: str, todo: list[tuple[int, int]]) -> CellRequest:
-        """The samples `todo` of a cell, in one generate call."""
-        return CellRequest(spec, key, samples=todo, batch_size=len(todo))
+    def _request(self, spec: CellSpec, key: str, todo: list[tuple[int, int]]) -> CellRequest:
+        """The samples `todo` of a cell, in generate calls of the run's batch size (default: one call)."""
+        return CellRequest(spec, key, samples=todo, batch_size=min(len(todo), self.config.batch_size or len(todo)))
 
     def ensure(self, spec: CellSpec, jobs: list[tuple[int, int]], heldout: bool = False) -> dict:
         """Run the jobs (prompt, repeat) the cell lacks, store them; return all its rows {(prompt, repeat): Row}."""
         key, cell_conf, bench, todo = self._todo(spec, jobs, heldout)
         if todo:  # in this process, with the models already loaded
-            self._store(cell_conf, bench, self.grid.run(self._request(spec, key, todo)))
+            self._store(cell_conf, bench, self.grid.run(self._request(spec, key, todo)), heldout)
         return {(r.prompt_index, r.repeat): r for r in self.store.rows(key)}
 
     def prefetch(self, wanted: list[tuple[CellSpec, list[tuple[int, int]], bool]]) -> None:
@@ -95,30 +94,31 @@ class Cells:
         for spec, jobs, heldout in wanted:
             key, cell_conf, bench, todo = self._todo(spec, jobs, heldout)
             if todo and key not in pending:
-                pending[key] = (spec, cell_conf, bench, todo)
+                pending[key] = (spec, cell_conf, bench, todo, heldout)
         jobs = [CellJob(self._request(spec, key, todo), self.grid.config, self.versions, self.pad_fits)
-                for key, (spec, _, _, todo) in pending.items()]
+                for key, (spec, _, _, todo, _) in pending.items()]
         for done in self.executor.run(jobs):
             error = done.error if done.error is not None else done.result.error
             if error is not None:
                 raise ValueError(f"tune: cell {done.job.label} failed on a worker: {error}")
-            _, cell_conf, bench, todo = pending[done.job.request.key]
-            self._store(cell_conf, bench, done.result)
+            _, cell_conf, bench, todo, heldout = pending[done.job.request.key]
+            self._store(cell_conf, bench, done.result, heldout)
             self.remote_samples += len(todo)
 
-    def _store(self, cell_conf: dict, bench: BenchConfig, result: CellResult) -> None:
+    def _store(self, cell_conf: dict, bench: BenchConfig, result: CellResult, heldout: bool = False) -> None:
         """Store a result's samples with the cell's metrics (its batch-1 timing measured first when it is new)."""
         spec, key = result.request.spec, result.request.key
-        batch1 = {} if self.store.has(key) else self._batch1(spec, bench)
+        batch1 = {} if self.store.has(key) else self._batch1(spec, bench, heldout)
         store_result(self.store, result, cell_conf, self.speed(spec), batch1, self.dynamic, run_id=self.run_id,
                      tune=True)
         self.sample_seconds += result.sample_wall_s
         self.samples_run += len(result.rows)
         self.tokens_run += sum(r.tokens for r in result.rows)
 
-    def _batch1(self, spec: CellSpec, bench: BenchConfig) -> dict:
-        """A new cell's batch-1 timing (objective measured-bs1 only)."""
-        if self.config.objective != "measured-bs1" or spec.method == AR:
+    def _batch1(self, spec: CellSpec, bench: BenchConfig, heldout: bool) -> dict:
+        """A new cell's batch-1 timing (objective measured-bs1, or a held-out cell under confirm_timing)."""
+        timed = self.config.objective == "measured-bs1" or (heldout and self.config.confirm_timing)
+        if not timed or spec.method == AR:
             return {}
         import torch
         with torch.inference_mode():

@@ -14,6 +14,11 @@ strict <= --max-drop), picks the highest objective, and re-runs it (with strict)
 same task. Samples go to OUT/results.sqlite (the bench store: re-running resumes, `relaxspec report OUT` reads
 it); the choice goes to OUT/tune.toml (`relaxspec generate --config` and `relaxspec bench --config` read it)
 and the search plot to OUT/tune.png. The default search takes about 12 minutes on 2 CPU cores.
+
+--protocol NAME runs a pre-registered search / confirm protocol instead (relaxspec.tune.protocol): for each
+drafter, temperature and budget of the protocol, a search on one band of problems and the confirmation of its one
+choice on another band the search never reads, all into one store under --out (resumable); --plan prints its bands
+and price and stops; --drafter and --temperature run only that part of it.
 """
 
 
@@ -77,7 +82,7 @@ def register(subparsers) -> None:
     t.add_argument("--caps", type=csv_list(int),
                    help="configurations kept after each rung but the last (default 64,16,4)")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--temperature", type=float, default=0.7)
+    t.add_argument("--temperature", type=float, default=None, help="default 0.7")
     t.add_argument("--top-p", type=float, default=0.95)
     t.add_argument("--top-k", type=int)
     t.add_argument("--max-new-tokens", type=int, default=160)
@@ -90,10 +95,14 @@ def register(subparsers) -> None:
     add_device_args(t)
     add_compile_arg(t)
     t.add_argument("--no-plots", action="store_true")
+    from relaxspec.tune.protocol import PROTOCOLS
+    t.add_argument("--protocol", choices=list(PROTOCOLS),
+                   help="run a pre-registered search / confirm protocol (see below)")
+    t.add_argument("--plan", action="store_true", help="with --protocol: print its bands and price, run nothing")
     t.add_argument("--no-progress", action="store_true")
     from relaxspec.bench import add_executor_arguments
     add_executor_arguments(t)
-    t.set_defaults(func=cmd_tune)
+    t.set_defaults(func=cmd_tune, parser=t)
 
 
 def cmd_tune(args) -> int:
@@ -107,6 +116,10 @@ def cmd_tune(args) -> int:
     from relaxspec.tune.run import TuneConfig, run_tune
 
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
+    if args.protocol is not None or args.plan:
+        return cmd_protocol(args)
+    if args.temperature is None:
+        args.temperature = 0.7
     if runs_code(args.task):  # refused here, before any model loads, if unisolated
         require_isolation(args.unsafe_exec)
     from relaxspec.bench import check_threads
@@ -136,4 +149,55 @@ def cmd_tune(args) -> int:
         print(f"\nchoice written to {result.toml_path} (relaxspec generate --config / relaxspec bench --config)")
     if result.plot_path:
         print(f"plot: {result.plot_path}")
+    return 0
+
+
+PROTOCOL_FLAGS = {"protocol", "plan", "drafter", "temperature", "out", "threads", "no_plots", "no_progress",
+                  "unsafe_exec", "func", "parser", "command", "executor", "ray_address", "cells_per_worker",
+                  "gpus_per_cell"}
+
+
+def cmd_protocol(args) -> int:
+    """`tune --protocol NAME [--plan] [--drafter D] [--temperature T]`: the protocol's plan and price, then its runs,
+    each decision printed as it lands, the table in OUT/protocol.csv."""
+    import torch
+
+    from relaxspec.bench import check_threads, interrupted, on_sigterm
+    from relaxspec.tasks import runs_code
+    from relaxspec.tasks.sandbox import require_isolation
+    from relaxspec.tune.protocol import format_decision, format_plan, get_protocol, run_protocol
+
+    if args.protocol is None:
+        raise ValueError("tune: --plan prints a protocol's plan: name it with --protocol NAME")
+    fixed = sorted(name for name, value in vars(args).items()
+                   if name not in PROTOCOL_FLAGS and value != args.parser.get_default(name))
+    if fixed:
+        raise ValueError(f"tune --protocol {args.protocol}: the protocol fixes --{fixed[0].replace('_', '-')} (it "
+                         "takes --drafter, --temperature, --out, --threads and the executor's options)")
+    protocol = get_protocol(args.protocol)
+    drafters = [args.drafter] if args.drafter else None
+    temperatures = [args.temperature] if args.temperature is not None else None
+    if drafters and args.drafter not in protocol.drafters:
+        raise ValueError(f"tune --protocol {protocol.name}: drafter {args.drafter!r} is not one of its drafters "
+                         f"({', '.join(protocol.drafters)})")
+    if temperatures and args.temperature not in protocol.temperatures:
+        raise ValueError(f"tune --protocol {protocol.name}: temperature {args.temperature:g} is not one of its "
+                         f"temperatures ({', '.join(f'{t:g}' for t in protocol.temperatures)})")
+    print(format_plan(protocol, drafters, temperatures), flush=True)
+    if args.plan:
+        return 0
+    if runs_code(protocol.task):  # refused here, before any model loads, if unisolated
+        require_isolation(args.unsafe_exec)
+    check_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    on_sigterm()
+    from relaxspec.bench import executor_options
+    try:
+        decisions = run_protocol(protocol, args.out, progress=not args.no_progress, drafters=drafters,
+                                 temperatures=temperatures, executor=executor_options(args),
+                                 on_decision=lambda d: print(format_decision(d), flush=True))
+    except KeyboardInterrupt as e:
+        return interrupted("tune --protocol", "every finished sample is", args.out, e)
+    print(f"\n{len(decisions)} decisions: {args.out / 'protocol.csv'}; each run's choice and plot in "
+          f"{args.out / 'choices'}")
     return 0

@@ -110,15 +110,18 @@ def _toml_value(v) -> str:
     return repr(v)
 
 
-def write_outputs(result, plots: bool = True) -> None:
+def write_outputs(result, plots: bool = True, stem: str | None = None) -> None:
+    """The choice's TOML and the search plot in the run's out directory (`stem`: their name without suffix, default
+    tune.toml / tune.png)."""
     out = Path(result.config.out)
     out.mkdir(parents=True, exist_ok=True)
+    toml_name, plot_name = (TOML_NAME, PLOT_NAME) if stem is None else (f"{stem}.toml", f"{stem}.png")
     if result.race.choice is not None:
-        path = out / TOML_NAME
+        path = out / toml_name
         path.write_text(toml_text(result), encoding="utf-8")
         result.toml_path = str(path)
     if plots:
-        result.plot_path = str(plot_search(result, out / PLOT_NAME))
+        result.plot_path = str(plot_search(result, out / plot_name))
 
 
 def plot_search(result, path: Path) -> Path:

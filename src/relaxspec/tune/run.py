@@ -67,6 +67,10 @@ class TuneConfig:
     compile: bool = False  # load_model(compile=True) for the bench cells (models/compiled.py)
     device: str | None = None  # load_model's, for the bench cells (None: the default)
     dtype: str | None = None
+    confirm_timing: bool = False  # held-out cells get batch-1 timing too (measured x b1 of the confirmation)
+    batch_size: int | None = None  # samples per generate call of a cell (None: all it lacks at once)
+    fixed_bands: bool = False  # the held-out band starts after all search_prompts even when the race reads fewer
+    # (a protocol's bands: tune.protocol), instead of right after the prompts the race reads
 
     def validate(self) -> None:
         check_settings_types(self, "tune", {"methods": str, "draft_lengths": (int, str)},
@@ -100,7 +104,7 @@ class TuneConfig:
         if self.caps is None:
             self.caps = tuple(DEFAULT_CAPS[min(i, len(DEFAULT_CAPS) - 1)] for i in range(len(self.sizes) - 1))
         validate_schedule(self.sizes, self.caps)
-        if self.search_prompts is not None and self.search_prompts > max(self.sizes):  # prompts never read
+        if self.search_prompts is not None and self.search_prompts > max(self.sizes) and not self.fixed_bands:
             warnings.warn(f"tune: search prompts {self.search_prompts}: the race reads at most {max(self.sizes)} "
                           f"samples of a configuration (its last rung), so the first {max(self.sizes)} prompts are "
                           "searched and the held-out prompts follow them", stacklevel=2)
@@ -197,7 +201,8 @@ class CellArm:
         self.c_pivot = cells.c_pivot(config)
         self.extra = extra_draft_passes(config.method)
         self.objective = tc.objective
-        self.batch1 = cells.batch1_speedup(cells.spec(config), heldout) if tc.objective == "measured-bs1" else None
+        timed = tc.objective == "measured-bs1" or (heldout and tc.confirm_timing)
+        self.batch1 = cells.batch1_speedup(cells.spec(config), heldout) if timed else None
 
     def diff(self, confidence: float) -> Interval:
         if self.config.is_strict:
