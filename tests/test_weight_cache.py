@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from relaxspec.models import gguf_weights, load_model, weight_cache
+from relaxspec.models.hf import _vocab_key
 from test_gguf_quants import logits_of, write_qwen2
 
 FORMATS = ["int4", "auto"]
@@ -111,11 +112,13 @@ def test_a_second_load_maps_the_cache_and_converts_nothing(qwen2_file, cache, co
     if fmt == "auto":
         assert qkv.format == "bfloat16" and inside(qkv.w, ranges)
     assert inside(second.model.model.layers[0].self_attn.q_proj.bias, ranges)
-    assert sorted(second.state_dict()) == sorted(convert_reference_state(qwen2_file, fmt))
-
-
-def convert_reference_state(path, fmt):
-    return load_model(path, dtype=fmt, weight_cache=False).state_dict()
+    reference = load_model(qwen2_file, dtype=fmt, weight_cache=False)
+    assert sorted(second.state_dict()) == sorted(reference.state_dict())
+    # the vocabulary digest generate compares a pair by comes with the entry, and is the tokenizer's own
+    assert second.tokenizer._relaxspec_vocab_key == (len(reference.tokenizer), _vocab_key(reference.tokenizer))
+    assert second.tokenizer.get_vocab() == reference.tokenizer.get_vocab()
+    text = "def ab(x): return x  # ab"
+    assert second.tokenizer(text)["input_ids"] == reference.tokenizer(text)["input_ids"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

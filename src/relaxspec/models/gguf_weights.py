@@ -328,6 +328,7 @@ def _load_stored(entry, stored, weight_format: str, device: torch.device):
     stderr line when the entry turns out unusable (it is then rebuilt)."""
     try:
         config, tokenizer = _config_and_tokenizer(stored.folder)
+        stored.keep_vocab_key(tokenizer)
         model = _meta_model(config, device)
         fast = FastLlama(model, weight_format, source=stored.source)
         _materialize(model, fast, stored.source)

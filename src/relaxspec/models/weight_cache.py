@@ -137,6 +137,15 @@ class Stored:
     folder: Path
     note: str | None
     source: "StoredWeights"
+    vocab_key: tuple | None = None  # (vocabulary size, digest): hf._vocab_key's, computed when it was written
+
+    def keep_vocab_key(self, tokenizer) -> None:
+        """Give the tokenizer its vocabulary digest (generate compares a pair's vocabularies: ~0.3 s a tokenizer)."""
+        if self.vocab_key is not None and self.vocab_key[0] == len(tokenizer):
+            try:
+                tokenizer._relaxspec_vocab_key = self.vocab_key
+            except AttributeError:
+                pass
 
 
 class StoredWeights:
@@ -259,7 +268,9 @@ class Entry:
             raise
         except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
             raise Damaged(_first_line(e)) from None
-        return Stored(self.folder, header.get("note"), StoredWeights(params, built))
+        vocab_key = header.get("vocab_key")
+        return Stored(self.folder, header.get("note"), StoredWeights(params, built),
+                      tuple(vocab_key) if isinstance(vocab_key, list) and len(vocab_key) == 2 else None)
 
     # ---------------------------------------------------------------- write
 
@@ -280,7 +291,7 @@ class Entry:
             files = {p.name: p.stat().st_size for p in sorted(work.iterdir())}
             header = {"version": VERSION, "sha256": self.sha256, "format": self.format, "tag": self.tag,
                       "gguf": self.gguf.name, "note": note, "layers": len(fast.layers), "files": files,
-                      "linears": linears}
+                      "linears": linears, "vocab_key": [len(tokenizer), _vocab_key(tokenizer)]}
             size = _write_weights(work / WEIGHTS, header, tensors)
             self._place(work)
             work = None
@@ -361,6 +372,12 @@ def _write_weights(path: Path, header: dict, tensors: dict[str, torch.Tensor]) -
         f.flush()
         os.fsync(f.fileno())
     return data_start + offset
+
+
+def _vocab_key(tokenizer) -> str:
+    from relaxspec.models.hf import _vocab_key
+
+    return _vocab_key(tokenizer)
 
 
 def _first_line(error: BaseException) -> str:
