@@ -24,8 +24,8 @@ def benchmark_module(name: str):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _weight_cache_of_the_session(tmp_path_factory):
-    # GGUF loads (and the subprocesses tests start) keep their converted weights in a folder of this session, never
+def _weight_cache_of_the_run(tmp_path_factory):
+    # GGUF loads (and the subprocesses tests start) keep their converted weights in a folder of this test run, never
     # in the user's cache (models/weight_cache.py); a test that needs its own sets RELAXSPEC_WEIGHT_CACHE_DIR.
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RELAXSPEC_WEIGHT_CACHE_DIR", str(tmp_path_factory.mktemp("weight-cache")))

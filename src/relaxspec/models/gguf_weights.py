@@ -17,6 +17,10 @@ Q4_K's sub-blocks of 32 weights are affine, w = d·sc·q − dmin·m with q in 0
 (float32 in the float32 format) and only looked up. Tensors are dequantized in slices of rows, so no tensor is
 ever held whole in float32 beside its copy (the 151,936-row LM head included). A file that ends before a
 tensor's last byte is a one-line ValueError ("truncated or corrupt").
+
+What a load converts (FastLlama's layers in their format, the embedding, norms and biases, the config and the
+tokenizer) is written to the converted-weight cache and memory-mapped by later loads of the same file in the same
+format (models/weight_cache.py; `load(..., cache=False)` or RELAXSPEC_WEIGHT_CACHE=0: every load converts).
 """
 
 from __future__ import annotations

@@ -2,39 +2,42 @@
 on disk and memory-mapped by later loads, which then neither read nor convert the file.
 
 Reading a qwen2 GGUF costs seconds to minutes: the `gguf` package parses every metadata key (the 151,936 tokenizer
-strings) once for the tensor table, transformers parses it twice more for the config and the tokenizer, and each
-tensor is converted (Q4_K to the int4 form, packed into the int4 kernel's layout; other types dequantized). The
-first load of a file in a format writes what that produced, and a later load maps it: tens of milliseconds for the
-weights, about a second for the config and tokenizer.
+strings) once for the tensor table, transformers parses them twice more for the config and the tokenizer, and each
+tensor is converted (Q4_K to the int4 form and packed into the int4 kernel's layout; other types dequantized). The
+first load of a file in a format writes what that produced; a later load maps it: milliseconds for the weights,
+well under a second for the config and tokenizer (transformers' own loading of a tokenizer.json).
 
 Key: the GGUF file's SHA-256, the format (int4, auto, bfloat16, float32) and, for int4 and auto, the int4 layout
 this process runs (quant.int4_layout: the block kernel's "vnni" or "bf16", or "aten" with torch's version). A
 registry model's hash is its pinned one (the fetch's marker vouches for the file); another file is hashed once and
 its hash remembered under `hashes/` by (resolved path, size, mtime_ns, ctime_ns, inode): a file changed in place
-(ctime moves even when a tool restores mtime) is hashed again. The conversion code's version (`VERSION`, raised whenever what a load produces changes) is inside the entry:
-an entry of another version is stale.
+(ctime moves even when a tool restores mtime) is hashed again. The conversion code's version (`VERSION`, raised
+whenever what a load produces changes) is inside the entry: an entry of another version is stale.
 
 Where: `$RELAXSPEC_WEIGHT_CACHE_DIR`, else `relaxspec.pinned.cache_root() / "weights"` (`~/.cache/relaxspec/weights`
 or `$RELAXSPEC_CACHE/weights`). An entry is a folder `<sha256>-<format>[-<layout>]` holding `weights.bin`, the
-config and the tokenizer files (transformers' `save_pretrained`). About the size of the GGUF file in int4 (the
-Qwen2.5-Coder pair: 1.4 GB), twice it in bfloat16, four times in float32. `rm -r ~/.cache/relaxspec/weights`
-clears it; `RELAXSPEC_WEIGHT_CACHE=0` (or `load_model(..., weight_cache=False)`) turns it off.
+config and the tokenizer files (transformers' `save_pretrained`). In int4 about 1.3x the GGUF file (the embedding
+table is kept in bfloat16: the Qwen2.5-Coder pair, 1.6 GB of files, takes 2.0 GB), more in bfloat16 and float32.
+`rm -r ~/.cache/relaxspec/weights` clears it; `RELAXSPEC_WEIGHT_CACHE=0` (or `load_model(..., weight_cache=False)`)
+turns it off.
 
-`weights.bin`: 8 bytes magic, a little-endian uint64 n, n bytes of JSON (version, key, the data's size,
-each tensor's dtype, shape and offset from the data's start (the first multiple of 64 after the JSON), each linear layer's kind, the files beside it and their sizes, the
-format's note line), then the tensors' bytes, each at an offset that is a multiple of 64. A hit maps the file once
-(`torch.from_file`, a private read-only-in-effect mapping: nothing is copied, pages are read as the kernels touch
-them) and every tensor is a view of it in the dtype and layout the kernels read (the int4 block kernel's packed
-codes and scale / zero words, bfloat16 matrices, the bfloat16 embedding, float32 norms and biases); float32's
-matrices alone are laid out again for oneDNN (a copy).
+`weights.bin`: 8 bytes magic, a little-endian uint64 n, n bytes of JSON (version, key, the data's size, each
+tensor's dtype, shape and offset from the data's start (the first multiple of 64 after the JSON), each linear
+layer's kind, the files beside it and their sizes, the format's note line, the tokenizer's vocabulary digest),
+then the tensors' bytes, each at an offset that is a multiple of 64. A hit maps the file once (`torch.from_file`,
+MAP_PRIVATE: nothing is copied, pages are read as the kernels touch them and count in the resident memory as
+file pages) and every tensor is a view of it in the dtype and layout the kernels read (the int4 block kernel's
+packed codes and scale / zero words, bfloat16 matrices, the bfloat16 embedding, float32 norms and biases);
+float32's matrices alone are laid out again for oneDNN (a copy).
 
-Safety: an entry is written into a temporary folder (`.fetch-<pid>-weights-...`, removed by a later write once
-its process is gone), its weights file flushed to disk, and renamed into place whole: an interrupted first load
-leaves no entry. A stale entry (another version) or a damaged one (bad magic or header, a size other than its
-header says, a missing or short file beside it, an unreadable file, a layer this process cannot run) is never used:
-one stderr line says so and the load converts and writes it again. A cache folder that cannot be written (read
-only, not a folder, full) leaves the load as without the cache, with one stderr line. The tensors' bytes are not
-checksummed (a flipped bit inside a right-sized file goes unnoticed, as with any mapped weights file).
+Safety: an entry is written into a temporary folder (`.fetch-<pid>-weights-...`, removed by a later write once its
+process is gone), its weights file flushed to disk, and renamed into place whole: an interrupted first load leaves
+no entry. A stale entry (another version) or a damaged one (bad magic or header, a size other than its header
+says, a missing or short file beside it, an unreadable file, a layer this process cannot run, a config or tokenizer
+transformers cannot read) is never used: one stderr line says so and the load converts and writes it again. A
+cache folder that cannot be written (read only, not a folder, full) leaves the load as without the cache, with one
+stderr line. The tensors' bytes are not checksummed (a flipped bit inside a right-sized file goes unnoticed, as
+with any mapped weights file).
 """
 
 from __future__ import annotations
@@ -86,8 +89,8 @@ class Damaged(Exception):
 
 def file_sha256(path: Path, root: Path) -> str:
     """The GGUF file's SHA-256: a registry model's pinned one when the fetch's marker vouches for the file, else
-    remembered under root/hashes by (resolved path, size, mtime_ns, ctime_ns, inode), else computed (and remembered when the
-    folder can be written)."""
+    remembered under root/hashes by (resolved path, size, mtime_ns, ctime_ns, inode), else computed (and remembered
+    when the folder can be written)."""
     from relaxspec.models import registry
 
     stat = path.stat()
