@@ -18,10 +18,11 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 def test_grid_stages_and_cells():
     cells = presets.grid()
-    assert {k: len(v) for k, v in cells.items()} == {"greedy": 7, "sampled": 23, "lengths": 2, "greedy-lengths": 4}
+    assert {k: len(v) for k, v in cells.items()} == {"greedy": 9, "sampled": 27, "lengths": 2, "greedy-lengths": 4}
     assert sum(m == AR for v in cells.values() for m, _, _ in v) == 2  # greedy's and sampled's; lengths share them
     greedy = {m for m, _, _ in cells["greedy"]}
-    assert greedy == {AR, "strict", "topk-delta", "topk-ratio", "spec-casc-tok", "ensemble", "spec-casc-opt"}
+    assert greedy == {AR, "strict", "topk-delta", "topk-ratio", "spec-casc-tok", "ensemble", "spec-casc-opt", "fly",
+                      "regret-budget"}
     assert {n for _, _, n in cells["lengths"]} == {5, AUTO} == {n for _, _, n in cells["greedy-lengths"]}
     # a relaxed rule at every N where 55 samples can decide one: greedy (the sampled stage decided none)
     assert {(m, n) for m, _, n in cells["greedy-lengths"]} == {(m, n) for m in ("strict", "spec-casc-tok")
@@ -67,10 +68,10 @@ def test_estimate_prices_every_cell():
     assert c.ratio("strict", 3, "qwen2.5-coder-0.5b") == pytest.approx((1.3 + 3 * 0.39) / 3.0)
     assert c.ratio("strict", AUTO, "ngram") == c.ratio("strict", 5, "ngram")
     # greedy, sampled, lengths, greedy-lengths: AR 1, a speculative cell 1.5
-    batched = (1 + 6 * 1.5) + (1 + 22 * 1.5) + 2 * 1.5 + 4 * 1.5
+    batched = (1 + 8 * 1.5) + (1 + 26 * 1.5) + 2 * 1.5 + 4 * 1.5
     b1 = 0.05 * 210  # an answer at batch 1
     r3, r5 = (1.3 + 3 * 0.39) / 3.0, (1.5 + 5 * 0.39) / 3.0
-    timing = 4 * b1 * ((6 * r3 + 1) + (22 * r3 + 4) + (2 * r5 + 1) + (4 * r5 + 1))  # AR once per 6 cells, a turn
+    timing = 4 * b1 * ((8 * r3 + 2) + (26 * r3 + 5) + (2 * r5 + 1) + (4 * r5 + 1))  # AR once per 6 cells, a turn
     est = presets.estimate(10, costs=c)
     assert est["total"] == pytest.approx(4 * c.overhead_s + 10 * batched * c.sample_s + timing)
     assert presets.estimate(10, repeats=2, costs=c)["greedy"] == est["greedy"]  # greedy never repeats
@@ -79,8 +80,8 @@ def test_estimate_prices_every_cell():
 
 def test_fit_problems_is_the_most_that_fits():
     problems, repeats = presets.fit_problems()
-    assert (problems, repeats) == (50, 1)  # at the measured costs (Costs' defaults)
-    assert presets.estimate(50)["total"] <= presets.BUDGET_S < presets.estimate(51)["total"]
+    assert (problems, repeats) == (42, 1)  # at the measured costs (Costs' defaults)
+    assert presets.estimate(42)["total"] <= presets.BUDGET_S < presets.estimate(43)["total"]
     fast = presets.Costs(batch_ar_s_per_token=0.001)
     problems, repeats = presets.fit_problems(costs=fast)
     assert problems == 164 and repeats > 1
@@ -102,13 +103,15 @@ def test_stage_configs_take_flags_over_the_preset():
     assert configs["sampled"].temperature == 0.7 and configs["sampled"].top_p == 0.95 and configs["sampled"].repeats == 3
     assert configs["sampled"].batch_size == 6
     text = presets.describe(presets.stage_configs({}))
-    assert "36 cells on the first 50 of 164 problems" in text and "3.0 h" in text
+    assert "42 cells on the first 42 of 164 problems" in text and "3.0 h" in text
 
 
 def _bench(out, *extra):
+    # one prompt timed at batch 1 per cell, not the preset's 4: the timing path runs (new cells only on a resume),
+    # at a quarter of its cost (4 prompts: ~40% of a run of the tiny pair)
     return [sys.executable, "-m", "relaxspec", "bench", "--preset", "qwen-coder", "--verifier", "verifier",
             "--drafter", "drafter-weak", "--limit", "2", "--max-new-tokens", "12", "--workers", "1", "--no-plots",
-            "--no-progress", "--out", str(out), *extra]
+            "--speed-prompts", "1", "--no-progress", "--out", str(out), *extra]
 
 
 def _rows(out):

@@ -313,6 +313,6 @@ def test_the_first_look_estimate_counts_compilation_and_says_seconds():
     from relaxspec.bench.config import BenchConfig, estimate_minutes, estimate_text
     eager = BenchConfig(limit=2, speed_prompts=0, workers=1)
     compiled = BenchConfig(limit=2, speed_prompts=0, workers=1, compile=True)
-    assert estimate_text(estimate_minutes(eager, 2)) == "about 1 s"  # 2 cells x 2 samples x 0.05 s, rounded up
+    assert estimate_text(estimate_minutes(eager, 2)) == "about 1 s"  # 2 cells x 2 samples x 0.04 s, rounded up
     assert estimate_minutes(compiled, 2) * 60 >= 42  # a compiled tiny bench took 42 s on a quiet machine
     assert estimate_text(12.4) == "about 12 min"

@@ -14,7 +14,7 @@ from relaxspec.bench.names import FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
                                     DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, RUN_PRESETS, SAMPLING_PRESETS, BenchConfig,
-                                    estimate_minutes, estimate_text, load_toml, sampling_preset)
+                                    SLOW_MACHINE, estimate_minutes, estimate_text, load_toml, sampling_preset)
 
 BENCH_EPILOG = f"""\
 Default grid (no --methods / config): ar; strict; every training-free rule at each value of its paper
@@ -177,8 +177,11 @@ def cmd_bench(args) -> int:
     check_threads(args.threads)
     torch.set_num_threads(args.threads)
     cells = len(plan(config))
-    print(f"bench: {cells} cells; the first look takes {estimate_text(estimate_minutes(config, cells))} on 2 CPU cores "
-          f"with the built-in family; later looks only within the time budget ({config.time_budget_s / 60:g} min)")
+    minutes = estimate_minutes(config, cells)
+    print(f"bench: {cells} cells; the first look takes {estimate_text(minutes)} on a fast 2-core machine with the "
+          f"built-in family (up to {estimate_text(SLOW_MACHINE * minutes).removeprefix('about ')} on a slower one of "
+          f"the same kind: they differ up to {SLOW_MACHINE:g}x), batch-1 timing included; later looks only within the "
+          f"time budget ({config.time_budget_s / 60:g} min)")
     on_sigterm()
     try:
         summary = run_grid(config, progress=not args.no_progress, executor=executor_options(args))

@@ -45,11 +45,11 @@ RUN_PRESETS = {
               "draft_lengths": [3, 5, 10], "methods": None, "sampling": "paper", "limit": 80, "repeats": 1,
               "looks": 2, "speed_prompts": 0, "time_budget_s": 3600.0, "max_drop": FINDINGS_MAX_DROP},
 }
-# Measured on this project's 2-core machine with the built-in family (2026-12-03, first looks of the default
-# bench, 6.1 min for 63 cells, and of `--preset paper`, 21 min for 524 cells beside two trainings): one sample
-# of a batched cell (prompts x repeats, <= 160 new tokens) and one prompt timed at batch 1 (the method's run
-# and AR's).
-SECONDS_PER_SAMPLE = 0.05
+# Measured on this project's 2-core machine with the built-in family (the default bench: 6.1 min for 63 cells on
+# 2026-12-03, 5.5 min for 75 cells on 2026-12-06, the lean loop, AVX-512 VNNI): one sample of a batched cell
+# (prompts x repeats, <= 160 new tokens) and one prompt timed at batch 1 (the method's run and AR's).
+SECONDS_PER_SAMPLE = 0.04
+SLOW_MACHINE = 2.0  # machines of one kind differ: the same 75-cell main job took 5.5 and 12.1 min on two 2-core EPYCs
 SECONDS_PER_TIMED_PROMPT = 0.1  # (2026-12-05, the lean loop: 74 cells x 32 prompts in 116 s, AR shared by 6 cells)
 # --compile: compiling a model's steps before its first cell. Measured on the 2-core machine (2026-12-06) with
 # `relaxspec bench --limit 2 --max-new-tokens 4 --speed-prompts 0 --workers 1 --looks 1 --no-plots --methods

@@ -7,12 +7,13 @@ the end covers all of them (`relaxspec report DIR --all`).
   greedy   T = 0: AR, strict, and only the rules that still relax at T = 0 (on one-hot p and q the others are
            exactly strict and would repeat strict's tokens): topk-delta 0.6 (TensorRT-LLM's setting), topk-ratio
            0.3, spec-casc-tok 0.35 (the drafter's argmax inside the verifier's top set), ensemble 0.95 and
-           spec-casc-opt 0 (they mix or compare the two models' distributions), at N = 3.
+           spec-casc-opt 0 (they mix or compare the two models' distributions), FLy (entropy threshold 0.3, window
+           2) and the regret budget (2 logits a request), at N = 3.
   sampled  T = 0.7, top-p 0.95: AR, strict, and every rule the pair can run at the strengths the built-in
            default run found within its 0.03 budget plus the next one beyond (README, "Default run"): cactus 0.1
            / 0.25, mentored 0.3 / 0.7, spec-casc-tok 0 / 0.35 / 0.8, typical (its one point), topk-delta 0.3 /
            0.6, topk-ratio 0.3 / 0.1, fuzzy 0.05 / 0.2, r-fuzzy 0.05, threshold single 0.01, ensemble 0.95,
-           spec-casc-opt -0.1 / 0, spec-cont-dec 0.5 / 1, at N = 3.
+           spec-casc-opt -0.1 / 0, spec-cont-dec 0.5 / 1, FLy 0.3 / 0.6 (window 2), regret budget 2 / 8, at N = 3.
   lengths  T = 0.7: strict at N = 5 and auto (AR shared with the sampled stage): the speed of longer drafts and
            strict's check against AR at each N. No relaxed rule here: at T = 0.7 55 paired samples decide none
            (the sampled stage's 21 rules all stayed open on the pair); the next stage runs one greedy instead.
@@ -57,13 +58,15 @@ WORKERS = 1  # cells in this process, on every core: a cell of 55 problems holds
 STAGES = {
     "greedy": {"temperature": 0.0, "top_p": None, "draft_lengths": [3],
                "methods": ["ar", "strict", "topk-delta:delta=0.6", "topk-ratio:ratio=0.3", "spec-casc-tok:alpha=0.35",
-                           "ensemble:weight=0.95", "spec-casc-opt:alpha=0"]},
+                           "ensemble:weight=0.95", "spec-casc-opt:alpha=0", "fly:fly_entropy_threshold=0.3",
+                           "regret-budget:budget=2"]},
     "sampled": {"temperature": 0.7, "top_p": 0.95, "draft_lengths": [3],
                 "methods": ["ar", "strict", "cactus:delta=0.1/0.25", "mentored:alpha=0.3/0.7",
                             "spec-casc-tok:alpha=0/0.35/0.8", "typical", "topk-delta:delta=0.3/0.6",
                             "topk-ratio:ratio=0.3/0.1", "fuzzy:threshold=0.05/0.2", "r-fuzzy:threshold=0.05",
                             "threshold:single=0.01", "ensemble:weight=0.95", "spec-casc-opt:alpha=-0.1/0",
-                            "spec-cont-dec:beta=0.5/1"]},
+                            "spec-cont-dec:beta=0.5/1", "fly:fly_entropy_threshold=0.3/0.6",
+                            "regret-budget:budget=2/8"]},
     "lengths": {"temperature": 0.7, "top_p": 0.95, "draft_lengths": [5, AUTO], "methods": ["ar", "strict"]},
     "greedy-lengths": {"temperature": 0.0, "top_p": None, "draft_lengths": [5, AUTO],
                        "methods": ["ar", "strict", "spec-casc-tok:alpha=0.35"]},
