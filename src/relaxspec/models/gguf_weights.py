@@ -20,7 +20,9 @@ tensor's last byte is a one-line ValueError ("truncated or corrupt").
 
 What a load converts (FastLlama's layers in their format, the embedding, norms and biases, the config and the
 tokenizer) is written to the converted-weight cache and memory-mapped by later loads of the same file in the same
-format (models/weight_cache.py; `load(..., cache=False)` or RELAXSPEC_WEIGHT_CACHE=0: every load converts).
+format (models/weight_cache.py; `load(..., cache=False)` or RELAXSPEC_WEIGHT_CACHE=0: every load converts). A change
+to what a load produces here, in quant.Linear's or int4_block.pack's layouts or in FastLlama's layer order raises
+weight_cache.VERSION, so that entries written before are rebuilt.
 """
 
 from __future__ import annotations

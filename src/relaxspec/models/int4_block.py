@@ -86,7 +86,7 @@ PACK_ROWS = 8192  # rows packed at once
 def pack(codes: torch.Tensor, scale_zero: torch.Tensor, layout: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes uint8 [out, in / 2], scale and zero' int32 [out, in / 32]) in the kernel's layout for `layout` (a
     path; default: this CPU's) from quant.py's codes [out, in] (0..15) and (scale, zero) [in / 32, out, 2]
-    (bfloat16)."""
+    (bfloat16). (Kept by the converted-weight cache: a change to this layout raises weight_cache.VERSION.)"""
     layout = layout or path()
     out, in_features = codes.shape
     packed = torch.empty((out, in_features // 2), dtype=torch.uint8, device=codes.device)
