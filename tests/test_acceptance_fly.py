@@ -192,16 +192,24 @@ PROMPTS = [e.prompt for e in synthetic.examples("arithmetic", "test", 4)] + \
     [e.prompt for e in synthetic.examples("sorting", "test", 2)]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_window_zero_is_strict_token_for_token_and_a_window_relaxes(builtin_pair, temperature):
-    verifier, weak = builtin_pair
+def strict_then_relaxed(pair, temperature: float, method: str, off: dict, on: dict):
+    """(the rule at its strict setting `off`, at a relaxed one `on`) through `generate` on the built-in pair: the
+    first token for token equal to strict's, the second accepting more per round."""
+    verifier, weak = pair
     kw = dict(draft_length=4, seed=3, max_new_tokens=32, temperature=temperature,
               top_p=0.9 if temperature else None)
     strict = generate(verifier, weak, PROMPTS, method="strict", **kw)
-    off = generate(verifier, weak, PROMPTS, method="fly", fly_window_size=0, **kw)
-    assert [r.token_ids for r in off.results] == [r.token_ids for r in strict.results]
-    on = generate(verifier, weak, PROMPTS, method="fly", fly_window_size=1, fly_entropy_threshold=0.1, **kw)
-    assert on.stats.mean_acceptance_length > strict.stats.mean_acceptance_length
+    at_strict = generate(verifier, weak, PROMPTS, method=method, **off, **kw)
+    assert [r.token_ids for r in at_strict.results] == [r.token_ids for r in strict.results]
+    relaxed = generate(verifier, weak, PROMPTS, method=method, **on, **kw)
+    assert relaxed.stats.mean_acceptance_length > strict.stats.mean_acceptance_length
+    return at_strict, relaxed
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_window_zero_is_strict_token_for_token_and_a_window_relaxes(builtin_pair, temperature):
+    _, on = strict_then_relaxed(builtin_pair, temperature, "fly", dict(fly_window_size=0),
+                                dict(fly_window_size=1, fly_entropy_threshold=0.1))
     assert on.stats.rule_state == {}
 
 
