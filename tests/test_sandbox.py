@@ -189,6 +189,14 @@ def batch(programs: list[str], timeout: float = 3.0, hook: bool = True, **kwargs
     return {"programs": programs, "timeout": timeout, "hook": hook, "kwargs": kwargs}
 
 
+def as_who(places, who: str) -> dict:
+    """subprocess.run's arguments for a scorer run as `who`: the ordinary user's uid (when the tests run as root), the
+    home with the secret, a bare environment, from /."""
+    user = places["user"] if who == "user" else None
+    return {"env": {"HOME": str(places["home"]), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "cwd": "/",
+            **({"user": user, "group": user, "extra_groups": []} if user is not None else {})}
+
+
 def score(places, who: str, batches: list[dict], where: str = "tmp", refused: bool = False,
           humaneval: bool = False) -> dict:
     """Score each batch through the virtual environment at `where`, as root or as the ordinary user, in one
@@ -197,11 +205,8 @@ def score(places, who: str, batches: list[dict], where: str = "tmp", refused: bo
     if who == "root" and not AS_ROOT:
         pytest.skip("the root path needs root")
     job = {"batches": batches, "runner": NO_HOOK, "humaneval": humaneval, "refused": ["root", "user"] if refused else []}
-    env = {"HOME": str(places["home"]), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    as_user = {"user": places["user"], "group": places["user"], "extra_groups": []} \
-        if who == "user" and places["user"] is not None else {}
     done = subprocess.run([str(places["pythons"][where]), "-I", "-c", SCORE_SCRIPT], input=json.dumps(job),
-                          capture_output=True, text=True, env=env, cwd="/", timeout=120, **as_user)
+                          capture_output=True, text=True, timeout=120, **as_who(places, who))
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     places["uids"] += out["uids"]
@@ -287,13 +292,12 @@ def test_every_place_is_within_reach_of_the_ordinary_user(places):
     """The ordinary uid runs each environment's interpreter, imports what the scorer needs there (the HumanEval
     check's data included) and writes in "outside": with the repository cloned under a private directory (`mktemp
     -d`), it reached neither the repository's environment nor a directory next to the tests."""
-    as_user = {"user": places["user"], "group": places["user"], "extra_groups": []} if places["user"] is not None else {}
     probe = places["outside"] / f"probe-{secrets.token_hex(6)}"
     check = ("import sys; from relaxspec.tasks.humaneval import problems; assert 'HumanEval/0' in problems(); "
              "open(sys.argv[1], 'w').write('x')")
     for where, python in places["pythons"].items():
-        done = subprocess.run([str(python), "-I", "-c", check, str(probe)], capture_output=True, text=True, cwd="/",
-                              env={"HOME": str(places["home"]), "PATH": "/usr/bin:/bin"}, timeout=60, **as_user)
+        done = subprocess.run([str(python), "-I", "-c", check, str(probe)], capture_output=True, text=True, timeout=60,
+                              **as_who(places, "user"))
         assert done.returncode == 0, (where, done.stderr)
         probe.unlink()
 
