@@ -79,9 +79,13 @@ def test_pad_classifier_files_and_pairs(capsys, tmp_path):
     torch.save({"weights": torch.zeros(3)}, foreign)
     assert_one_line_error(capsys, "generate", "--prompt", PROMPT, "--method", "pad", "--param",
                           f"classifier={foreign}", says="is not a relaxspec pivot classifier")
-    # The shipped classifier was trained for verifier + drafter-weak: another drafter is refused ...
+    # The shipped classifier was trained for verifier + drafter-weak: none ships for another drafter ...
     pad = ("generate", "--prompt", PROMPT, "--method", "pad", "--drafter", "drafter-strong", "--max-new-tokens", "8")
-    assert_one_line_error(capsys, *pad, says=["trained for another pair", "drafter-strong", "--force"])
+    assert_one_line_error(capsys, *pad, says=["no pivot classifier ships", "drafter-strong", "relaxspec pivot build",
+                                              "--force"])
+    # ... and one given for another pair is refused ...
+    assert_one_line_error(capsys, *pad, "--param", f"classifier={builtin_classifier_path()}",
+                          says=["trained for another pair", "drafter-strong", "--force"])
     # ... unless forced.
     code, out, err = run_cli(capsys, *pad, "--force")
     assert code == 0 and out.strip(), err

@@ -144,9 +144,11 @@ def cmd_generate(args) -> int:
     from relaxspec.bench.config import needs_classifier
 
     if needs_classifier(args.method):
-        from relaxspec.pivot import builtin_classifier_path, load_classifier
+        from relaxspec.pivot import classifier_for_pair, load_classifier
 
-        path = params.pop("classifier", None) or builtin_classifier_path()
+        # none given: the one shipped for this pair (pivot/builtin/, found by the pair's fingerprints)
+        path = params.pop("classifier", None) or classifier_for_pair(verifier, getattr(drafter, "lm", None),
+                                                                     force=args.force)
         pivot_fn = load_classifier(path).pivot_fn(verifier, getattr(drafter, "lm", None), force=args.force)
     out = generate(verifier, drafter, prompts, method=args.method, draft_length=args.draft_length,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

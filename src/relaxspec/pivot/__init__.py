@@ -16,6 +16,7 @@ from relaxspec.pivot.label import is_pivot, label_pivots, label_stats, rollout_u
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 BUILTIN_CLASSIFIER = "arithmetic-verifier-drafter-weak.pt"
+DEFAULT_TASK = "word-problems"  # `relaxspec pivot build`'s task for a chat pair (tasks/word_problems.py)
 
 
 def builtin_classifier_path() -> Path:
@@ -29,6 +30,52 @@ def builtin_classifier_path() -> Path:
     return path
 
 
-__all__ = ["label_pivots", "train_classifier", "load_classifier", "PivotClassifier", "candidate_features",
+def shipped_name(spec: dict) -> str:
+    """The file name a classifier ships under in `pivot/builtin/`: `<task>-<verifier>-<drafter>.pt` (each model by
+    its registry / built-in name, or its file's stem). The lookup (`classifier_for_pair`) reads the pair's
+    fingerprints inside each file, so the name is for people; two classifiers for one pair: the first by name wins."""
+    def stem(name) -> str:
+        name = str(name or "none").rpartition("::")[2]
+        return Path(name).name.removesuffix(".gguf")
+
+    return f"{spec.get('task') or 'task'}-{stem(spec.get('verifier'))}-{stem(spec.get('drafter'))}.pt"
+
+
+def train_command(verifier, drafter, dtype: str | None = None) -> str:
+    """The command that builds a classifier for a pair (the missing-classifier message names it)."""
+    return (f"relaxspec pivot build --verifier {verifier.name} --drafter {drafter.name}"
+            + (f" --dtype {dtype}" if dtype else "") + f" --task {DEFAULT_TASK} --out DIR")
+
+
+def classifier_for_pair(verifier, drafter=None, directory: Path | None = None, force: bool = False) -> Path:
+    """The classifier shipped in `directory` (default `BUILTIN_DIR`, read at each call) for this verifier and
+    drafter (CausalLMs; drafter None: any drafter of the verifier): the first `*.pt` by name whose stored
+    fingerprints match the pair (`PivotClassifier.check_models`); `force`: else the first for the verifier alone.
+    None there: a FileNotFoundError in one line naming the command that trains one."""
+    directory = Path(BUILTIN_DIR if directory is None else directory)
+    for_verifier = None
+    for path in sorted(directory.glob("*.pt")):
+        try:
+            clf = load_classifier(path)
+        except (OSError, ValueError):
+            continue  # (a foreign file: not a classifier for any pair)
+        if not clf.check_models(verifier, drafter):
+            return path
+        if for_verifier is None and not clf.check_models(verifier):
+            for_verifier = path
+    if force and for_verifier is not None:
+        return for_verifier
+    dtype = getattr(verifier, "weight_format", None)
+    command = train_command(verifier, drafter, dtype if dtype not in (None, "float32") else None) \
+        if drafter is not None else "relaxspec pivot build"
+    other = (f"; --force uses {for_verifier.name}, trained for another drafter of this verifier"
+             if for_verifier is not None else "")
+    raise FileNotFoundError(
+        f"no pivot classifier ships for verifier {verifier.name!r}"
+        + (f" with drafter {drafter.name!r}" if drafter is not None else "")
+        + f" (in {directory}); train one with `{command}` and pass --param classifier=DIR/classifier.pt" + other)
+
+
+__all__ = ["classifier_for_pair", "shipped_name", "train_command", "label_pivots", "train_classifier", "load_classifier", "PivotClassifier", "candidate_features",
            "builtin_classifier_path", "is_pivot", "rollout_utilities", "roc_auc", "label_stats", "SCALAR_FEATURES",
            "pivot_timer"]

@@ -63,9 +63,10 @@ class PivotClassifier(nn.Module):
 
     def check_models(self, verifier, drafter=None) -> list[str]:
         """Ways the given models differ from the ones this classifier was trained with (empty: same), by
-        the weight fingerprints it stores (by name for models loaded in another dtype than float32).
+        the weight fingerprints it stores: a GGUF model's file hash in any dtype (`label.gguf_fingerprint`),
+        another model's float32 weights (by name for one loaded in another dtype than float32).
         The features depend on the verifier's hidden states and on both distributions."""
-        from relaxspec.pivot.label import model_fingerprint
+        from relaxspec.pivot.label import gguf_fingerprint, model_fingerprint
 
         problems = []
         if verifier.model.config.hidden_size != self.hidden_mean.shape[0]:
@@ -74,7 +75,12 @@ class PivotClassifier(nn.Module):
             want, trained_with = self.spec.get(f"{role}_fingerprint"), self.spec.get(role)
             if lm is None:
                 continue
-            if lm.dtype != torch.float32:
+            from_file = gguf_fingerprint(lm)
+            if from_file is not None or str(want or "").startswith("gguf-"):
+                if want and from_file != want:
+                    problems.append(f"{role} {lm.name!r} is not the {role} {trained_with!r} this classifier "
+                                    "was trained with (another GGUF file)")
+            elif lm.dtype != torch.float32:
                 # Fingerprints hash float32 weights; rounded ones cannot be compared, so the name is checked.
                 if trained_with and lm.name != trained_with:
                     problems.append(f"{role} {lm.name!r} is not the {role} {trained_with!r} this classifier "
@@ -304,7 +310,7 @@ def train_classifier(data, epochs: int = 400, lr: float = 1e-3, seed: int = 0, v
         fit[train], inner[train] = sub_fit, sub_inner
     torch.manual_seed(seed)
     spec = {k: meta.get(k) for k in ("verifier", "drafter", "task", "k", "alpha", "margin", "min_prob",
-                                     "verifier_fingerprint", "drafter_fingerprint")}
+                                     "verifier_fingerprint", "drafter_fingerprint", "weight_format")}
     clf = PivotClassifier(hidden.shape[1], scalars.shape[1], int(meta.get("hidden_layer", -1)), spec, dropout)
     clf.set_normalisation(hidden[train], scalars[train])
     n_pos = float(labels[fit].sum())

@@ -62,11 +62,37 @@ def _expand_cache(cache, n: int, device: torch.device):
     return rc
 
 
+def gguf_fingerprint(lm) -> str | None:
+    """`gguf-<16 hex of the file's SHA-256>` for a model loaded from a GGUF file (a registry name, FILE.gguf or
+    DIR::FILE.gguf), else None. The file decides the weights whatever --dtype it runs in, and its hash costs
+    nothing for a registry model (the fetch's marker vouches for it) and is remembered for other files (the
+    converted-weight cache's memo), where hashing a dequantized 1.5B model's state dict would take 6 GB."""
+    from relaxspec.models import gguf, weight_cache
+
+    name = getattr(lm, "name", None)
+    if not name or not gguf.is_gguf(name):
+        return None
+    try:
+        directory, file = gguf.split_gguf(name)
+        path = directory / file
+        if weight_cache.enabled():  # (remembered there; a registry model's marker vouches for its pinned hash)
+            return "gguf-" + weight_cache.file_sha256(path, weight_cache.directory())[:16]
+        from relaxspec import pinned
+
+        return "gguf-" + pinned.file_sha256(path, progress=False)[:16]
+    except (OSError, ValueError):
+        return None
+
+
 def model_fingerprint(lm) -> str:
     """A short hash of a model's weights, so labels, resumes and classifiers can tell retrained
-    weights apart from the ones they were made with (names alone cannot)."""
+    weights apart from the ones they were made with (names alone cannot): a GGUF model's file
+    (`gguf_fingerprint`), else its state dict's float32 values."""
     import hashlib
 
+    from_file = gguf_fingerprint(lm)
+    if from_file is not None:
+        return from_file
     h = hashlib.sha256()
     for name, t in sorted(lm.state_dict().items()):  # (weights FastLlama holds read back from it, exactly)
         h.update(name.encode())
@@ -152,7 +178,8 @@ def rollout_utilities(verifier, cache, length: int, generated: list[int], candid
 
 def _identity(verifier, drafter, task, hidden_layer, k, alpha, margin, temperature, max_new_tokens,
               min_baseline, seed, n_prompts, min_prob, chat_template, system):
-    return dict(min_prob=min_prob, format=FORMAT, chat_template=chat_template, system=system, verifier=verifier.name, drafter=drafter.name, task=task.name,
+    return dict(min_prob=min_prob, format=FORMAT, chat_template=chat_template, system=system, verifier=verifier.name,
+                drafter=drafter.name, task=task.name, weight_format=getattr(verifier, "weight_format", None),
                 verifier_fingerprint=model_fingerprint(verifier), drafter_fingerprint=model_fingerprint(drafter),
                 split=task.meta.get("split"), hidden_layer=hidden_layer, hidden_size=verifier.model.config.hidden_size,
                 k=k, alpha=alpha, margin=margin, temperature=temperature, max_new_tokens=max_new_tokens,
@@ -282,7 +309,8 @@ def label_pivots(verifier, drafter, task, n_prompts: int | None = None, k: int =
 
     verifier/drafter are CausalLMs (or built-in names / paths). margin defaults to 1/k. Resumable:
     shards go to `<out>.shards/`; a rerun with the same identity skips the prompts already done.
-    `time_budget_s` stops (cleanly, after the prompt in flight) once exceeded. Returns the merged dict."""
+    `time_budget_s` stops (cleanly, after the prompt in flight) once exceeded; a run labels at least one prompt.
+    Returns the merged dict."""
     from tqdm.auto import tqdm
 
     from relaxspec.models import check_same_vocab, load_model
@@ -321,13 +349,16 @@ def label_pivots(verifier, drafter, task, n_prompts: int | None = None, k: int =
         torch.save(ident, meta_path)
 
     t0 = time.perf_counter()
-    bar = tqdm(range(len(examples)), desc="label pivots", disable=not progress)
+    todo = [i for i in range(len(examples)) if not (shard_dir / f"prompt_{i:05d}.pt").exists()]
+    # The bar counts this run's prompts only (resumed ones are done before it starts), so its rate and time
+    # left are this run's; the postfix also gives the budget left of this part (`time_budget_s`).
+    bar = tqdm(todo, desc="label pivots", total=len(examples), initial=len(examples) - len(todo),
+               disable=not progress, unit="prompt")
     stopped = False
-    for i in bar:
+    for n_done, i in enumerate(bar):
         shard = shard_dir / f"prompt_{i:05d}.pt"
-        if shard.exists():
-            continue
-        if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+        # (after at least one prompt: every part makes progress, however short its budget)
+        if time_budget_s is not None and n_done and time.perf_counter() - t0 > time_budget_s:
             stopped = True
             break
         ex = examples[i]
@@ -343,7 +374,10 @@ def label_pivots(verifier, drafter, task, n_prompts: int | None = None, k: int =
         tmp = shard.with_suffix(".tmp")
         torch.save(rec, tmp)
         tmp.replace(shard)  # atomic: a shard is either complete or absent
-        bar.set_postfix(cands=len(rec["labels"]), piv=int(rec["labels"].sum()), base=f"{rec['baseline']:.2f}")
+        post = dict(cands=len(rec["labels"]), piv=int(rec["labels"].sum()), base=f"{rec['baseline']:.2f}")
+        if time_budget_s is not None:
+            post["budget_left"] = f"{max(0.0, time_budget_s - (time.perf_counter() - t0)) / 60:.0f}min"
+        bar.set_postfix(post)
     data = merge_shards(shard_dir)
     data["complete"] = not stopped
     tmp = out.with_name(out.name + ".tmp")
