@@ -193,8 +193,13 @@ class MTPHead(torch.nn.Module):
 
 
 def verifier_weights(verifier: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input embedding [V, H], LM head [V, H]) of the verifier: what the head borrows."""
-    return verifier.model.get_input_embeddings().weight, verifier.model.get_output_embeddings().weight
+    """(input embedding [V, H], LM head [V, H]) of the verifier: what the head borrows. A verifier loaded from a GGUF
+    file with its own LM head keeps that head in FastLlama only (the transformers model's is empty, [0, H]): it is
+    read back from there (`quant.Linear.dense`, float32; int4: the dequantized codes it multiplies by)."""
+    embed, lm_head = verifier.model.get_input_embeddings().weight, verifier.model.get_output_embeddings().weight
+    if lm_head.numel() == 0 and getattr(verifier, "fast", None) is not None:
+        lm_head = verifier.fast.lm_head.dense()
+    return embed, lm_head
 
 
 def head_rows(head: MTPHead, lm_head: torch.Tensor) -> torch.Tensor:

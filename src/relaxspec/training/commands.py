@@ -54,7 +54,9 @@ def register(subparsers) -> None:
     src.add_argument("--prompts", help="JSONL file with a 'prompt' per line")
     src.add_argument("--task", action="append", help="task whose prompts to use (repeatable; built-in synthetic "
                                                      "tasks use their train split; 'chat': chat prompts "
-                                                     "disjoint from the held-out ones)")
+                                                     "disjoint from the held-out ones; 'code': code "
+                                                     "instructions made from the Python standard library, "
+                                                     "disjoint from HumanEval, MBPP, GSM8K and MATH-500)")
     t.add_argument("--n", type=int, default=400, help="prompts per --task")
     t.add_argument("--out", type=Path, required=True, help="output directory (also holds the checkpoint)")
     defaults = TrainConfig()

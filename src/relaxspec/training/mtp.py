@@ -6,7 +6,9 @@ answer gives its features, and the head learns the verifier's next-token distrib
 softmax(f W^T) to the head's q) on whole sequences, in `unroll` passes: pass 1 feeds the verifier's
 features (as right after a verify step), each later pass the head's own outputs of the previous
 pass (as deeper into a round; a cheap form of EAGLE-3's training-time test). Checkpointed every 50
-steps, resumable, batches a function of (seed, step).
+steps, resumable, batches a function of (seed, step). The data set is made in parts (one file per batch of answers
+under `out/train_data.parts/`, written whole or not at all): an interrupted run resumes after its last finished batch
+and makes the same data (a batch's draws depend on its own prompts only).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +29,7 @@ import torch.nn.functional as F
 from relaxspec.drafters.mtp import HeadConfig, MTPHead, head_rows, save_head, verifier_fingerprint, verifier_weights
 from relaxspec.models.hf import CausalLM, hidden_blocks
 
-CHECKPOINT, DATA = "checkpoint.pt", "train_data.pt"
+CHECKPOINT, DATA, PARTS = "checkpoint.pt", "train_data.pt", "train_data.parts"
 
 
 def answer_tokens(data: dict) -> torch.Tensor:
@@ -55,13 +59,15 @@ class TrainConfig:
 
 
 def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainConfig,
-                           hidden_layers: tuple[int, ...] = (-1,)) -> dict:
+                           hidden_layers: tuple[int, ...] = (-1,), parts: Path | None = None,
+                           identity: dict | None = None, log=print) -> dict:
     """The verifier's own answers to `prompts` (through its chat template when it has one; sampled at
     cfg.temperature, greedy at 0), generated in batches of cfg.gen_batch with the hidden states of blocks
     `hidden_layers` (ending with the last, -1) of every token taken as it is fed (one pass: no second
     forward over prompt + answer). Per sequence: its token ids [S] (prompt + answer + EOS when it stopped),
     features [S, k H] (float16; the last token's, never fed nor needed, is zero; the last H columns are the
-    final hidden state) and where its answer starts."""
+    final hidden state) and where its answer starts. `parts`: a directory keeping each finished batch (with
+    `identity`, the settings the data depends on), from which a later call with the same identity resumes."""
     from tqdm import tqdm
 
     from relaxspec.models.prompts import encode_prompts
@@ -71,10 +77,17 @@ def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainCon
     eos = verifier.eos_token_id
     encoded = encode_prompts(verifier.tokenizer, prompts, chat_template="auto")
     draws = torch.Generator(device=verifier.device)
-    bar = tqdm(total=len(prompts), desc="verifier answers", unit="answer", dynamic_ncols=True)
     batch = cfg.gen_batch
+    done = _finished_parts(parts, identity, log) if parts is not None else {}
+    bar = tqdm(total=len(prompts), desc="verifier answers", unit="answer", dynamic_ncols=True,
+               initial=sum(len(done[i]["tokens"]) for i in range(0, len(prompts), batch) if i in done))
     for i in range(0, len(prompts), batch):
         chunk = encoded[i:i + batch]
+        if i in done and len(done[i]["tokens"]) == len(chunk):
+            for key in data:
+                data[key] += done[i][key]
+            continue
+        part = {key: [] for key in data}
         # A batch's draws depend on its own prompts only: the data of a list is the union of its batches'.
         draws.manual_seed(cfg.seed * 1_000_003 + int(hashlib.sha256(prompts[i].encode()).hexdigest()[:12], 16))
         ids, mask = left_pad(chunk, verifier.tokenizer, verifier.device)
@@ -101,13 +114,40 @@ def self_distillation_data(verifier: CausalLM, prompts: list[str], cfg: TrainCon
             for r, h in zip(live, hidden[:, 0]):
                 features[r].append(h)
         for prompt_ids, answer, feats in zip(chunk, answers, features):
-            data["tokens"].append(torch.tensor(prompt_ids + answer, device="cpu"))
-            data["features"].append(torch.cat([torch.stack(feats), torch.zeros_like(feats[0])[None]]).to(
+            part["tokens"].append(torch.tensor(prompt_ids + answer, device="cpu"))
+            part["features"].append(torch.cat([torch.stack(feats), torch.zeros_like(feats[0])[None]]).to(
                 "cpu", torch.float16))
-            data["answer_start"].append(len(prompt_ids))
+            part["answer_start"].append(len(prompt_ids))
+        if parts is not None:
+            _save_part(parts, i, part)
+        for key in data:
+            data[key] += part[key]
         bar.update(len(chunk))
     bar.close()
     return data
+
+
+def _finished_parts(parts: Path, identity: dict | None, log) -> dict[int, dict]:
+    """{first prompt's index: that batch's data} of the batches an earlier run finished with the same `identity`
+    (`parts/identity.json`); a directory made with other settings is emptied first."""
+    stamp = json.dumps(identity, sort_keys=True)
+    if parts.is_dir() and (not (parts / "identity.json").is_file() or
+                           (parts / "identity.json").read_text(encoding="utf-8") != stamp):
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    (parts / "identity.json").write_text(stamp, encoding="utf-8")
+    done = {int(f.stem): torch.load(f, map_location="cpu") for f in sorted(parts.glob("*.pt"))}
+    if done:
+        log(f"resuming the data set: {sum(len(d['tokens']) for d in done.values())} answers made earlier "
+            f"({len(done)} batches in {parts})")
+    return done
+
+
+def _save_part(parts: Path, start: int, part: dict) -> None:
+    """One finished batch, as parts/START.pt (written to a temporary name, then renamed: whole or absent)."""
+    tmp = parts / f"{start:08d}.tmp"
+    torch.save(part, tmp)
+    os.replace(tmp, parts / f"{start:08d}.pt")
 
 
 def _lr(step: int, cfg: TrainConfig) -> float:
@@ -187,9 +227,11 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     data = torch.load(data_file, map_location="cpu") if data_file.exists() else None
     if data is None or data.get("identity") != data_identity:
         with torch.inference_mode():
-            data = self_distillation_data(verifier, prompts, cfg, hidden_layers=head_cfg.feature_layers) | {
+            data = self_distillation_data(verifier, prompts, cfg, hidden_layers=head_cfg.feature_layers,
+                                          parts=out / PARTS, identity=data_identity, log=log) | {
                 "identity": data_identity}
         torch.save(data, data_file)
+        shutil.rmtree(out / PARTS, ignore_errors=True)  # (the whole set is in data_file now)
     rows = [r for r in range(len(data["tokens"])) if len(data["tokens"][r]) - data["answer_start"][r] >= 1]
     log(f"self-distillation data: {len(prompts)} answers, {sum(map(len, data['tokens']))} tokens")
 
@@ -261,7 +303,8 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
 def training_prompts(tasks: list[str], n: int, prompts_file: str | None = None) -> list[str]:
     """Prompts to distil on: a JSONL file's 'prompt's, or n per task (built-in synthetic tasks: their
     train split, disjoint from the held-out test problems; 'chat': `tasks.chat.training_prompts`,
-    disjoint from the held-out chat prompts `chat.HELDOUT`)."""
+    disjoint from the held-out chat prompts `chat.HELDOUT`; 'code': `tasks.code_pool.training_prompts`, code
+    instructions made from the Python standard library, disjoint from HumanEval, MBPP, GSM8K, MATH-500 and chat.HELDOUT)."""
     if prompts_file is not None:
         lines = Path(prompts_file).read_text(encoding="utf-8").splitlines()
         try:
@@ -271,12 +314,14 @@ def training_prompts(tasks: list[str], n: int, prompts_file: str | None = None) 
         if not prompts:
             raise ValueError(f"{prompts_file}: no prompts")
         return prompts
-    from relaxspec.tasks import chat, get_task, synthetic
+    from relaxspec.tasks import chat, code_pool, get_task, synthetic
 
     prompts = []
     for task in tasks:
         if task == "chat":  # template x subject chat prompts, disjoint from chat.HELDOUT
             prompts += chat.training_prompts(n)
+        elif task == "code":  # stdlib-made code instructions, disjoint from the evaluation sets
+            prompts += code_pool.training_prompts(n)
         elif task in synthetic.GENERATORS:
             prompts += [e.prompt for e in synthetic.examples(task, "train", n)]
         else:
