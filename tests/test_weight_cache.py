@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from relaxspec.models import gguf_weights, load_model, weight_cache
-from relaxspec.models.hf import _vocab_key
+from relaxspec.models.prompts import vocab_key as _vocab_key
 from test_gguf_quants import logits_of, write_qwen2
 
 FORMATS = ["int4", "auto"]

@@ -26,6 +26,7 @@ import torch
 from relaxspec.models.device import inference, resolve_device, resolve_format
 from relaxspec.models.family import builtin_path, is_builtin, is_mtp
 from relaxspec.models.gguf import NATIVE_PACKAGES, check_gguf_packages, is_gguf, split_gguf
+from relaxspec.models.prompts import vocab_key
 from relaxspec.models.quant import check_format, convert_linears, gguf_format
 
 BACKENDS = ("auto", "fast", "transformers")
@@ -339,26 +340,12 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else 'no message'}"
 
 
-def _vocab_key(tokenizer) -> str:
-    """A digest of the tokenizer's vocabulary, kept on the tokenizer while its size stays the same (generate checks
-    the pair on every call; reading a vocabulary costs ~0.3 ms)."""
-    cached = getattr(tokenizer, "_relaxspec_vocab_key", None)
-    if cached is None or cached[0] != len(tokenizer):
-        items = sorted(tokenizer.get_vocab().items())
-        cached = (len(tokenizer), hashlib.sha256(json.dumps(items).encode()).hexdigest())
-        try:
-            tokenizer._relaxspec_vocab_key = cached
-        except AttributeError:  # (a tokenizer that refuses attributes is read every time)
-            pass
-    return cached[1]
-
-
 def check_same_vocab(verifier: CausalLM, drafter: CausalLM) -> None:
     if verifier.vocab_size != drafter.vocab_size:
         raise ValueError(f"drafter and verifier must share a vocabulary: verifier {verifier.name!r} has "
                          f"{verifier.vocab_size} tokens, drafter {drafter.name!r} has {drafter.vocab_size}")
     vt, dt = verifier.tokenizer, drafter.tokenizer
-    if vt is not None and dt is not None and vt is not dt and _vocab_key(vt) != _vocab_key(dt):
+    if vt is not None and dt is not None and vt is not dt and vocab_key(vt) != vocab_key(dt):
         raise ValueError(f"drafter {drafter.name!r} and verifier {verifier.name!r} have vocabularies of the same "
                          f"size ({verifier.vocab_size}) but different tokens: they need the same tokenizer")
 

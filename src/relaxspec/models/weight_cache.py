@@ -55,6 +55,7 @@ from pathlib import Path
 import torch
 
 from relaxspec import pinned
+from relaxspec.models.prompts import vocab_key
 
 VERSION = 1  # of the conversion (gguf_weights, quant.Linear's layouts, FastLlama's layer order): raise on any change
 MAGIC = b"RXSWCACH"
@@ -140,7 +141,7 @@ class Stored:
     folder: Path
     note: str | None
     source: "StoredWeights"
-    vocab_key: tuple | None = None  # (vocabulary size, digest): hf._vocab_key's, computed when it was written
+    vocab_key: tuple | None = None  # (vocabulary size, digest): prompts.vocab_key's, computed when it was written
 
     def keep_vocab_key(self, tokenizer) -> None:
         """Give the tokenizer its vocabulary digest (generate compares a pair's vocabularies: ~0.3 s a tokenizer)."""
@@ -294,7 +295,7 @@ class Entry:
             files = {p.name: p.stat().st_size for p in sorted(work.iterdir())}
             header = {"version": VERSION, "sha256": self.sha256, "format": self.format, "tag": self.tag,
                       "gguf": self.gguf.name, "note": note, "layers": len(fast.layers), "files": files,
-                      "linears": linears, "vocab_key": [len(tokenizer), _vocab_key(tokenizer)]}
+                      "linears": linears, "vocab_key": [len(tokenizer), vocab_key(tokenizer)]}
             size = _write_weights(work / WEIGHTS, header, tensors)
             self._place(work)
             work = None
@@ -375,12 +376,6 @@ def _write_weights(path: Path, header: dict, tensors: dict[str, torch.Tensor]) -
         f.flush()
         os.fsync(f.fileno())
     return data_start + offset
-
-
-def _vocab_key(tokenizer) -> str:
-    from relaxspec.models.hf import _vocab_key
-
-    return _vocab_key(tokenizer)
 
 
 def _first_line(error: BaseException) -> str:
