@@ -110,6 +110,16 @@ def _reference_kept(p, q, x, u, end, window, threshold, top_k) -> int:
     return kept
 
 
+def random_block(g: torch.Generator, sampling: dict, B: int = 64, N: int = 5, V: int = 9):
+    """(target logits [B, N+1, V], drafter logits [B, N, V], processed q, drafts [B, N] sampled from q, drafts per
+    row [B], ragged) of correlated random models."""
+    target = 1.2 * torch.randn(B, N + 1, V, generator=g)
+    draft = target[:, :N] + 0.8 * torch.randn(B, N, V, generator=g)
+    q = process_logits(draft, **sampling)
+    drafts = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(B, N)
+    return target, draft, q, drafts, torch.randint(0, N + 1, (B,), generator=g)
+
+
 @pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=4),
                                       dict(temperature=0.9, top_p=0.8)])
 @pytest.mark.parametrize("window,threshold,top_k", [(1, 0.1, 3), (2, 0.3, 3), (3, 0.0, 2), (2, 0.5, 10)])
@@ -117,12 +127,8 @@ def test_sampled_path_equals_the_reference_pass(sampling, window, threshold, top
     """On random blocks (ragged rows included), verify keeps exactly the prefix the restated vLLM pass keeps with the
     same acceptance uniforms (the first draw of a call from its generator), by the C loop and by torch's."""
     g = torch.Generator().manual_seed(window * 100 + top_k)
-    B, N, V_ = 64, 5, 9
-    target = 1.2 * torch.randn(B, N + 1, V_, generator=g)
-    draft = target[:, :N] + 0.8 * torch.randn(B, N, V_, generator=g)
-    q = process_logits(draft, **sampling)
-    drafts = torch.multinomial(q.reshape(-1, V_), 1, generator=g).reshape(B, N)
-    num_drafts = torch.randint(0, N + 1, (B,), generator=g)
+    B, N = 64, 5
+    target, draft, q, drafts, num_drafts = random_block(g, sampling, B, N)
     p = process_logits(target, **sampling)
     u = torch.rand((B, N), generator=torch.Generator().manual_seed(7))
     want = [_reference_kept(p[b], q[b], drafts[b], u[b], int(num_drafts[b]), window, threshold, top_k)

@@ -12,7 +12,7 @@ import torch
 from relaxspec.acceptance import RULES, derive_seed, fused, process_logits, verify
 from relaxspec.acceptance.verify import VerifyStep
 from relaxspec.engine import GenerationStats, generate
-from test_acceptance_fly import PROMPTS, strict_then_relaxed
+from test_acceptance_fly import PROMPTS, random_block, strict_then_relaxed
 from test_acceptance_support import single_thread  # noqa: F401  (autouse fixture)
 
 V = 6
@@ -123,12 +123,8 @@ def _reference_kept(p, q, x, u, z, end, budget, ratio, cap, spent, taken):
 @pytest.mark.parametrize("budget,ratio,cap", [(1.0, 1.0, math.inf), (3.0, 0.5, 2), (0.5, 10.0, 1)])
 def test_sampled_path_equals_the_restated_rule(sampling, budget, ratio, cap):
     g = torch.Generator().manual_seed(int(budget * 10) + int(cap if cap < 9 else 9))
-    B, N, V_ = 64, 5, 9
-    target = 1.2 * torch.randn(B, N + 1, V_, generator=g)
-    draft = target[:, :N] + 0.8 * torch.randn(B, N, V_, generator=g)
-    q = process_logits(draft, **sampling)
-    drafts = torch.multinomial(q.reshape(-1, V_), 1, generator=g).reshape(B, N)
-    num_drafts = torch.randint(0, N + 1, (B,), generator=g)
+    B, N = 64, 5
+    target, draft, q, drafts, num_drafts = random_block(g, sampling, B, N)
     spent0 = torch.rand(B, generator=g) * budget
     taken0 = torch.randint(0, 2, (B,), generator=g).float()
     p = process_logits(target, **sampling)

@@ -19,6 +19,19 @@ def split_of(prompt: str) -> str:
     return next(name for name, buckets in SPLIT_BUCKETS.items() if bucket in buckets)
 
 
+def split_examples(make_problem, rng, split: str, n: int) -> list:
+    """n distinct problems `make_problem(rng)` makes whose prompt falls in `split` (split_of)."""
+    if split not in SPLIT_BUCKETS:
+        raise ValueError(f"unknown split {split!r}; known: {sorted(SPLIT_BUCKETS)}")
+    out, seen = [], set()
+    while len(out) < n:
+        ex = make_problem(rng)
+        if ex.prompt not in seen and split_of(ex.prompt) == split:
+            seen.add(ex.prompt)
+            out.append(ex)
+    return out
+
+
 @dataclass(frozen=True)
 class Example:
     prompt: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from relaxspec.tasks import arithmetic, sorting
-from relaxspec.tasks.base import SPLIT_BUCKETS, Example, Task, split_of
+from relaxspec.tasks.base import SPLIT_BUCKETS, Example, Task, split_examples, split_of
 
 GENERATORS = {"arithmetic": arithmetic, "sorting": sorting}
 # Seeds are offset per split so each split's stream is independent as well as disjoint.
@@ -18,15 +18,8 @@ def examples(task: str, split: str, n: int, seed: int = 0) -> list[Example]:
         raise ValueError(f"unknown synthetic task {task!r}; known: {sorted(GENERATORS)}")
     if split not in SPLIT_BUCKETS:
         raise ValueError(f"unknown split {split!r}; known: {sorted(SPLIT_BUCKETS)}")
-    rng = random.Random(f"{task}:{split}:{seed + _SPLIT_SEED[split]}")
-    make = GENERATORS[task].make_problem
-    out, seen = [], set()
-    while len(out) < n:
-        ex = make(rng)
-        if ex.prompt not in seen and split_of(ex.prompt) == split:
-            seen.add(ex.prompt)
-            out.append(ex)
-    return out
+    return split_examples(GENERATORS[task].make_problem, random.Random(f"{task}:{split}:{seed + _SPLIT_SEED[split]}"),
+                          split, n)
 
 
 def train_stream(rng: random.Random, tasks=("arithmetic", "sorting"), weights=(3, 1)):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 from relaxspec.tasks.answers import gsm8k_utility
-from relaxspec.tasks.base import SPLIT_BUCKETS, Example, Task, split_of
+from relaxspec.tasks.base import Example, Task, split_examples
 from relaxspec.tasks.benchmarks import REASON_BOXED, render
 
 NAME = "word-problems"
@@ -130,16 +130,7 @@ def make_problem(rng: random.Random) -> Example:
 
 def examples(split: str, n: int, seed: int = 0) -> list[Example]:
     """n distinct problems whose prompt falls in `split` (train / pivot / test by the prompt's hash)."""
-    if split not in SPLIT_BUCKETS:
-        raise ValueError(f"unknown split {split!r}; known: {sorted(SPLIT_BUCKETS)}")
-    rng = random.Random(f"{NAME}:{split}:{seed}")
-    out, seen = [], set()
-    while len(out) < n:
-        ex = make_problem(rng)
-        if ex.prompt not in seen and split_of(ex.prompt) == split:
-            seen.add(ex.prompt)
-            out.append(ex)
-    return out
+    return split_examples(make_problem, random.Random(f"{NAME}:{split}:{seed}"), split, n)
 
 
 def word_problems_task(split: str = "pivot", n: int = 100, seed: int = 0) -> Task:
