@@ -384,7 +384,10 @@ def test_smollm2_without_the_package_comes_from_the_cache(cache, tmp_path, monke
 
 
 def test_a_hub_id_still_goes_to_transformers(cache, monkeypatch):
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # (read when the hub client was imported)
     monkeypatch.setenv("HF_HOME", str(cache.parent / "hf"))  # an empty hub cache
     with pytest.raises(ValueError, match=r"^cannot load model 'Qwen/Qwen2.5-Coder-1.5B-Instruct': ") as error:
         load_model("Qwen/Qwen2.5-Coder-1.5B-Instruct")
