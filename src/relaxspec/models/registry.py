@@ -142,10 +142,8 @@ def fetch(entry: Entry | str, progress: bool | None = None) -> Path:
     directory = cache_dir()
     path = directory / entry.file
     pinned.refuse_directory(path, entry.name)
-    if pinned.is_marked(path, entry.size, entry.sha256):
-        return path
     try:
-        if pinned.verified(path, entry.size, entry.sha256, progress):  # the right file without its marker
+        if pinned.verified(path, entry.size, entry.sha256, progress):  # marked, or the right file without its marker
             return path
         work = pinned.new_work_dir(directory, entry.name)
     except OSError as e:
