@@ -96,7 +96,7 @@ def get_protocol(name: str) -> Protocol:
     return PROTOCOLS[name]
 
 
-def price(protocol: Protocol, search: int, confirm: int) -> tuple[float, float]:
+def price(protocol: Protocol, confirm: int) -> tuple[float, float]:
     """(search hours at most: every run's search budget; confirmation hours, estimated: per arm each budget's
     choice, strict at the choices' N and the fastest strict, and AR once per temperature (the AR cell does not depend
     on the drafter), on the whole confirmation band at the protocol's seconds per batched sample)."""
@@ -149,14 +149,14 @@ def run_protocol(protocol: Protocol, out: str | Path, progress: bool = True, dra
                  executor=None, on_decision=None) -> list[Decision]:
     """Every run of the protocol (or of the named drafters / temperatures), in order, into one store under `out`;
     each run's choice written to `out/choices/`. `on_decision(decision)` after each run (the CLI prints it)."""
+    from relaxspec.tune.report import write_outputs
+
     out = Path(out)
     decisions = []
     for drafter, t in protocol.arms():
         if (drafters and drafter not in drafters) or (temperatures and t not in temperatures):
             continue
         for budget in protocol.budgets:
-            from relaxspec.tune.report import write_outputs
-
             config = protocol.tune_config(drafter, t, budget, str(out))
             result = run_tune(config, progress=progress, executor=executor)
             stem = f"choices/{_safe(drafter)}-T{t:g}-drop{budget:g}"
@@ -215,7 +215,7 @@ def format_plan(protocol: Protocol, drafters=None, temperatures=None) -> str:
     search, confirm = protocol.bands()
     p = replace(protocol, drafters=tuple(d for d in protocol.drafters if not drafters or d in drafters),
                 temperatures=tuple(t for t in protocol.temperatures if not temperatures or t in temperatures))
-    search_h, confirm_h = price(p, search, confirm)
+    search_h, confirm_h = price(p, confirm)
     return (f"protocol {p.name}: {p.about}\n"
             f"  verifier {p.verifier or 'built-in'}; drafters {', '.join(p.drafters)}; temperatures "
             f"{', '.join(f'{t:g}' for t in p.temperatures)}; budgets {', '.join(f'{b:g}' for b in p.budgets)} "
