@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.drafters import LMDrafter, NgramDrafter, load_drafter, measure_draft_latency, parse_ngram
 from relaxspec.drafters.mtp import HeadConfig, load_mtp_drafter
+from relaxspec.models.quant import dequantize_int4, quantize_int4
 from relaxspec.training.mtp import TrainConfig, train_head, training_prompts
 from relaxspec.tasks import synthetic
 from test_engine import strict_vs_ar_by_position
@@ -345,6 +347,22 @@ def test_mtp_training_resumes_to_the_same_head(builtin_pair, tmp_path):
     untrained = train_head(verifier, prompts, tmp_path / "short", cfg=TrainConfig(steps=1, batch_size=4,
                                                                                    max_new_tokens=20), **quiet)
     assert not torch.equal(load_file(untrained / "model.safetensors")["fc.weight"], once["fc.weight"])
+    # How a head is saved is not part of its training: a run stopped early resumes under another --save-dtype.
+    train_head(verifier, prompts, tmp_path / "int4", cfg=cfg, stop_after=4, **quiet)
+    said = []
+    train_head(verifier, prompts, tmp_path / "int4", cfg=replace(cfg, save_dtype="int4"), log=said.append)
+    assert "resuming from step 4 of 6" in said
+    packed = load_file(tmp_path / "int4" / "model.safetensors")
+    matrices = [k for k, v in once.items() if v.dim() == 2]
+    assert "fc.weight" in matrices and not set(matrices) & set(packed)  # every matrix in int4, none in float
+    assert (tmp_path / "int4" / "model.safetensors").stat().st_size < 0.3 * (tmp_path / "once" / "model.safetensors").stat().st_size
+    int4_head = load_mtp_drafter(tmp_path / "int4", verifier).head.state_dict()
+    for k in matrices:  # the int4 runtime format's codes of the same trained weights, to bfloat16 rounding
+        assert torch.allclose(int4_head[k], dequantize_int4(*quantize_int4(once[k])), atol=1e-6), k
+        assert 0 < (int4_head[k] - once[k]).abs().max() <= (once[k].amax() - once[k].amin()) / 15, k
+    ar = generate(verifier, None, _prompts(2), method="ar", max_new_tokens=24)
+    sd = generate(verifier, str(tmp_path / "int4"), _prompts(2), method="strict", draft_length=3, max_new_tokens=24)
+    assert [r.token_ids for r in sd.results] == [r.token_ids for r in ar.results] and sd.stats.drafts_accepted > 0
 
 
 def test_mtp_training_makes_no_tensor_on_the_default_device(builtin_pair, tmp_path):

@@ -52,7 +52,8 @@ from relaxspec.models.family import BUILTIN_HEADS, KIND, head_directory, is_mtp 
 from relaxspec.models.device import inference
 from relaxspec.models.fast_llama import DecoderLayers
 from relaxspec.models.hf import CausalLM
-from relaxspec.models.quant import Linear, check_format, convert_linears
+from relaxspec.models.quant import (Linear, check_format, convert_linears, dequantize_int4, int4_problem,
+                                    quantize_int4)
 from relaxspec.models.stream import Stream
 
 
@@ -371,11 +372,44 @@ class MTPDrafter(Drafter):
 # ---------------------------------------------------------------- files
 
 
-SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "int4": torch.float16}
+INT4_CODES, INT4_SCALES = ".int4", ".scale_zero"  # a matrix saved in int4: its packed codes and its (scale, zero)
+
+
+def _saved_tensors(head: MTPHead, dtype: str) -> dict[str, torch.Tensor]:
+    """The head's tensors as saved: in `dtype` (a truncated head's token ids as int64); "int4" stores each matrix
+    whose rows split into groups of 32 as the int4 runtime format holds it (models/quant.quantize_int4: min-max
+    4-bit codes, two to a byte, and a bfloat16 (scale, zero) per group), the rest (norms) in float16."""
+    tensors = {}
+    for key, value in head.state_dict().items():
+        value = value.detach().to("cpu")
+        if key == "draft_vocab":
+            tensors[key] = value
+        elif dtype == "int4" and value.dim() == 2 and int4_problem(value.shape) is None:
+            codes, scale_zero = quantize_int4(value)
+            tensors[key + INT4_CODES] = (codes[:, 0::2] | codes[:, 1::2] << 4).to(torch.uint8)
+            tensors[key + INT4_SCALES] = scale_zero
+        else:
+            tensors[key] = value.to(SAVE_DTYPES[dtype])
+    return {k: v.contiguous() for k, v in tensors.items()}
+
+
+def _loaded_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The head's state dict out of saved tensors (int4 matrices dequantized to float32: a verifier loaded in int4
+    quantizes them back to the same codes)."""
+    state = {}
+    for key, value in tensors.items():
+        if key.endswith(INT4_CODES):
+            name = key.removesuffix(INT4_CODES)
+            codes = torch.stack([value & 15, value >> 4], dim=-1).reshape(value.shape[0], -1)
+            state[name] = dequantize_int4(codes, tensors[name + INT4_SCALES])
+        elif not key.endswith(INT4_SCALES):
+            state[key] = value
+    return state
 
 
 def save_head(head: MTPHead, verifier: CausalLM, out: Path, training: dict, dtype: str = "float32") -> None:
-    """config.json + model.safetensors (weights in `dtype`; a truncated head's token ids as int64)."""
+    """config.json + model.safetensors (weights in `dtype`, `_saved_tensors`)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -387,8 +421,7 @@ def save_head(head: MTPHead, verifier: CausalLM, out: Path, training: dict, dtyp
               "verifier": {"name": verifier.name, "fingerprint": verifier_fingerprint(verifier),
                            "vocab_size": verifier.vocab_size},
               "lm_head": lm_head, "training": training}
-    save_file({k: v.detach().to("cpu", v.dtype if k == "draft_vocab" else SAVE_DTYPES[dtype]).contiguous()
-               for k, v in head.state_dict().items()}, out / "model.safetensors")
+    save_file(_saved_tensors(head, dtype), out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -405,5 +438,5 @@ def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
                          f"(fingerprint {verifier_fingerprint(verifier)}): train a head for it with "
                          f"`relaxspec drafter train --verifier {verifier.name} --kind mtp`")
     head = MTPHead(HeadConfig(**{k: config[k] for k in HeadConfig.__dataclass_fields__ if k in config}))
-    head.load_state_dict(load_file(path / "model.safetensors"))
+    head.load_state_dict(_loaded_tensors(load_file(path / "model.safetensors")))
     return MTPDrafter(head, verifier, name=str(name))

@@ -78,7 +78,9 @@ def register(subparsers) -> None:
                    help="draft over the K tokens most frequent in the verifier's training answers only "
                         "(a truncated LM head: cheaper for a large vocabulary; q is 0 elsewhere); 0: full vocabulary")
     t.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default=defaults.save_dtype,
-                   help="dtype of the saved head weights")
+                   help="how the head's weights are saved: int4 stores its matrices as the int4 format runs them "
+                        "(about a quarter of float16; a shipped head), the others as named. Not part of training: a "
+                        "stopped run resumes under another --save-dtype")
     t.add_argument("--seed", type=int, default=defaults.seed)
     t.add_argument("--gen-batch", type=int, default=defaults.gen_batch,
                    help="verifier answers generated at once (raise it on a GPU)")

@@ -218,7 +218,8 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
         raise ValueError(f"head hidden size {head_cfg.hidden} != the verifier's {embed.shape[1]}")
     hidden_blocks(head_cfg.feature_layers, verifier.num_layers)  # a block the verifier lacks: a ValueError, before any work
     identity = {"verifier": verifier_fingerprint(verifier), "prompts": hashlib.sha256("\n".join(prompts).encode())
-                .hexdigest()[:16], "head": asdict(head_cfg), "train": asdict(cfg)}
+                .hexdigest()[:16], "head": asdict(head_cfg),
+                "train": {k: v for k, v in asdict(cfg).items() if k != "save_dtype"}}  # (how it is saved: not trained)
     data_identity = {k: identity[k] for k in ("verifier", "prompts")} | {
         k: identity["train"][k] for k in ("max_new_tokens", "temperature", "seed", "gen_batch")} | {
         "feature_layers": list(head_cfg.feature_layers)}
@@ -294,9 +295,10 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
                 "final_kl": None if loss_ema is None else round(loss_ema, 4)}
     save_head(head.eval(), verifier, out, training, dtype=cfg.save_dtype)
     checkpoint.unlink()
-    data_file.unlink()
     log(f"mtp head: {sum(p.numel() for p in head.parameters()):,} params, {cfg.steps} steps in {seconds:.0f}s "
-        f"(+{t_start - t0:.0f}s of data), KL {loss_ema}; saved to {out}")
+        f"(+{t_start - t0:.0f}s of data), KL {loss_ema}; saved to {out} (the data set stays in {data_file}, "
+        f"{data_file.stat().st_size / 1e6:.0f} MB: another head for this verifier and these prompts trains on it "
+        "without remaking it; delete it when done)")
     return out
 
 
