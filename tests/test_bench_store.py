@@ -144,6 +144,28 @@ def test_pad_cells_run_with_the_shipped_classifier(tmp_path, monkeypatch):
         assert pad.metrics["n_samples"] == 2 and path.exists()
 
 
+def test_a_classifier_shipped_for_another_pair_is_found_by_the_pair_names(tmp_path, monkeypatch):
+    import relaxspec.pivot as pivot
+    from relaxspec.bench.cell import CellSpec, pad_classifier
+    from relaxspec.bench.runner import RunSummary, runnable
+
+    shipped = tmp_path / "shipped"
+    builtin = pivot.load_classifier(pivot.builtin_classifier_path())
+    builtin.save(shipped / "a-builtin.pt")
+    other = pivot.load_classifier(pivot.builtin_classifier_path())
+    other.spec = {**other.spec, "drafter": "drafter-strong"}
+    other.save(shipped / "b-other.pt")
+    monkeypatch.setattr(pivot, "BUILTIN_DIR", shipped)
+    for drafter, found in (("drafter-strong", "b-other.pt"), ("drafter-weak", "a-builtin.pt")):
+        config = small_config(tmp_path, drafters=[drafter], methods=["pad:threshold=0.5"])
+        pivot_fn, version, spec = pad_classifier(config)
+        assert pivot_fn is not None and spec["drafter"] == drafter, drafter
+        assert pivot.shipped_for_names([("verifier", drafter)]) == shipped / found
+        cells = [CellSpec("verifier", drafter, "arithmetic", "pad", {"threshold": 0.5}, 1, 0)]
+        assert runnable(cells, config, RunSummary())[0] == cells  # not skipped as another pair's
+    assert pivot.shipped_for_names([("verifier", "drafter-mtp")]) is None
+
+
 def test_code_version_covers_the_whole_sample_path(tmp_path, monkeypatch):
     """A copy of the package: editing a scorer, the runner's seeding or a task's template changes the code
     version (so stored cells are not reused); editing the report does not."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import statistics
 import time
@@ -187,10 +188,12 @@ def _speedup(ar_times: list[float], method_times: list[float]) -> float:
 
 
 def pad_classifier(config: BenchConfig):
-    """(pivot_fn, version, spec) or (None, reason, None)."""
+    """(pivot_fn, version, spec) or (None, reason, None): the config's classifier, else the first shipped for one of
+    its (verifier, drafter) pairs, else the built-in pair's."""
     try:
         import relaxspec.pivot as pivot
-        path = config.pad_classifier or pivot.builtin_classifier_path()
+        path = (config.pad_classifier or pivot.shipped_for_names(itertools.product(config.verifiers, config.drafters))
+                or pivot.builtin_classifier_path())
         clf = pivot.load_classifier(path)
         return clf.pivot_fn(), file_version(path), dict(getattr(clf, "spec", {}) or {})
     except (ImportError, AttributeError, FileNotFoundError, OSError, ValueError) as e:

@@ -150,8 +150,8 @@ def runnable(cells: list[CellSpec], config: BenchConfig, summary: RunSummary) ->
         versions["pad_classifier"] = info
         skipped = [c for c in cells if needs_classifier(c.method)
                    and not pad_applies(c, clf_spec, bool(config.pad_classifier))]
-        reason = (f"the built-in PAD classifier is for verifier {clf_spec.get('verifier')!r} + drafter "
-                  f"{clf_spec.get('drafter')!r}; pass --pad-classifier for other pairs")
+        reason = (f"no PAD classifier ships for their pairs (the one found is for verifier "
+                  f"{clf_spec.get('verifier')!r} + drafter {clf_spec.get('drafter')!r}); pass --pad-classifier")
     if skipped:
         warnings.warn(f"bench: skipping {len(skipped)} pad cells: {reason}", stacklevel=4)
         summary.unavailable = [c.label for c in skipped]

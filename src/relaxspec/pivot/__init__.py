@@ -47,6 +47,21 @@ def train_command(verifier, drafter, dtype: str | None = None) -> str:
             + (f" --dtype {dtype}" if dtype else "") + f" --task {DEFAULT_TASK} --out DIR")
 
 
+def shipped_for_names(pairs, directory: Path | None = None) -> Path | None:
+    """The first classifier shipped in `directory` (default `BUILTIN_DIR`) trained for one of `pairs`, (verifier,
+    drafter) as a bench config names them (registry or built-in names; the fingerprints are checked where the
+    models are loaded, `classifier_for_pair`); None: none ships for them."""
+    pairs = {(str(v), str(d)) for v, d in pairs}
+    for path in sorted(Path(BUILTIN_DIR if directory is None else directory).glob("*.pt")):
+        try:
+            spec = load_classifier(path).spec
+        except (OSError, ValueError):
+            continue
+        if (str(spec.get("verifier")), str(spec.get("drafter"))) in pairs:
+            return path
+    return None
+
+
 def classifier_for_pair(verifier, drafter=None, directory: Path | None = None, force: bool = False) -> Path:
     """The classifier shipped in `directory` (default `BUILTIN_DIR`, read at each call) for this verifier and
     drafter (CausalLMs; drafter None: any drafter of the verifier): the first `*.pt` by name whose stored
@@ -76,6 +91,6 @@ def classifier_for_pair(verifier, drafter=None, directory: Path | None = None, f
         + f" (in {directory}); train one with `{command}` and pass --param classifier=DIR/classifier.pt" + other)
 
 
-__all__ = ["classifier_for_pair", "shipped_name", "train_command", "label_pivots", "train_classifier", "load_classifier", "PivotClassifier", "candidate_features",
+__all__ = ["classifier_for_pair", "shipped_for_names", "shipped_name", "train_command", "label_pivots", "train_classifier", "load_classifier", "PivotClassifier", "candidate_features",
            "builtin_classifier_path", "is_pivot", "rollout_utilities", "roc_auc", "label_stats", "SCALAR_FEATURES",
            "pivot_timer"]
