@@ -10,9 +10,10 @@ import torch
 
 from relaxspec.acceptance.verify import VerifyStep
 from relaxspec.drafters import LMDrafter
+from relaxspec.drafters.policy import AUTO_MAX, AUTO_START, AutoDraftLength, ConfidenceStop
 from relaxspec.engine import generate
 from relaxspec.engine.book import Book
-from relaxspec.engine.hooks import AUTO_MAX, AUTO_START, AutoDraftLength, ConfidenceStop, PhaseRelax
+from relaxspec.engine.hooks import PhaseRelax
 from relaxspec.engine.request import Request
 from relaxspec.engine.round import Autoregressive, Speculative
 from relaxspec.models.stream import Stream
@@ -97,7 +98,7 @@ def test_the_round_runs_its_parts_in_order_and_its_hooks_only_when_asked(builtin
     spy(AutoDraftLength, "update", "schedule")
 
     plain = Speculative(_check(verifier, drafter))
-    assert (plain.stop, plain.pivot, plain.phase, plain.book.schedule) == (None, None, None, None)
+    assert (plain.drafter.confidence, plain.drafter.schedule, plain.pivot, plain.phase) == (None, None, None, None)
     _run(plain, started=calls.clear)
     rounds = plain.stats.verifier_forwards
     assert rounds > 3
@@ -105,21 +106,23 @@ def test_the_round_runs_its_parts_in_order_and_its_hooks_only_when_asked(builtin
 
     hooked = Speculative(_check(verifier, drafter, method="ensemble", draft_length="auto", draft_confidence=0.5,
                                 phase="..The answer is", weight=0.3))
-    assert hooked.stop is not None and hooked.phase is None and isinstance(hooked.book.schedule, AutoDraftLength)
+    assert hooked.drafter.confidence == 0.5 and isinstance(hooked.drafter.schedule, AutoDraftLength)
+    assert hooked.phase is None
     _run(hooked, started=calls.clear)
     assert isinstance(hooked.phase, PhaseRelax)  # (made with the rows' streams, after the prefills)
     rounds = hooked.stats.verifier_forwards
     assert [calls.count(hook) for hook in ("confidence stop", "phase", "schedule")] == [rounds] * 3
 
 
-def test_the_hooks_alone():
+def test_the_drafting_policy_alone():
     schedule = AutoDraftLength(3, bound=6)
-    rows = np.array([0, 2])
-    assert schedule.limit(rows).tolist() == [AUTO_START] * 2
-    schedule.update(rows, np.array([5, 1]), 5)  # row 0 kept all its drafts, row 2 did not
-    assert schedule.lengths.tolist() == [6, AUTO_START, AUTO_START - 1]  # +2 capped at the bound, -1
-    schedule.update(np.array([0]), np.array([6]), np.array([6]))
-    assert schedule.lengths.tolist()[0] == 6
+    assert schedule.limit(6).tolist() == [AUTO_START] * 3
+    assert schedule.limit(np.array([6, 2, 6])).tolist() == [AUTO_START, 2, AUTO_START]  # within each row's room
+    schedule.update(np.array([5, 1, 4]), 5)  # row 0 kept all its drafts, rows 1 and 2 did not
+    assert schedule.lengths.tolist() == [6, AUTO_START - 1, AUTO_START - 1]  # +2 capped at the bound, -1
+    schedule.select([0, 2])  # row 1 left the batch
+    schedule.update(np.array([6, 3]), np.array([6, 3]))  # each row's own number proposed
+    assert schedule.lengths.tolist() == [6, AUTO_START + 1]
     stop = ConfidenceStop(0.5, np.array([4, 4]))
     q = torch.tensor([[0.9, 0.1], [0.3, 0.7]])
     token = torch.tensor([0, 0])  # row 1's draft had probability 0.3

@@ -12,9 +12,9 @@ The engine talks to every drafter through one small protocol, as transformers' `
 `sample(logits, i)` is the engine's: it draws the token at draft offset i from the engine's
 per-sequence random streams (so outputs stay batch invariant and coupled across methods) and
 returns (tokens, processed probabilities, or None when greedy). `stop(i, logits, tokens, probs)`, when
-given, is the engine's too: a drafting loop calls it after draft i (not after the last of the n) and, when
-it returns True, proposes only those i + 1 drafts (and then its `extra` rows): the engine's per-row
-early stop (draft_confidence) ends the loop once every row has stopped. A drafter without a distribution
+given, is the drafting policy's (drafters/policy.py): a drafting loop calls it after draft i (not after the
+last of the n) and, when it returns True, proposes only those i + 1 drafts (and then its `extra` rows): the
+per-row early stop (draft_confidence) ends the loop once every row has stopped. A drafter without a distribution
 (prompt lookup) returns one-hot logits: 0 at its token and -inf elsewhere, so every rule sees
 q = one-hot; it has no loop to stop (its confidence is 1: `stop` never applies to it). Hidden-state
 drafters name the verifier blocks they read in `hidden_layers` (e.g. (-1,): the last hidden state;
@@ -26,7 +26,9 @@ emitted (the next `last`), from that copy.
 
 Kinds: `LMDrafter` (a causal LM sharing the verifier's vocabulary), `NgramDrafter` (prompt
 lookup), and `relaxspec.drafters.mtp.MTPDrafter` (a head on the verifier's hidden states).
-`load_drafter(name, verifier)` (drafters/load.py) builds any of them from a name.
+`load_drafter(name, verifier)` (drafters/load.py) builds any of them from a name. How many tokens each row
+proposes (N, draft_length="auto", the confidence stop) is the drafting policy's: `drafters.policy.Drafting`
+holds a drafter with its policy for one generate call.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Proposal:
     logits: torch.Tensor  # [B, n + extra, V] float32 (one-hot drafters: 0 at the token, -inf elsewhere)
     probs: torch.Tensor | None  # [B, n, V] processed q the tokens were drawn from (None: verify derives it)
     forwards: int  # drafter forward passes this round took (0 for prompt lookup)
+    lengths: np.ndarray | None = None  # [B] each row's number of drafts when a stop cut some (None: as asked)
 
 
 class Drafter:

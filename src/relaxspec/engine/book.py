@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from relaxspec.drafters.policy import block_width
 from relaxspec.engine.stats import GenerationStats
 
 
@@ -24,13 +25,10 @@ class Round:
 
 
 class Book:
-    """Per-sequence bookkeeping of a generate call (see the module doc). `schedule`: each row's own draft-length
-    limit, the round's dynamic-N hook (engine.hooks.AutoDraftLength; None: every row drafts up to N)."""
+    """Per-sequence bookkeeping of a generate call (see the module doc)."""
 
-    def __init__(self, B: int, N: int, max_new_tokens: int, eos: int | None, device, trace: bool,
-                 schedule=None):
+    def __init__(self, B: int, N: int, max_new_tokens: int, eos: int | None, device, trace: bool):
         self.N, self.max_new_tokens, self.eos, self.device, self.trace = N, max_new_tokens, eos, device, trace
-        self.schedule = schedule
         self.B = B
         self.live = np.arange(B)  # the sequence of each live row
         self.length = np.zeros(B, dtype=np.int64)  # each live row's output tokens so far (an ending EOS is not one)
@@ -38,34 +36,32 @@ class Book:
         self.positions = np.arange(N + 1)
         self.log = []  # per round: rows, accepted, tokens, drafts proposed, tokens emitted, appended, drafts, relaxed
         self.longest_kept = 0  # the most slots a live row keeps of this round's verifier block
+        self.kept = np.zeros(B, dtype=np.int64)  # each row's kept drafts of the round last recorded (its host copy)
         self.inputs_failed = False  # a rule input of the last round recorded was out of range (`record`'s inputs_ok)
 
     @property
     def live_count(self) -> int:
         return len(self.live)
 
-    def draft_lengths(self) -> tuple[int, torch.Tensor | None]:
-        """(the round's block width, each row's own number of drafts, or None when all draft that many): a row
-        drafts at most its room minus one, and N (or its own schedule's length)."""
-        if self.schedule is None and self.max_new_tokens - self.longest - 1 >= self.N:  # every row drafts N (AR: 0)
-            self.proposed = self.N
-            return self.N, None
-        room = self.max_new_tokens - self.length - 1
-        limit = self.N if self.schedule is None else self.schedule.limit(self.live)
-        return self.drafted(np.minimum(np.maximum(room, 0), limit))
+    def room(self) -> int | np.ndarray:
+        """Each live row's most drafts this round: its room minus one (a round emits up to n + 1 tokens), and N; an
+        int when every row has room for N."""
+        if self.max_new_tokens - self.longest - 1 >= self.N:  # every row may draft N (AR: 0)
+            return self.N
+        return np.minimum(np.maximum(self.max_new_tokens - self.length - 1, 0), self.N)
 
-    def drafted(self, lengths: np.ndarray) -> tuple[int, torch.Tensor | None]:
+    def drafted(self, lengths: int | np.ndarray) -> tuple[int, torch.Tensor | None]:
         """(block width, each row's number of drafts or None when all draft that many) for rows drafting
-        `lengths` [L]: those of `draft_lengths`, or fewer after a confidence stop."""
-        width = max(1, int(lengths.max()))
-        if (lengths == width).all():
+        `lengths` (an int: every row that many; [L]: each its own), the round's drafts proposed."""
+        width = block_width(lengths)
+        if not isinstance(lengths, np.ndarray) or (lengths == width).all():
             self.proposed = width
             return width, None
         self.proposed = lengths
         return width, torch.from_numpy(lengths).to(self.device)
 
     def limits(self) -> np.ndarray:
-        """Each live row's number of drafts this round, from the last `draft_lengths`."""
+        """Each live row's number of drafts this round, from the last `drafted`."""
         return np.broadcast_to(self.proposed, (self.live_count,)).copy()
 
     def record(self, tokens, accepted=None, drafts=None, relaxed_only=None, inputs_ok=None) -> list[int] | None:
@@ -105,8 +101,7 @@ class Book:
                 appended = np.where(stop, is_eos.argmax(axis=1), appended)
                 emitted = appended + stop
         self.length = length = self.length + appended
-        if self.schedule is not None:
-            self.schedule.update(rows, n, self.proposed)
+        self.kept = n
         self.log.append((rows, self.proposed, emitted, appended, host))  # proposed: an int, or one per row
         self.longest_kept = int(n.max()) + 1
         self.longest = int(length.max())

@@ -34,9 +34,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from relaxspec.drafters import Drafter
+from relaxspec.drafters import AUTO_MAX, AUTO_START, Drafter
 from relaxspec.engine.book import Round
-from relaxspec.engine.hooks import AUTO_MAX, AUTO_START
 from relaxspec.engine.request import Request, check_draft_confidence
 from relaxspec.engine.round import Autoregressive, Decoding, Speculative
 from relaxspec.engine.stats import GenerationStats

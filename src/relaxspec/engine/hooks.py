@@ -1,7 +1,7 @@
-"""The speculative round's hooks, each configured once per generate call (None when off), none a flag of the loop:
+"""The speculative round's hooks, each configured once per generate call (None when off), none a flag of the loop
+(how many tokens a row drafts, N, draft_length="auto" and the confidence stop, is the drafter's policy:
+drafters/policy.py):
 
-* `AutoDraftLength` (draft_length="auto"): each row's own draft-length limit, the book's `schedule`;
-* `ConfidenceStop` (draft_confidence): a row stops drafting after a low-confidence draft, the drafter's `stop`;
 * `PhaseRelax` (phase): the rule decides inside each row's span, strict outside (the `relax` rule input);
 * the pivot classifier (PAD's `pivot_fn`) is a callable already: the round gives it the block's hidden states.
 """
@@ -12,40 +12,6 @@ import numpy as np
 import torch
 
 from relaxspec.engine.phase import Phase, PhaseTracker
-
-AUTO_START, AUTO_MAX = 5, 10  # draft_length="auto": its first draft length and its bound (it never goes below 1)
-
-
-class AutoDraftLength:
-    """draft_length="auto": each sequence's own draft length, +2 after a round that accepted all the drafts it
-    proposed, -1 after any other, within [1, bound] (transformers' "heuristic" num_assistant_tokens schedule)."""
-
-    def __init__(self, batch: int, bound: int):
-        self.lengths, self.bound = np.full(batch, AUTO_START, dtype=np.int64), bound
-
-    def limit(self, rows: np.ndarray) -> np.ndarray:
-        return self.lengths[rows]
-
-    def update(self, rows: np.ndarray, accepted: np.ndarray, proposed) -> None:
-        self.lengths[rows] = np.clip(self.lengths[rows] + np.where(accepted == proposed, 2, -1), 1, self.bound)
-
-
-class ConfidenceStop:
-    """draft_confidence: a row stops drafting after a draft to which its drafter gave a probability below
-    `threshold` (under the drafter's processed q, the distribution the draft was drawn from; greedy: the
-    softmax of its logits), and that draft is still proposed: transformers' `ConfidenceCriteria`
-    (assistant_confidence_threshold), per row. The drafter's loop ends once every row has stopped; `count`
-    is each row's number of drafts (its length limit when its stop never fired). One small copy to the host
-    per draft step. One per round (the round's hook is `partial(ConfidenceStop, threshold)`)."""
-
-    def __init__(self, threshold: float, limits: np.ndarray):
-        self.threshold, self.count = threshold, limits
-
-    def __call__(self, i: int, logits, token, probs) -> bool:
-        q = torch.softmax(logits, dim=-1) if probs is None else probs
-        low = (q.gather(1, token[:, None]).squeeze(1) < self.threshold).cpu().numpy()
-        self.count = np.where(low & (self.count > i + 1), i + 1, self.count)
-        return bool((self.count <= i + 1).all())
 
 
 class PhaseRelax:

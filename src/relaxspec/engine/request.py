@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 from relaxspec.acceptance import Rule, check_sampling_args, derive_seed, get_rule
 from relaxspec.acceptance.verify import VerifyStep
-from relaxspec.drafters import Drafter, as_drafter
-from relaxspec.engine.hooks import AUTO_MAX
+from relaxspec.drafters import AUTO_MAX, Drafter, as_drafter
 from relaxspec.engine.phase import Phase, check_phase, parse_phase
 from relaxspec.models.hf import CausalLM, hidden_blocks, load_model
 from relaxspec.models.prompts import check_context, encode_prompts, prompt_list

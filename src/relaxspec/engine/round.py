@@ -1,8 +1,9 @@
 """The two decoding strategies of `generate`, each a round over every live row:
 
 * `Autoregressive`: the verifier feeds `last` and samples one token;
-* `Speculative`: propose -> verifier feed -> verify -> record -> rollback (see `Speculative.round`), with the
-  hooks of engine.hooks (dynamic N, confidence stop, phase) and the pivot classifier configured once.
+* `Speculative`: propose -> verifier feed -> verify -> record -> rollback (see `Speculative.round`), the drafter
+  with its drafting policy (drafters.Drafting: N, dynamic N, confidence stop), the hooks of engine.hooks (phase) and
+  the pivot classifier configured once.
 
 Both keep the verifier's cache `Stream`, each sequence's random streams (`SequenceSeeds`) and the `Book`; a row
 that ends leaves every one of them at once (`select`).
@@ -11,14 +12,14 @@ that ends leaves every one of them at once (`select`).
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import torch
 
 from relaxspec import native
 from relaxspec.acceptance import DRAFT, TOKEN, SequenceSeeds, is_greedy, process_logits_unchecked
+from relaxspec.drafters import Drafting
 from relaxspec.engine.book import Book
-from relaxspec.engine.hooks import AutoDraftLength, ConfidenceStop, PhaseRelax
+from relaxspec.engine.hooks import PhaseRelax
 from relaxspec.engine.request import Request
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.models.compiled import plan_static_shapes
@@ -38,7 +39,7 @@ class Decoding:
     """What both strategies share: the setup of a call (padded prompts, compiled shapes, book, stats), the
     rows' random streams and the verifier's stream, and dropping the rows that ended."""
 
-    def __init__(self, request: Request, schedule=None):
+    def __init__(self, request: Request):
         self.request = r = request
         N = r.draft_length
         if r.device.type == "cpu":
@@ -47,8 +48,7 @@ class Decoding:
         # compiled models: static cache capacity and step widths of this call (models/compiled.py)
         plan_static_shapes(r.verifier, r.drafter_lm, self.ids.shape[1] + r.max_new_tokens + N + 1, N + 1)
         B = self.ids.shape[0]
-        self.book = Book(B, N, r.max_new_tokens, r.verifier.eos_token_id, r.device, trace=r.rule is not None,
-                         schedule=schedule)
+        self.book = Book(B, N, r.max_new_tokens, r.verifier.eos_token_id, r.device, trace=r.rule is not None)
         self.stats = GenerationStats(draft_length=N, sequences=B)
         self.sampling, self.greedy = r.sampling, is_greedy(r.sampling["temperature"])
         self.drawn = not self.greedy or (r.step is not None and r.step.draws)
@@ -93,7 +93,7 @@ class Autoregressive(Decoding):
 
     def round(self, last: torch.Tensor) -> torch.Tensor:
         book, stats = self.book, self.stats
-        book.draft_lengths()  # (0 drafts: the book logs the round's width)
+        book.drafted(0)  # (the book logs the round's drafts)
         draws = self.draws(0)
         t0 = time.perf_counter()
         logits, _ = self.target.feed(last)
@@ -106,17 +106,17 @@ class Autoregressive(Decoding):
 
 
 class Speculative(Decoding):
-    """A drafter proposes, the verifier scores the block in one forward, the rule keeps a prefix and emits one
-    more token, both roll back. The hooks: `schedule` (dynamic N, in the book), `stop` (confidence stop),
-    `pivot` (PAD's classifier), `phase` (relax only inside a span); each None when off."""
+    """A drafter proposes (as many tokens per row as its drafting policy decides), the verifier scores the block in
+    one forward, the rule keeps a prefix and emits one more token, both roll back. The hooks: `pivot` (PAD's
+    classifier), `phase` (relax only inside a span); each None when off."""
 
     def __init__(self, request: Request):
         r = request
-        super().__init__(r, schedule=AutoDraftLength(len(r.prompts), r.draft_length) if r.auto else None)
-        self.drafter, self.step, self.inputs, self.hidden_layer = r.drafter, r.step, r.inputs, r.hidden_layer
+        super().__init__(r)
+        self.drafter = Drafting(r.drafter, len(r.prompts), r.draft_length, r.auto, r.draft_confidence)
+        self.step, self.inputs, self.hidden_layer = r.step, r.inputs, r.hidden_layer
         self.extra = r.rule.extra_draft_passes  # drafter rows beyond N (bonus position)
-        self.drafter_hidden = r.drafter.needs_hidden
-        self.stop = None if r.draft_confidence is None else partial(ConfidenceStop, r.draft_confidence)
+        self.drafter_hidden, self.drafter_rounds = r.drafter.needs_hidden, r.drafter.host_rounds
         self.pivot = r.pivot_fn
         self.phase = None  # (made after the prefills, with the rows' streams)
         # The rule's per-sequence state (`Rule.state`, e.g. a request's spent budget), carried from round to round:
@@ -137,20 +137,18 @@ class Speculative(Decoding):
     def round(self, last: torch.Tensor) -> torch.Tensor:
         """One round of every live row; each row's next `last` (the token it emitted)."""
         book, stats, drafter = self.book, self.stats, self.drafter
-        # Each row drafts at most its own room minus one (a round emits up to n + 1 tokens), so a row's rounds do
-        # not depend on the other rows of the batch; the block is as wide as the roomiest row's, the others'
-        # extra columns are padding (verify's num_drafts).
-        width, num_drafts = book.draft_lengths()
+        # 1. propose: each row's drafts, as many as the drafter's policy decides within the row's room (so a row's
+        # rounds do not depend on the other rows of the batch), with the q they were drawn from; the block is as wide
+        # as the longest row's, the others' extra columns are padding (verify's num_drafts)
+        lengths = drafter.lengths(book.room())
+        width, num_drafts = book.drafted(lengths)
         draws = self.draws(width)
-
-        # 1. propose: up to `width` drafts per row, with the q they were drawn from
         t0 = time.perf_counter()
-        stop = None if self.stop is None else self.stop(book.limits())
-        proposal = drafter.propose(last, width, self.extra, lambda logits, i: _sample(
-            logits, **self.sampling, draws=draws, purpose=DRAFT, offset=i), stop=stop)
+        proposal = drafter.propose(last, lengths, self.extra, lambda logits, i: _sample(
+            logits, **self.sampling, draws=draws, purpose=DRAFT, offset=i))
         drafts = proposal.tokens
-        if stop is not None:  # rows that stopped early draft fewer (the block may be narrower)
-            width, num_drafts = book.drafted(stop.count)
+        if proposal.lengths is not None:  # rows that stopped early drafted fewer (the block may be narrower)
+            width, num_drafts = book.drafted(proposal.lengths)
         stats.drafter_forwards += proposal.forwards
         t1 = time.perf_counter()
         stats.time_draft_s += t1 - t0
@@ -185,9 +183,8 @@ class Speculative(Decoding):
         self.target.invalidate_tail(None if accepted.shape[0] == 1 else accepted + 1, width + 1,
                                     longest=book.longest_kept)
         # (each row's kept drafts and emitted token, from the round's host copy, for what reads them there)
-        rounds = book.last_round() if self.phase is not None or drafter.host_rounds else None
-        drafter.rollback(accepted, hidden if self.drafter_hidden else None, longest=book.longest_kept - 1,
-                         rounds=rounds if drafter.host_rounds else None)
+        rounds = book.last_round() if self.phase is not None or self.drafter_rounds else None
+        drafter.rollback(accepted, hidden if self.drafter_hidden else None, book.kept, rounds)
         if self.phase is not None:
             self.phase.advance(rounds)
         last = results.last_token
@@ -195,7 +192,7 @@ class Speculative(Decoding):
 
     def keep_rows(self, keep: torch.Tensor, rows: list[int]) -> None:
         super().keep_rows(keep, rows)
-        self.drafter.select(keep)
+        self.drafter.select(keep, rows)
         self.live = self.live[keep]
         if self.phase is not None:
             self.phase.select(rows)
