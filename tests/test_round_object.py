@@ -1,6 +1,7 @@
 """The round as an object: `generate` is a thin driver over a checked `Request` and a strategy (`Autoregressive`,
-`Speculative`) whose round runs propose -> verifier feed -> verify -> record -> rollback, with its hooks (dynamic
-N, confidence stop, pivot classifier, phase) configured once and off (None) when not asked for."""
+`Speculative`) whose round runs propose -> verifier feed -> verify -> record -> rollback, its drafter with its
+drafting policy (N, dynamic N, confidence stop) and the verify step's hooks (pivot classifier, phase: one interface,
+`VerifyHook`, in a list) configured once, none when not asked for."""
 
 import inspect
 
@@ -13,7 +14,7 @@ from relaxspec.drafters import LMDrafter
 from relaxspec.drafters.policy import AUTO_MAX, AUTO_START, AutoDraftLength, ConfidenceStop
 from relaxspec.engine import generate
 from relaxspec.engine.book import Book
-from relaxspec.engine.hooks import PhaseRelax
+from relaxspec.engine.hooks import Block, PhaseRelax, VerifyHook
 from relaxspec.engine.request import Request
 from relaxspec.engine.round import Autoregressive, Speculative
 from relaxspec.models.stream import Stream
@@ -94,11 +95,11 @@ def test_the_round_runs_its_parts_in_order_and_its_hooks_only_when_asked(builtin
     spy(Stream, "invalidate_tail", "rollback", verifiers_only=True)
     spy(LMDrafter, "rollback", "drafter rollback")
     spy(ConfidenceStop, "__init__", "confidence stop")
-    spy(PhaseRelax, "relax", "phase")
+    spy(PhaseRelax, "inputs", "phase")
     spy(AutoDraftLength, "update", "schedule")
 
     plain = Speculative(_check(verifier, drafter))
-    assert (plain.drafter.confidence, plain.drafter.schedule, plain.pivot, plain.phase) == (None, None, None, None)
+    assert (plain.drafter.confidence, plain.drafter.schedule, plain.hooks) == (None, None, [])
     _run(plain, started=calls.clear)
     rounds = plain.stats.verifier_forwards
     assert rounds > 3
@@ -107,11 +108,64 @@ def test_the_round_runs_its_parts_in_order_and_its_hooks_only_when_asked(builtin
     hooked = Speculative(_check(verifier, drafter, method="ensemble", draft_length="auto", draft_confidence=0.5,
                                 phase="..The answer is", weight=0.3))
     assert hooked.drafter.confidence == 0.5 and isinstance(hooked.drafter.schedule, AutoDraftLength)
-    assert hooked.phase is None
+    assert [type(hook) for hook in hooked.hooks] == [PhaseRelax]
     _run(hooked, started=calls.clear)
-    assert isinstance(hooked.phase, PhaseRelax)  # (made with the rows' streams, after the prefills)
     rounds = hooked.stats.verifier_forwards
     assert [calls.count(hook) for hook in ("confidence stop", "phase", "schedule")] == [rounds] * 3
+
+
+class Recorder(VerifyHook):
+    """A verify hook that makes every draft strict (the `relax` rule input all False) and records each call the
+    round makes to it."""
+
+    host_rounds = True
+
+    def __init__(self, rows: int):
+        self.calls, self.rows = [], rows
+
+    def inputs(self, block: Block) -> dict:
+        rows, width = block.drafts.shape
+        assert rows == self.rows and block.target_logits.shape[1] == width + 1
+        self.calls.append("inputs")
+        return {"relax": torch.zeros((rows, width + 1), dtype=torch.bool)}
+
+    def advance(self, rounds) -> None:
+        assert len(rounds) == self.rows and all(rounds)  # each row's kept drafts and its emitted token
+        self.calls.append("advance")
+
+    def select(self, rows) -> None:
+        self.rows = len(rows)
+        self.calls.append("select")
+
+    def warning(self) -> str | None:
+        return f"{self.calls.count('inputs')} rounds"
+
+
+def test_a_verify_hook_is_called_at_its_named_points(builtin_pair):
+    """The round calls each hook of its list: `inputs` before verify (what it gives reaches the rule), `advance` after
+    the rollbacks with the round's host rows, `select` when rows leave, `warning` at the end; the interface's own
+    methods do nothing."""
+    verifier, drafter = builtin_pair
+    relaxed = _check(verifier, drafter, method="ensemble", weight=0.0)  # (every draft accepted)
+    decoding = Speculative(relaxed)
+    assert decoding.hooks == [] and not decoding.host_rounds
+    recorder = Recorder(len(PROMPTS))
+    decoding.hooks.append(recorder)
+    decoding.host_rounds = True
+    outputs = _run(decoding)[0]
+    rounds = decoding.stats.verifier_forwards
+    assert [call for call in recorder.calls if call != "select"] == ["inputs", "advance"] * rounds
+    assert recorder.calls.count("select") >= 1 and recorder.rows == 0  # every row ended (not all at once)
+    assert decoding.warnings() == [f"{rounds} rounds"]
+    # strict everywhere: strict's outputs, not the relaxed rule's
+    assert outputs == _run(Speculative(_check(verifier, drafter)))[0] != _run(Speculative(relaxed))[0]
+
+    class Bare(VerifyHook):
+        pass
+
+    bare = Bare()
+    assert (bare.inputs(None), bare.advance(None), bare.select([]), bare.warning(), bare.host_rounds) == (
+        {}, None, None, None, False)
 
 
 def test_the_drafting_policy_alone():

@@ -2,8 +2,8 @@
 
 * `Autoregressive`: the verifier feeds `last` and samples one token;
 * `Speculative`: propose -> verifier feed -> verify -> record -> rollback (see `Speculative.round`), the drafter
-  with its drafting policy (drafters.Drafting: N, dynamic N, confidence stop), the hooks of engine.hooks (phase) and
-  the pivot classifier configured once.
+  with its drafting policy (drafters.Drafting: N, dynamic N, confidence stop) and the verify step's hooks
+  (engine.hooks: the pivot classifier, the phase) configured once.
 
 Both keep the verifier's cache `Stream`, each sequence's random streams (`SequenceSeeds`) and the `Book`; a row
 that ends leaves every one of them at once (`select`).
@@ -19,7 +19,7 @@ from relaxspec import native
 from relaxspec.acceptance import DRAFT, TOKEN, SequenceSeeds, is_greedy, process_logits_unchecked
 from relaxspec.drafters import Drafting
 from relaxspec.engine.book import Book
-from relaxspec.engine.hooks import PhaseRelax
+from relaxspec.engine.hooks import Block, verify_hooks
 from relaxspec.engine.request import Request
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.models.compiled import plan_static_shapes
@@ -107,8 +107,8 @@ class Autoregressive(Decoding):
 
 class Speculative(Decoding):
     """A drafter proposes (as many tokens per row as its drafting policy decides), the verifier scores the block in
-    one forward, the rule keeps a prefix and emits one more token, both roll back. The hooks: `pivot` (PAD's
-    classifier), `phase` (relax only inside a span); each None when off."""
+    one forward, the rule keeps a prefix and emits one more token (its inputs from the `hooks`: PAD's classifier,
+    the phase), both roll back."""
 
     def __init__(self, request: Request):
         r = request
@@ -116,9 +116,10 @@ class Speculative(Decoding):
         self.drafter = Drafting(r.drafter, len(r.prompts), r.draft_length, r.auto, r.draft_confidence)
         self.step, self.inputs, self.hidden_layer = r.step, r.inputs, r.hidden_layer
         self.extra = r.rule.extra_draft_passes  # drafter rows beyond N (bonus position)
-        self.drafter_hidden, self.drafter_rounds = r.drafter.needs_hidden, r.drafter.host_rounds
-        self.pivot = r.pivot_fn
-        self.phase = None  # (made after the prefills, with the rows' streams)
+        self.drafter_hidden = r.drafter.needs_hidden
+        self.hooks = verify_hooks(r, self.stats)
+        # (each row's kept drafts and emitted token, from the round's host copy, for what reads them there)
+        self.host_rounds = r.drafter.host_rounds or any(hook.host_rounds for hook in self.hooks)
         # The rule's per-sequence state (`Rule.state`, e.g. a request's spent budget), carried from round to round:
         # one value per sequence of the call, on the device; `live` says which sequence each live row is.
         self.state = r.rule.initial_state(len(r.prompts), r.device)
@@ -130,8 +131,6 @@ class Speculative(Decoding):
         self.drafter.prefill(self.ids[:, :-1], self.mask[:, :-1], hidden)
         last = self.ids[:, -1].clone()
         self.seeds = SequenceSeeds(r.seeds, r.device)
-        if r.phase is not None:
-            self.phase = PhaseRelax(r.phase, r.verifier.tokenizer, r.encoded, r.device)
         return last
 
     def round(self, last: torch.Tensor) -> torch.Tensor:
@@ -160,11 +159,9 @@ class Speculative(Decoding):
 
         # 3. verify: the rule keeps n drafts per row and emits one more token (its inputs from the hooks)
         params = dict(self.inputs)
-        if self.pivot is not None:
-            params["pivot_prob"] = self.pivot(hidden[:, 1:], target_logits[:, :width], proposal.logits[:, :width],
-                                              drafts)
-        if self.phase is not None:
-            params["relax"] = self.phase.relax(drafts, book.limits(), stats)
+        block = Block(drafts, target_logits, proposal.logits, hidden, book.proposed)
+        for hook in self.hooks:
+            params.update(hook.inputs(block))
         params.update({name: value[self.live] for name, value in self.state.items()})
         results = self.step(target_logits, proposal.logits, drafts, random=draws, draft_probs=proposal.probs,
                             num_drafts=num_drafts, **params)
@@ -182,11 +179,10 @@ class Speculative(Decoding):
         # block when it drafts from them); one row keeps what the host's `longest_kept` says
         self.target.invalidate_tail(None if accepted.shape[0] == 1 else accepted + 1, width + 1,
                                     longest=book.longest_kept)
-        # (each row's kept drafts and emitted token, from the round's host copy, for what reads them there)
-        rounds = book.last_round() if self.phase is not None or self.drafter_rounds else None
+        rounds = book.last_round() if self.host_rounds else None
         drafter.rollback(accepted, hidden if self.drafter_hidden else None, book.kept, rounds)
-        if self.phase is not None:
-            self.phase.advance(rounds)
+        for hook in self.hooks:
+            hook.advance(rounds)
         last = results.last_token
         return last if done is None else self.select(last, done)
 
@@ -194,12 +190,11 @@ class Speculative(Decoding):
         super().keep_rows(keep, rows)
         self.drafter.select(keep, rows)
         self.live = self.live[keep]
-        if self.phase is not None:
-            self.phase.select(rows)
+        for hook in self.hooks:
+            hook.select(rows)
 
     def rule_state(self) -> dict[str, list[float]]:
         return {name: value.tolist() for name, value in self.state.items()}
 
     def warnings(self) -> list[str]:
-        message = None if self.phase is None else self.phase.never_opened(self.stats)
-        return [] if message is None else [message]
+        return [message for message in (hook.warning() for hook in self.hooks) if message]
