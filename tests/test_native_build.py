@@ -48,9 +48,17 @@ def test_the_kernel_builds_with_warnings_as_errors(name, tmp_path):
     if kernel is int4_block.KERNEL and not set(int4_block.CPU_FLAGS) <= native.cpu_flags():
         return  # built; not loadable on this CPU's instruction set
     lib = ctypes.CDLL(str(target))
+    native.check_layout(lib, kernel.header)  # the structs' layout as read is the compiler's
     for function in kernel.functions or declared:
         assert function in declared, f"{name}: {function} is not in {kernel.header.name}"
         assert hasattr(lib, function), f"{name}: {kernel.header.name} declares {function}, the library lacks it"
+
+
+def test_no_function_takes_more_than_8_arguments():
+    """A function of more than 8 takes one struct instead, filled by name (native.structs)."""
+    many = {f"{header.name}: {f}": len(args) for header in {k.header for k in KERNELS.values()}
+            for f, (_, args) in native.signatures(header).items() if len(args) > 8}
+    assert not many
 
 
 def test_each_rule_file_belongs_to_a_rule_and_every_kernel_file_is_shipped_beside_its_module():

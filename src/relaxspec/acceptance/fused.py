@@ -48,6 +48,9 @@ from relaxspec import native
 
 CSRC = Path(__file__).resolve().parent / "csrc"  # the sampler's C: sampler.c, its core and loop, rule.c, rules/
 KERNEL = native.Kernel("sampler", CSRC / "sampler.c", CSRC / "sampler.h")  # strict's test in the verify loop
+_STRUCTS = native.structs(KERNEL.header)  # the loop kernels' arguments, filled by name (rule libraries share them)
+_FIRST_REJECTION, _FINISH = _STRUCTS["rs_first_rejection_args"], _STRUCTS["rs_finish_args"]
+_VERIFY_DEFAULT = _STRUCTS["rs_verify_default_args"]
 
 _UNLOADED = object()
 _lib = _UNLOADED  # the loaded library, None where it cannot be (tests set None to force the torch path)
@@ -153,6 +156,12 @@ def _test_outputs(B: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.empty((B,), dtype=torch.int64, device=device))
 
 
+def _flags(flags: torch.Tensor) -> dict:
+    """The data pointers of `_test_outputs`' flags, by the kernels' field names: accepted, kept, relaxed."""
+    ptr, size = flags.data_ptr(), flags[0].numel()
+    return dict(accepted=ptr, kept=ptr + size, relaxed=ptr + 2 * size)
+
+
 def _token_outputs(B: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The buffers the kernels write a block's output into: tokens [B, N+1] and last [B], int64."""
     return (torch.empty((B, N + 1), dtype=torch.int64, device=device),
@@ -174,11 +183,10 @@ def first_rejection(u: torch.Tensor, accept_prob: torch.Tensor, strict_accept_pr
     num_drafts = _counts(num_drafts)  # (held here: the kernel reads its memory)
     B, N = accept_prob.shape
     flags, n = _test_outputs(B, N, accept_prob.device)
-    ptr = flags.data_ptr()
-    _lib.rs_first_rejection(u.data_ptr(), u.stride(0), accept_prob.data_ptr(), accept_prob.stride(0),
-                            None if strict is None else strict.data_ptr(), 0 if strict is None else strict.stride(0),
-                            None if num_drafts is None else num_drafts.data_ptr(), B, N, ptr, ptr + B * N,
-                            ptr + 2 * B * N, n.data_ptr())
+    _lib.rs_first_rejection(_FIRST_REJECTION(
+        u=u.data_ptr(), su=u.stride(0), ap=accept_prob.data_ptr(), sa=accept_prob.stride(0),
+        strict=None if strict is None else strict.data_ptr(), ss=0 if strict is None else strict.stride(0),
+        num_drafts=None if num_drafts is None else num_drafts.data_ptr(), B=B, N=N, **_flags(flags), n=n.data_ptr()))
     accepted, kept, relaxed_only = flags.unbind(0)
     return accepted, kept, n, relaxed_only
 
@@ -192,10 +200,11 @@ def finish(n: torch.Tensor, num_drafts: torch.Tensor | None, residual: torch.Ten
     B, N = drafts.shape
     tokens, last = _token_outputs(B, N, drafts.device)
     num_drafts = _counts(num_drafts)
-    if _lib.rs_finish(n.data_ptr(), None if num_drafts is None else num_drafts.data_ptr(), B, N, residual.shape[-1],
-                      residual.data_ptr(), residual.stride(0), p.data_ptr(), p.stride(0), bonus.data_ptr(),
-                      bonus.stride(0), u.data_ptr(), drafts.data_ptr(), drafts.stride(0), tokens.data_ptr(),
-                      last.data_ptr()) != 0:
+    if _lib.rs_finish(_FINISH(
+            n=n.data_ptr(), num_drafts=None if num_drafts is None else num_drafts.data_ptr(), B=B, N=N,
+            V=residual.shape[-1], residual=residual.data_ptr(), sr=residual.stride(0), p=p.data_ptr(), sp=p.stride(0),
+            bonus=bonus.data_ptr(), sb=bonus.stride(0), u=u.data_ptr(), drafts=drafts.data_ptr(),
+            sd=drafts.stride(0), tokens=tokens.data_ptr(), last=last.data_ptr())) != 0:
         raise MemoryError("relaxspec sampler: out of memory sampling")
     return tokens, last
 
@@ -235,16 +244,16 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
     flags, n = _test_outputs(B, N, drafts.device)
     tokens, last = _token_outputs(B, N, drafts.device)
     num_drafts = _counts(num_drafts)
-    ptr = flags.data_ptr()
     kernel_inputs = _NO_KERNEL_INPUTS if kernel is None else _kernel_inputs(z, zq, inp, inp_range)  # (held: C reads)
-    status = (_lib if kernel is None else kernel.lib).rs_verify_default(
-        p.data_ptr(), p.stride(0), p.stride(1), q.data_ptr(), q.stride(0), q.stride(1), *kernel_inputs[0],
-        drafts.data_ptr(), drafts.stride(0), None if num_drafts is None else num_drafts.data_ptr(), B, N, p.shape[-1],
-        None if out is not None else ap.data_ptr(), ap.stride(0), None if strict is None else strict.data_ptr(),
-        0 if strict is None else strict.stride(0), out, strict_out,
-        None if kernel is None else kernel.params.ctypes.data, u.data_ptr(), u.stride(0),
-        u_token.data_ptr(), u_token.stride(0), u_token.stride(1), int(argmax), ptr, ptr + B * N, ptr + 2 * B * N,
-        n.data_ptr(), tokens.data_ptr(), last.data_ptr())
+    status = (_lib if kernel is None else kernel.lib).rs_verify_default(_VERIFY_DEFAULT(
+        p=p.data_ptr(), sp0=p.stride(0), sp1=p.stride(1), q=q.data_ptr(), sq0=q.stride(0), sq1=q.stride(1),
+        **kernel_inputs[0], drafts=drafts.data_ptr(), sd=drafts.stride(0),
+        num_drafts=None if num_drafts is None else num_drafts.data_ptr(), B=B, N=N, V=p.shape[-1],
+        ap=None if out is not None else ap.data_ptr(), sa=ap.stride(0),
+        strict=None if strict is None else strict.data_ptr(), ss=0 if strict is None else strict.stride(0),
+        ap_out=out, strict_out=strict_out, prm=None if kernel is None else kernel.params.ctypes.data,
+        ua=u.data_ptr(), sua=u.stride(0), ut=u_token.data_ptr(), st0=u_token.stride(0), st1=u_token.stride(1),
+        argmax=int(argmax), **_flags(flags), n=n.data_ptr(), tokens=tokens.data_ptr(), last=last.data_ptr()))
     if status == -3:
         return None
     if status == -2:
@@ -258,18 +267,21 @@ def verify_default(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, accep
 
 
 def _kernel_inputs(z: torch.Tensor, zq: torch.Tensor, inp: torch.Tensor | None,
-                   inp_range: tuple[float, float] | None) -> tuple:
-    """(rs_verify_default's arguments for a rule's own math: z and zq with their row strides and zq's rows, the
-    rule's input with its row stride and range; the tensors they point into, unit stride along their last dimension)."""
+                   inp_range: tuple[float, float] | None) -> tuple[dict, tuple]:
+    """(rs_verify_default's fields for a rule's own math: z and zq with their row strides and zq's rows, the rule's
+    input with its row stride and range; the tensors they point into, unit stride along their last dimension)."""
     if inp is not None and inp_range is None:
         raise ValueError("verify_default: a rule input needs its range (inp_range)")
     z, zq, inp = _rows(z), _rows(zq), None if inp is None else _rows(inp)
-    return ((z.data_ptr(), *z.stride()[:2], zq.data_ptr(), *zq.stride()[:2], zq.shape[1],
-             None if inp is None else inp.data_ptr(), 0 if inp is None else inp.stride(0),
-             *(inp_range or (0.0, 0.0))), (z, zq, inp))
+    low, high = inp_range or (0.0, 0.0)
+    return (dict(z=z.data_ptr(), sz0=z.stride(0), sz1=z.stride(1), zq=zq.data_ptr(), szq0=zq.stride(0),
+                 szq1=zq.stride(1), zq_rows=zq.shape[1], inp=None if inp is None else inp.data_ptr(),
+                 sinp=0 if inp is None else inp.stride(0), inp_low=low, inp_high=high), (z, zq, inp))
 
 
-_NO_KERNEL_INPUTS = ((None, 0, 0, None, 0, 0, 0, None, 0, 0.0, 0.0), ())  # strict's test reads none
+# (strict's test reads none of them)
+_NO_KERNEL_INPUTS = (dict(z=None, sz0=0, sz1=0, zq=None, szq0=0, szq1=0, zq_rows=0, inp=None, sinp=0, inp_low=0.0,
+                          inp_high=0.0), ())
 
 
 class InputOutOfRange(ValueError):

@@ -33,6 +33,8 @@ TILE = 16
 
 KERNEL = native.Kernel("f32_kernels", Path(__file__).resolve().parent / "csrc" / "f32_kernels.c",
                        Path(__file__).resolve().parent / "csrc" / "f32_kernels.h")
+_STRUCTS = native.structs(KERNEL.header)  # the arguments of f32_attention and f32_rope_write, filled by name
+_ATTENTION, _ROPE_WRITE = _STRUCTS["f32_attention_args"], _STRUCTS["f32_rope_write_args"]
 
 
 def library():
@@ -86,8 +88,9 @@ def attention(lib, qkv: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor | Non
     B, T = qkv.shape[0], qkv.shape[1]
     L, D = kv.shape[2], head_dim
     out = qkv.new_empty((B * T, heads * D))
-    lib.f32_attention(qkv.data_ptr(), B, T, heads, kv_heads, D, kv.data_ptr(), kv.stride(1) // D, L,
-       None if bias is None else bias.data_ptr(), D ** -0.5, out.data_ptr(), scratch.data_ptr())
+    lib.f32_attention(_ATTENTION(qkv=qkv.data_ptr(), B=B, T=T, H=heads, KVH=kv_heads, D=D, kv=kv.data_ptr(),
+                                 cap=kv.stride(1) // D, L=L, bias=None if bias is None else bias.data_ptr(),
+                                 scale=D ** -0.5, out=out.data_ptr(), s=scratch.data_ptr()))
     return out
 
 
@@ -98,6 +101,6 @@ def rope_write(lib, qkv: torch.Tensor, rotation: torch.Tensor, buffer: torch.Ten
     past..past + T of the cache `buffer` [B, 2 KVH, capacity, D] (contiguous) through `lib` (`library()`).
     Returns the keys and values of slots 0..past + T, [B, 2 KVH, past + T, D] (a view of the buffer)."""
     B, T = rotation.shape[0], rotation.shape[1]
-    lib.f32_rope_write(qkv.data_ptr(), B, T, heads, kv_heads, head_dim, rotation.data_ptr(), buffer.data_ptr(),
-                       buffer.shape[2], past)
+    lib.f32_rope_write(_ROPE_WRITE(qkv=qkv.data_ptr(), B=B, T=T, H=heads, KVH=kv_heads, D=head_dim,
+                                   rot=rotation.data_ptr(), kv=buffer.data_ptr(), cap=buffer.shape[2], past=past))
     return buffer[:, :, :past + T]

@@ -277,17 +277,17 @@ static int64_t reject_row(const double *u, const float *ap, const float *strict,
     return count;
 }
 
-/* The verify loop's first rejection (acceptance/verify.py) on B rows of N drafts: accepted[b, i] = u < ap, where
-   i < num_drafts[b] (num_drafts NULL: every i); kept[b, i] = the accepted drafts before the first rejection; n[b] =
-   their count; relaxed[b, i] = kept, though u < strict fails (strict NULL: never). u: float64 holding float32 values
-   (exactly: the comparisons are float32's), ap, strict: float32; row strides su, sa, ss (unit column stride); the
-   bool outputs (one byte each) and n contiguous. */
-void rs_first_rejection(const double *u, int64_t su, const float *ap, int64_t sa, const float *strict, int64_t ss,
-                        const int64_t *num_drafts, int64_t B, int64_t N, uint8_t *accepted, uint8_t *kept,
-                        uint8_t *relaxed, int64_t *n) {
-    for (int64_t b = 0; b < B; b++)
-        n[b] = reject_row(u + b * su, ap + b * sa, strict ? strict + b * ss : NULL, num_drafts ? num_drafts[b] : N, N,
-                          accepted + b * N, kept + b * N, relaxed + b * N);
+/* The verify loop's first rejection (acceptance/verify.py; its arguments: the fields of args) on B rows of N
+   drafts: accepted[b, i] = u < ap, where i < num_drafts[b] (num_drafts NULL: every i); kept[b, i] = the accepted
+   drafts before the first rejection; n[b] = their count; relaxed[b, i] = kept, though u < strict fails (strict NULL:
+   never). u: float64 holding float32 values (exactly: the comparisons are float32's), ap, strict: float32; row
+   strides su, sa, ss (unit column stride); the bool outputs (one byte each) and n contiguous. */
+void rs_first_rejection(const struct rs_first_rejection_args *args) {
+    const struct rs_first_rejection_args a = *args;
+    for (int64_t b = 0; b < a.B; b++)
+        a.n[b] = reject_row(a.u + b * a.su, a.ap + b * a.sa, a.strict ? a.strict + b * a.ss : NULL,
+                            a.num_drafts ? a.num_drafts[b] : a.N, a.N, a.accepted + b * a.N, a.kept + b * a.N,
+                            a.relaxed + b * a.N);
 }
 
 /* Row b's output: tokens[b, :N+1] = its n[b] kept drafts, last[b], then -1. */
@@ -296,25 +296,24 @@ static void emit(int64_t b, int64_t N, int64_t n, const int64_t *drafts, int64_t
     for (int64_t i = 0; i <= N; i++) t[i] = i < n ? drafts[b * sd + i] : i == n ? last : -1;
 }
 
-/* The verify loop's finish on B rows: row b emits last[b], sampled (sample_row at u[b]) from its residual row
-   where it stopped at a rejection (n[b] < num_drafts[b], or N where num_drafts is NULL), from its p row there
-   when the residual has no mass (a sum that is not > 0: the weights are >= 0, so the same test as the float32
-   sum), else from its bonus row; tokens[b, :N+1] = its n[b] kept drafts, last[b], then -1. residual, p, bonus:
-   float32 rows of V with row strides sr, sp, sb; drafts int64 with row stride sd. Returns 0, or -1 when memory
-   runs out. */
-int rs_finish(const int64_t *n, const int64_t *num_drafts, int64_t B, int64_t N, int64_t V, const float *residual,
-              int64_t sr, const float *p, int64_t sp, const float *bonus, int64_t sb, const double *u,
-              const int64_t *drafts, int64_t sd, int64_t *tokens, int64_t *last) {
-    double *cdf = malloc(V * sizeof(double));
+/* The verify loop's finish on B rows (its arguments: the fields of args): row b emits last[b], sampled (sample_row
+   at u[b]) from its residual row where it stopped at a rejection (n[b] < num_drafts[b], or N where num_drafts is
+   NULL), from its p row there when the residual has no mass (a sum that is not > 0: the weights are >= 0, so the
+   same test as the float32 sum), else from its bonus row; tokens[b, :N+1] = its n[b] kept drafts, last[b], then
+   -1. residual, p, bonus: float32 rows of V with row strides sr, sp, sb; drafts int64 with row stride sd. Returns
+   0, or -1 when memory runs out. */
+int rs_finish(const struct rs_finish_args *args) {
+    const struct rs_finish_args a = *args;
+    double *cdf = malloc(a.V * sizeof(double));
     if (!cdf) return -1;
-    for (int64_t b = 0; b < B; b++) {
-        const float *row = bonus + b * sb;
-        if (n[b] < (num_drafts ? num_drafts[b] : N)) {
-            row = residual + b * sr;
-            if (!(sum(row, V) > 0.0)) row = p + b * sp;
+    for (int64_t b = 0; b < a.B; b++) {
+        const float *row = a.bonus + b * a.sb;
+        if (a.n[b] < (a.num_drafts ? a.num_drafts[b] : a.N)) {
+            row = a.residual + b * a.sr;
+            if (!(sum(row, a.V) > 0.0)) row = a.p + b * a.sp;
         }
-        last[b] = sample_row(row, u[b], cdf, V);
-        emit(b, N, n[b], drafts, sd, last[b], tokens);
+        a.last[b] = sample_row(row, a.u[b], cdf, a.V);
+        emit(b, a.N, a.n[b], a.drafts, a.sd, a.last[b], a.tokens);
     }
     free(cdf);
     return 0;

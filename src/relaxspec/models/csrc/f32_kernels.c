@@ -161,48 +161,49 @@ static inline __attribute__((always_inline)) void head(int DV, const float* q, c
 /* Attention of T new queries per row over L cache slots, one head at a time: softmax(q k^T * scale + bias) v.
    q: heads 0..H-1 of qkv [B * T, (H + 2 KVH) * D]; k, v: the cache [B, 2 KVH, cap, D] (keys, then values);
    bias [B, 1, T, L] (additive) or NULL; GQA: head h reads group h / (H / KVH). out: [B * T, H * D], the
-   layout the output projection reads. s: scratch of L + 16 floats. */
-void f32_attention(const float* qkv, long B, long T, long H, long KVH, long D, const float* kv, long cap, long L,
-                   const float* bias, float scale, float* out, float* s) {
-  const long NH = H + 2 * KVH, per_group = H / KVH;
-  for (long b = 0; b < B; ++b)
-    for (long t = 0; t < T; ++t)
-      for (long h = 0; h < H; ++h) {
+   layout the output projection reads. s: scratch of L + 16 floats. (Its arguments: the fields of args.) */
+void f32_attention(const struct f32_attention_args* args) {
+  const struct f32_attention_args a = *args;
+  const long NH = a.H + 2 * a.KVH, per_group = a.H / a.KVH, D = a.D, L = a.L;
+  for (long b = 0; b < a.B; ++b)
+    for (long t = 0; t < a.T; ++t)
+      for (long h = 0; h < a.H; ++h) {
         const long g = h / per_group;
-        const float* q = qkv + ((b * T + t) * NH + h) * D;
-        const float* k = kv + (b * 2 * KVH + g) * cap * D;
-        const float* v = kv + (b * 2 * KVH + KVH + g) * cap * D;
-        const float* bs = bias ? bias + (b * T + t) * L : 0;
-        float* o = out + ((b * T + t) * H + h) * D;
+        const float* q = a.qkv + ((b * a.T + t) * NH + h) * D;
+        const float* k = a.kv + (b * 2 * a.KVH + g) * a.cap * D;
+        const float* v = a.kv + (b * 2 * a.KVH + a.KVH + g) * a.cap * D;
+        const float* bs = a.bias ? a.bias + (b * a.T + t) * L : 0;
+        float* o = a.out + ((b * a.T + t) * a.H + h) * D;
         switch (D) {
-          case 32: head(2, q, k, v, D, L, bs, scale, o, s); break;
-          case 64: head(4, q, k, v, D, L, bs, scale, o, s); break;
-          case 128: head(8, q, k, v, D, L, bs, scale, o, s); break;
-          default: head(0, q, k, v, D, L, bs, scale, o, s); break;
+          case 32: head(2, q, k, v, D, L, bs, a.scale, o, a.s); break;
+          case 64: head(4, q, k, v, D, L, bs, a.scale, o, a.s); break;
+          case 128: head(8, q, k, v, D, L, bs, a.scale, o, a.s); break;
+          default: head(0, q, k, v, D, L, bs, a.scale, o, a.s); break;
         }
       }
 }
 
 /* RoPE on the q and k heads of qkv [B * T, (H + 2 KVH) * D] in place (pairs (2j, 2j + 1) times the complex
-   rot [B * T, D / 2]), then the k and v heads stored at slot past + t of the cache [B, 2 KVH, cap, D]. */
-void f32_rope_write(float* qkv, long B, long T, long H, long KVH, long D, const float* rot, float* kv, long cap,
-                    long past) {
-  const long NH = H + 2 * KVH;
-  for (long b = 0; b < B; ++b)
-    for (long t = 0; t < T; ++t) {
-      float* row = qkv + (b * T + t) * NH * D;
-      const float* r = rot + (b * T + t) * D;
+   rot [B * T, D / 2]), then the k and v heads stored at slot past + t of the cache [B, 2 KVH, cap, D]. (Its
+   arguments: the fields of args.) */
+void f32_rope_write(const struct f32_rope_write_args* args) {
+  const struct f32_rope_write_args a = *args;
+  const long H = a.H, KVH = a.KVH, D = a.D, NH = H + 2 * KVH;
+  for (long b = 0; b < a.B; ++b)
+    for (long t = 0; t < a.T; ++t) {
+      float* row = a.qkv + (b * a.T + t) * NH * D;
+      const float* r = a.rot + (b * a.T + t) * D;
       for (long h = 0; h < H + KVH; ++h) {
         float* x = row + h * D;
         for (long j = 0; j < D; j += 2) {
-          const float a = x[j], c = x[j + 1];
-          x[j] = a * r[j] - c * r[j + 1];
-          x[j + 1] = a * r[j + 1] + c * r[j];
+          const float x0 = x[j], x1 = x[j + 1];
+          x[j] = x0 * r[j] - x1 * r[j + 1];
+          x[j + 1] = x0 * r[j + 1] + x1 * r[j];
         }
       }
       for (long g = 0; g < KVH; ++g) {
-        memcpy(kv + ((b * 2 * KVH + g) * cap + past + t) * D, row + (H + g) * D, D * sizeof(float));
-        memcpy(kv + ((b * 2 * KVH + KVH + g) * cap + past + t) * D, row + (H + KVH + g) * D, D * sizeof(float));
+        memcpy(a.kv + ((b * 2 * KVH + g) * a.cap + a.past + t) * D, row + (H + g) * D, D * sizeof(float));
+        memcpy(a.kv + ((b * 2 * KVH + KVH + g) * a.cap + a.past + t) * D, row + (H + KVH + g) * D, D * sizeof(float));
       }
     }
 }
