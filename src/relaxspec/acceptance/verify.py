@@ -331,6 +331,24 @@ def verify(
     return result
 
 
+@dataclass(frozen=True, slots=True)
+class _PlanKey:
+    """What a block's path depends on beyond its step's settings (`VerifyStep._plan_key`): a dictionary key."""
+
+    everywhere: bool  # no `relax` given: the rule decides at every position
+    random: type  # the random source's kind
+    device: torch.device  # the block's
+    target_logits: torch.dtype  # the dtypes of the logits and distributions, as the context holds them
+    draft_logits: torch.dtype
+    p: torch.dtype
+    q: torch.dtype
+    logits_grad: bool  # whether the logits need a gradient
+    probs_grad: bool  # whether the distributions do
+    inputs: tuple[tuple[torch.dtype, torch.device], ...]  # each tensor input's dtype and device
+    loop: bool  # whether the loop's kernels serve (fused.serves_loop; fused.loop_disabled() sets them aside)
+    library: bool  # whether the sampler's library is loaded (fused.disabled() sets it aside)
+
+
 @dataclass(frozen=True)
 class _Plan:
     """The path of one kind of block through a VerifyStep (`VerifyStep._plan`): `path`, one of its loops, called with
@@ -385,7 +403,7 @@ class VerifyStep:
         # A rule that keeps the base (strict) test gives strict's probabilities: not computed twice.
         self.own_test = type(self.rule).accept_prob is not Rule.accept_prob
         # The path of each kind of block (`_plan_key`): chosen at its first block, looked up after that.
-        self._plans: dict[tuple, _Plan] = {}
+        self._plans: dict[_PlanKey, _Plan] = {}
 
     def __call__(self, target_logits, draft_logits, draft_tokens, *, generator=None, random: Draws | None = None,
                  draft_probs=None, num_drafts: torch.Tensor | None = None, relax: torch.Tensor | None = None,
@@ -418,33 +436,30 @@ class VerifyStep:
             result.state = rule.next_state(ctx.drafts(), result.relaxed_only, **params)
         return result
 
-    def _plan_key(self, ctx: VerifyContext, random: Draws | None, relax, params: dict) -> tuple:
-        """What a block's path depends on beyond the step's settings: `relax` given or not, the random source's kind,
-        the block's device, the dtypes of its logits and distributions (as the context holds them), whether those
-        need a gradient, the tensor inputs' dtypes and devices, and whether the kernels serve (`fused.disabled()` and
-        `fused.loop_disabled()` set them aside)."""
-        return (relax is None, type(random), ctx.p.device, ctx.target_logits.dtype, ctx.draft_logits.dtype,
-                ctx.p.dtype, ctx.q.dtype, ctx.target_logits.requires_grad or ctx.draft_logits.requires_grad,
-                ctx.p.requires_grad or ctx.q.requires_grad,
-                tuple((params[name].dtype, params[name].device) for name in self.rule.inputs),
-                fused.serves_loop(), fused.library() is not None)
+    def _plan_key(self, ctx: VerifyContext, random: Draws | None, relax, params: dict) -> _PlanKey:
+        """What a block's path depends on beyond the step's settings (`_PlanKey`)."""
+        return _PlanKey(everywhere=relax is None, random=type(random), device=ctx.p.device,
+                        target_logits=ctx.target_logits.dtype, draft_logits=ctx.draft_logits.dtype, p=ctx.p.dtype,
+                        q=ctx.q.dtype, logits_grad=ctx.target_logits.requires_grad or ctx.draft_logits.requires_grad,
+                        probs_grad=ctx.p.requires_grad or ctx.q.requires_grad,
+                        inputs=tuple((params[name].dtype, params[name].device) for name in self.rule.inputs),
+                        loop=fused.serves_loop(), library=fused.library() is not None)
 
-    def _plan(self, key: tuple, random: Draws | None) -> _Plan:
+    def _plan(self, key: _PlanKey, random: Draws | None) -> _Plan:
         """The path of the blocks of kind `key` (`_plan_key`; `random`: one block's source). On float32 CPU blocks
         (the kernels' own, when they serve) the whole loop is one C call where the rule's math is in C and it decides
         everywhere (`kernel`, when sampling), or where the block gives its residual and bonus (`block_rows`: strict's
         anywhere, argmax p only where the rule decides everywhere: `relax` asks for strict's elsewhere), and the
         random source gives its token uniforms up front; the torch math serves every other block."""
-        everywhere, _, device, z, zq, p, q, logits_grad, probs_grad, inputs, loop, library = key
-        served = loop and library and device.type == "cpu"  # (fused.serves_loop)
-        kernel = (self.kernel is not None and everywhere and served and not logits_grad
-                  and z is torch.float32 and zq is torch.float32)
-        rows = self.block_rows is not None and (everywhere or self.block_rows == "strict")
-        if not ((kernel or rows) and _draws_token_table(random) and served and not probs_grad
-                and p is torch.float32 and q is torch.float32):
+        served = key.loop and key.library and key.device.type == "cpu"  # (fused.serves_loop)
+        kernel = (self.kernel is not None and key.everywhere and served and not key.logits_grad
+                  and key.target_logits is torch.float32 and key.draft_logits is torch.float32)
+        rows = self.block_rows is not None and (key.everywhere or self.block_rows == "strict")
+        if not ((kernel or rows) and _draws_token_table(random) and served and not key.probs_grad
+                and key.p is torch.float32 and key.q is torch.float32):
             return _Plan(VerifyStep._torch_loop)
         if kernel:  # a tensor input is checked by the C where it reads it as given (float32 on the block's device)
-            in_c = all(dtype is torch.float32 and where == device for dtype, where in inputs)
+            in_c = all(dtype is torch.float32 and where == key.device for dtype, where in key.inputs)
             return _Plan(VerifyStep._kernel_loop, checks_inputs=not in_c)
         return _Plan(VerifyStep._rows_loop)
 
