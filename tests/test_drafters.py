@@ -18,7 +18,7 @@ from relaxspec.drafters.mtp import HeadConfig, load_mtp_drafter
 from relaxspec.models.quant import dequantize_int4, quantize_int4
 from relaxspec.training.mtp import TrainConfig, train_head, training_prompts
 from relaxspec.tasks import synthetic
-from test_engine import strict_vs_ar_by_position
+from test_engine import SHORT_PROMPTS, strict_vs_ar_by_position
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -100,7 +100,7 @@ def test_greedy_strict_equals_ar_with_each_kind_on_a_ragged_batch(builtin_pair, 
 def test_sampled_strict_with_the_mtp_head_matches_ar_sampling(builtin_pair, mtp_dir):
     verifier, _ = builtin_pair
     drafter = load_mtp_drafter(mtp_dir, verifier)
-    prompts = [_prompts(1)[0], _prompts(1, "sorting")[0]]  # ragged, and rows diverge
+    prompts = list(SHORT_PROMPTS)  # ragged, and rows diverge
     sd, spread = strict_vs_ar_by_position(verifier, drafter, prompts, 250, (0, 3, 7), max_new_tokens=8,
                                           temperature=1.0)
     assert 0.1 < sd.stats.acceptance_rate < 0.95  # both accept and reject paths are exercised
@@ -144,8 +144,8 @@ def test_truncated_head_keeps_strict_lossless(builtin_pair, truncated_mtp_dir):
     assert 0 < sd.stats.drafts_accepted < sd.stats.drafts_proposed
     outside = set(range(verifier.vocab_size)) - set(drafter.draft_vocab.tolist())
     assert any(t in outside for r in ar.results for t in r.token_ids)  # the verifier does leave the head's vocabulary
-    sampled, spread = strict_vs_ar_by_position(verifier, drafter, prompts[2:4], 250, (0, 3, 7), max_new_tokens=8,
-                                               temperature=1.0)
+    sampled, spread = strict_vs_ar_by_position(verifier, drafter, list(SHORT_PROMPTS), 250, (0, 3, 7),
+                                               max_new_tokens=8, temperature=1.0)
     assert 0.1 < sampled.stats.acceptance_rate < 0.95
     assert min(spread) < 0.7
 
@@ -360,6 +360,7 @@ def test_mtp_training_resumes_to_the_same_head(builtin_pair, tmp_path):
     for k in matrices:  # the int4 runtime format's codes of the same trained weights, to bfloat16 rounding
         assert torch.allclose(int4_head[k], dequantize_int4(*quantize_int4(once[k])), atol=1e-6), k
         assert 0 < (int4_head[k] - once[k]).abs().max() <= (once[k].amax() - once[k].amin()) / 15, k
+        assert torch.equal(dequantize_int4(*quantize_int4(int4_head[k])), int4_head[k]), k  # int4 runs it as saved
     ar = generate(verifier, None, _prompts(2), method="ar", max_new_tokens=24)
     sd = generate(verifier, str(tmp_path / "int4"), _prompts(2), method="strict", draft_length=3, max_new_tokens=24)
     assert [r.token_ids for r in sd.results] == [r.token_ids for r in ar.results] and sd.stats.drafts_accepted > 0
