@@ -8,9 +8,10 @@ import os
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# --dtype's choices: a torch dtype, int4 (weight-only, group-wise; CPU) or auto (a GGUF file in the precision
-# class it was shipped in, anything else as the default). See models/quant.py.
-DTYPE_CHOICES = (*DTYPES, "int4", "auto")
+# --dtype's choices: a torch dtype, int4 (weight-only, group-wise; CPU), auto (a GGUF file in the precision
+# class it was shipped in, anything else as the default) or file (a qwen2 GGUF file's matrices in their own types;
+# CPU). See models/quant.py.
+DTYPE_CHOICES = (*DTYPES, "int4", "auto", "file")
 # Environment overrides of the defaults (e.g. RELAXSPEC_DEVICE=cpu on a CUDA machine; gpu_check.sh runs the
 # tests with RELAXSPEC_DEVICE=cuda RELAXSPEC_DTYPE=float32). An explicit argument always wins.
 DEVICE_ENV, DTYPE_ENV = "RELAXSPEC_DEVICE", "RELAXSPEC_DTYPE"
@@ -43,7 +44,8 @@ def resolve_format(dtype=None, device: torch.device | None = None, gguf_format=N
     """(dtype to load the weights in, the format they run in) for a `--dtype` value. On a CPU the weights load
     in float32 and run in the format (float32, bfloat16 or int4, models/quant.py); float16 on a CPU is a ValueError
     (it would run in float32). Elsewhere the format is the dtype. "auto": `gguf_format()` (a callable giving a GGUF
-    file's class, None for another model) on a CPU, else the default. int4 off a CPU is a ValueError."""
+    file's class, None for another model) on a CPU, else the default. int4 and file off a CPU are a ValueError (file
+    on a model other than a natively read GGUF file: load_model's)."""
     from_env = dtype is None and bool(os.environ.get(DTYPE_ENV))
     if dtype is None:
         dtype = os.environ.get(DTYPE_ENV) or None
@@ -51,12 +53,12 @@ def resolve_format(dtype=None, device: torch.device | None = None, gguf_format=N
     if isinstance(dtype, str) and dtype not in DTYPE_CHOICES and str(dtype).removeprefix("torch.") not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}" + (f" (from ${DTYPE_ENV})" if from_env else "")
                          + f"; use one of {', '.join(DTYPE_CHOICES)}")
-    if isinstance(dtype, str) and dtype in ("int4", "auto"):
+    if isinstance(dtype, str) and dtype in ("int4", "auto", "file"):
         cpu = device is None or device.type == "cpu"
-        if dtype == "int4" and not cpu:
+        if dtype in ("int4", "file") and not cpu:
             raise ValueError(f"{where} runs on a CPU only (device {str(device)!r}); use bfloat16 or float32")
-        if dtype == "int4":
-            return torch.float32, "int4"
+        if dtype in ("int4", "file"):
+            return torch.float32, dtype
         shipped = gguf_format() if cpu and gguf_format is not None else None
         if shipped is not None:
             return torch.float32, shipped

@@ -85,8 +85,9 @@ class KVCache:
 
 
 def _interleave_rope_pairs(weight, heads: int, head_dim: int, inverse: bool = False):
-    """Rows of a q/k projection (a weight [heads * D, in], its bias [heads * D], or quant.Int4Codes) reordered per
-    head from [0..D/2-1 | D/2..D-1] to (0, D/2, 1, D/2+1, ...) (`inverse`: back)."""
+    """Rows of a q/k projection (a weight [heads * D, in], its bias [heads * D], quant.Int4Codes or
+    gguf_block.BlockCodes) reordered per head from [0..D/2-1 | D/2..D-1] to (0, D/2, 1, D/2+1, ...) (`inverse`:
+    back)."""
     half = head_dim // 2
     device = weight.codes.device if isinstance(weight, Int4Codes) else weight.device
     first = torch.arange(half, device=device)
@@ -117,10 +118,11 @@ class DecoderLayers:
         """`layers`: an iterable (read once, layer by layer: a generator keeps one layer's source weights at a time)
         of, per layer, the weights (input norm, q, k, v, o, post-attention norm, gate, up, down) in
         transformers' layout (q and k rows half-split per head: interleaved here), optionally followed by the q, k,
-        v biases (Qwen2; None each where absent). A matrix is a tensor or a quant.Int4Codes (a GGUF file's own
-        codes). `weight_format` applies on a CPU (float32, bfloat16, int4, or "auto": Int4Codes kept in int4, every
-        other matrix in bfloat16); elsewhere the weights keep `weights_dtype`. Every matrix is copied into its format,
-        but for a layer given as a `BuiltLayer` (already in it: kept as it is)."""
+        v biases (Qwen2; None each where absent). A matrix is a tensor, a quant.Int4Codes (a GGUF file's own 4-bit
+        codes) or a gguf_block.BlockCodes (a GGUF file's own types). `weight_format` applies on a CPU (float32,
+        bfloat16, int4, "auto": Int4Codes kept in int4, every other matrix in bfloat16; or "file": BlockCodes kept in
+        their types, every other matrix in float32); elsewhere the weights keep `weights_dtype`. Every matrix is
+        copied into its format, but for a layer given as a `BuiltLayer` (already in it: kept as it is)."""
         self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
         self.device = device
         self.dtype = torch.float32 if device.type == "cpu" else weights_dtype  # compute dtype
@@ -156,7 +158,8 @@ class DecoderLayers:
         self.num_layers = len(self.layers)
 
     def _linear(self, weight) -> Linear:
-        """A matrix in the layers' format ("auto": a GGUF file's own 4-bit codes in int4, anything else in bfloat16)."""
+        """A matrix in the layers' format ("auto": a GGUF file's own 4-bit codes in int4, anything else in bfloat16;
+        "file": quant.Linear keeps a GGUF file's types, anything else in float32)."""
         if isinstance(weight, Linear):  # already in its format (the converted-weight cache)
             return weight
         fmt = self.weight_format
@@ -261,13 +264,13 @@ class FastLlama(DecoderLayers):
     SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
     def __init__(self, model, weight_format: str = "float32", source=None):
-        """`weight_format` (float32, bfloat16, int4; "auto" with `source`) applies on a CPU; elsewhere the weights
-        keep their dtype. The transformers model's linear weights are copied (its own stay usable:
+        """`weight_format` (float32, bfloat16, int4; "auto" and "file" with `source`) applies on a CPU; elsewhere the
+        weights keep their dtype. The transformers model's linear weights are copied (its own stay usable:
         `release_weights` drops them, `linear_weights` reads them back). `source(name)`: the weight of that
-        transformers state_dict name (a tensor or a quant.Int4Codes), read one at a time (a GGUF file's tensors,
-        models/gguf_weights.py); default: the model's own parameters. A source with a `built` attribute (a
-        converted-weight cache's entry, models/weight_cache.py) gives its `layers` (BuiltLayer each) and `lm_head`
-        (a quant.Linear) already in the format: only the embedding and final norm are asked of it."""
+        transformers state_dict name (a tensor, a quant.Int4Codes or a gguf_block.BlockCodes), read one at a time (a
+        GGUF file's tensors, models/gguf_weights.py); default: the model's own parameters. A source with a `built`
+        attribute (a converted-weight cache's entry, models/weight_cache.py) gives its `layers` (BuiltLayer each) and
+        `lm_head` (a quant.Linear) already in the format: only the embedding and final norm are asked of it."""
         cfg = model.config
         inner = model.model
         rotary = inner.rotary_emb
@@ -301,7 +304,8 @@ class FastLlama(DecoderLayers):
         if built is not None:
             self.lm_head = built.lm_head
         else:
-            head = self.embed if getattr(cfg, "tie_word_embeddings", False) else source("lm_head.weight")
+            tied = getattr(cfg, "tie_word_embeddings", False) and not getattr(source, "tied_head", False)
+            head = self.embed if tied else source("lm_head.weight")  # (`tied_head`: the source gives a tied head)
             self.lm_head = self._linear(head)
 
     _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",

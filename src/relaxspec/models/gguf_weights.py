@@ -5,17 +5,23 @@ a file of a supported architecture (`SUPPORTED`: qwen2) is read with the `gguf` 
 one tensor at a time, straight into FastLlama's copies (`FastLlama(model, fmt, source=GGUFWeights(...))`); the
 transformers module is built on the meta device for its config and keeps only the norms, biases and embedding.
 
-What each format does with each tensor type (the `--dtype`; `auto` is a file's own classes):
+What each format does with each tensor type (the `--dtype`; `auto` is a file's own classes, `file` its own types):
 
-| tensor type | int4 | auto | bfloat16 / float32 |
-|---|---|---|---|
-| Q4_K, Q4_0, Q4_1 | the file's codes kept exactly (scale and zero per 32 weights rounded to bfloat16) | same | dequantized |
-| Q5_0, Q5_1, Q6_K, Q8_0, F16, BF16, F32 | dequantized, then re-quantized min-max to 4 bits (lossy) | bfloat16 | dequantized |
+| tensor type | int4 | auto | file | bfloat16 / float32 |
+|---|---|---|---|---|
+| Q4_K, Q4_0, Q4_1 | the file's codes kept (scale, zero per 32 rounded to bfloat16) | same | kept* | dequantized |
+| Q5_0, Q5_1, Q6_K, Q8_0 | dequantized, re-quantized min-max to 4 bits (lossy) | bfloat16 | kept* | dequantized |
+| F16, BF16, F32, other types | dequantized, re-quantized min-max to 4 bits (lossy) | bfloat16 | float32 | dequantized |
+
+*the file's codes and scales (gguf_block.py: the file's values exactly).
+
+In `file` a tied head (no output.weight) is the embedding's tensor in its own type (`tied_head`), and the embedding
+table is float32 (the file's values; 4 bytes a weight, paged in from the weight cache only where looked up).
 
 Q4_K's sub-blocks of 32 weights are affine, w = d·sc·q − dmin·m with q in 0..15, which is quant.py's int4 form
-(w = (q − 8)·scale + zero) with scale = d·sc and zero = 8·d·sc − dmin·m. The embedding table is stored in bfloat16
-(float32 in the float32 format) and only looked up. Tensors are dequantized in slices of rows, so no tensor is
-ever held whole in float32 beside its copy (the 151,936-row LM head included). A file that ends before a
+(w = (q − 8)·scale + zero) with scale = d·sc and zero = 8·d·sc − dmin·m. The embedding table is stored in
+bfloat16 (float32 in the float32 and file formats) and only looked up. Tensors are dequantized in slices of rows, so
+no tensor is ever held whole in float32 beside its copy (the 151,936-row LM head included). A file that ends before a
 tensor's last byte is a one-line ValueError ("truncated or corrupt").
 
 What a load converts (FastLlama's layers in their format, the embedding, norms and biases, the config and the
@@ -33,7 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from relaxspec.models import gguf_block
 from relaxspec.models.fast_llama import FastLlama
+from relaxspec.models.gguf_block import BlockCodes
 from relaxspec.models.quant import GROUP_SIZE, Int4Codes, quantize_int4
 
 SUPPORTED = ("qwen2",)
@@ -120,13 +128,8 @@ def q4_k_affine(data: np.ndarray):
     Block of 256: d, dmin (float16), 12 bytes of 6-bit scales and minima for 8 sub-blocks, 128 bytes of codes
     (each 64 weights: 32 bytes, the first sub-block in the low nibbles, the second in the high ones)."""
     rows = data.shape[0]
-    blocks = data.reshape(rows, -1, 144)
-    d, dmin = _f16(blocks, 0)[..., None], _f16(blocks, 2)[..., None]
-    s = blocks[..., 4:16].astype(np.uint8)
-    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
-    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
-    qs = blocks[..., 16:].reshape(rows, -1, 4, 1, 32)
-    codes = np.concatenate([qs & 0xF, qs >> 4], axis=3).reshape(rows, -1)
+    d, dmin, sc, mn, codes = gguf_block.q4_k_fields(data)
+    d, dmin = (_f16(x, 0)[..., None] for x in (d, dmin))
     scale, minimum = (d * sc).reshape(rows, -1), (dmin * mn).reshape(rows, -1)
     return codes, scale, 8 * scale - minimum
 
@@ -171,8 +174,9 @@ class _Info:
 
 class GGUFWeights:
     """`source(name)` for FastLlama: the weight of a transformers state_dict name read from the file, as the
-    format asks (module docstring's table): quant.Int4Codes, or a float tensor (bfloat16 for auto's and
-    bfloat16's matrices and the embedding, float32 in the float32 format, and for norms and biases)."""
+    format asks (module docstring's table): quant.Int4Codes, gguf_block.BlockCodes (file), or a float tensor
+    (bfloat16 for auto's and bfloat16's matrices and the embedding, float32 in the float32 and file formats, and for
+    norms and biases)."""
 
     def __init__(self, path, reader, weight_format: str):
         """`reader`: a GGUFReader of the file, read for its tensors' names, types, shapes and offsets only (its
@@ -183,6 +187,9 @@ class GGUFWeights:
         self.tensors = {t.name: _Info(t.tensor_type.name, tuple(t.shape), tuple(t.data.shape), int(t.data_offset),
                                       int(t.n_bytes)) for t in reader.tensors}
         self.converted: dict[str, int] = {}  # tensor type -> matrices re-quantized or widened (for the log line)
+        self.kept: dict[str, int] = {}  # tensor type -> matrices kept in it (file)
+        # file: a tied head (no output.weight) is read from the embedding's tensor in its type, not the float table
+        self.tied_head = weight_format == "file" and "output.weight" not in self.tensors
 
     def _read(self, info: "_Info", start: int = 0, rows: int | None = None) -> np.ndarray:
         """A tensor's bytes from the file (its rows start..start + rows, default all): uint8 [rows, bytes per row]
@@ -201,7 +208,7 @@ class GGUFWeights:
         return self.tensors[file_name(hf_name)].kind
 
     def __call__(self, hf_name: str):
-        name = file_name(hf_name)
+        name = "token_embd.weight" if self.tied_head and hf_name == "lm_head.weight" else file_name(hf_name)
         if name not in self.tensors:
             raise ValueError(f"the GGUF file {str(self.path)!r} has no tensor {name!r} ({hf_name})")
         info = self.tensors[name]
@@ -210,7 +217,9 @@ class GGUFWeights:
             if len(info.shape) < 2:  # norms and biases: float32 as stored
                 return torch.from_numpy(np.array(self._read(info), dtype=np.float32).reshape(-1))
             if hf_name == "model.embed_tokens.weight":
-                return self._dense(info, torch.float32 if self.format == "float32" else torch.bfloat16)
+                return self._dense(info, torch.float32 if self.format in ("float32", "file") else torch.bfloat16)
+            if self.format == "file":
+                return self._file_type(info)
             if self.format in ("int4", "auto") and kind in AFFINE:
                 return _int4(*AFFINE[kind](self._read(info)))
             if self.format == "int4":
@@ -225,6 +234,17 @@ class GGUFWeights:
             raise _corrupt(self.path, e) from None
         except (IndexError, TypeError, OSError) as e:
             raise _corrupt(self.path, e) from None
+
+    def _file_type(self, info: "_Info"):
+        """A matrix in the file format: its type's codes and scales (gguf_block), else float32 (counted)."""
+        in_features = int(info.shape[0])  # (GGUF shapes are [in, out])
+        if gguf_block.problem(info.kind, (info.rows_shape[0], in_features)) is None:
+            self.kept[info.kind] = self.kept.get(info.kind, 0) + 1
+            out = [BlockCodes.from_file(info.kind, self._read(info, start, ROWS_PER_SLICE), in_features)
+                   for start in range(0, info.rows_shape[0], ROWS_PER_SLICE)]  # (packed slice by slice)
+            return out[0] if len(out) == 1 else BlockCodes.cat(out)
+        self.converted[info.kind] = self.converted.get(info.kind, 0) + 1
+        return self._dense(info, torch.float32)
 
     def _slices(self, info: "_Info"):
         """(first row, the rows' float32 values) slice by slice, each read from the file when it is dequantized:
@@ -261,7 +281,13 @@ class GGUFWeights:
         return out
 
     def note(self) -> str | None:
-        """One line saying what the format did with the tensors that are not 4-bit (None: nothing to say)."""
+        """One line saying what the format did with the tensors that are not 4-bit, or in file the types kept (None:
+        nothing to say)."""
+        if self.format == "file":
+            kept = ", ".join(f"{n} {k}" for k, n in sorted(self.kept.items()))
+            other = ", ".join(f"{n} {k}" for k, n in sorted(self.converted.items()))
+            return (f"relaxspec: {self.path.name}: every matrix in the file's own type ({kept or 'none'}; "
+                    f"the embedding table in float32)" + (f"; without a kernel, in float32: {other}" if other else ""))
         if not self.converted:
             return None
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.converted.items()))

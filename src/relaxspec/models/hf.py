@@ -208,12 +208,14 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     GGUF file (`FILE.gguf`, `DIR::FILE.gguf`, or `smollm2`; dequantized on load).
 
     device: "cpu", "cuda", "cuda:N", "mps" or a torch.device (default: cuda when available, else cpu);
-    dtype: "float32", "bfloat16", "float16", "int4", "auto" or a torch dtype (default: bfloat16 on CUDA, float32
-    elsewhere). On a CPU it is the weights' format (models/quant.py): the large matrices are stored once in it
+    dtype: "float32", "bfloat16", "float16", "int4", "auto", "file" or a torch dtype (default: bfloat16 on CUDA,
+    float32 elsewhere). On a CPU it is the weights' format (models/quant.py): the large matrices are stored once in it
     (float32, bfloat16, or int4 weight-only in groups of 32; "auto": a GGUF file of an architecture read tensor
     by tensor (qwen2, models/gguf_weights.py) keeps each 4-bit tensor's codes in int4 and the 5-, 6- and 8-bit
     ones in bfloat16, saying so in one line; another GGUF file runs in the class it was shipped in, Q4 -> int4;
-    anything else float32); a model whose layers cannot be stored in it is a ValueError.
+    anything else float32; "file": such a qwen2 GGUF file's matrices, its head included, in their own types
+    (models/gguf_block.py), any other model a ValueError); a model whose layers cannot be stored in it is a
+    ValueError.
     backend "auto" runs Llama- and Qwen2-architecture models on a CPU through the lean FastLlama path (same weights,
     same logits, less per-call overhead) and everything else through `transformers`; "fast" forces
     FastLlama (a ValueError for other architectures), "transformers" forces the latter.
@@ -233,6 +235,10 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     device = resolve_device(device)
     name = str(name_or_path)
     dtype, weight_format = resolve_format(dtype, device, lambda: _gguf_format(name))
+    if weight_format == "file" and (compile or backend == "transformers" or _gguf_format(name) != "auto"):
+        raise ValueError(f"--dtype file runs a qwen2 GGUF file's matrices in their own types, read natively (no "
+                         f"--compile, not backend 'transformers'); model {name!r} is not one: use int4, auto, "
+                         f"bfloat16 or float32")
     if is_mtp(name_or_path):
         raise ValueError(f"{name!r} is an MTP drafter head, not a causal LM: use it as a drafter "
                          f"(--drafter, relaxspec.drafters.load_drafter)")

@@ -17,7 +17,9 @@ def add_device_args(parser) -> None:
                         help="the weights' format (default: bfloat16 on CUDA, float32 elsewhere; $RELAXSPEC_DTYPE "
                              "overrides the default). On a CPU: float32, bfloat16 or int4 (weight-only, groups of "
                              "32), stored once; auto: a GGUF file in the precision it was shipped in (Q4 -> int4), "
-                             "anything else float32. Norms, attention and logits stay float32 before any rule")
+                             "anything else float32; file: a qwen2 GGUF file's matrices in their own types (Q4_K, "
+                             "Q6_K, Q5_0, Q8_0, ...), the head included. Norms, attention and logits stay float32 "
+                             "before any rule")
 
 
 def device_kwargs(args) -> dict:

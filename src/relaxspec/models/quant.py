@@ -12,6 +12,9 @@ LM head) are stored once, in that format, and multiplied by a stock kernel:
   the same whatever the call's other rows; a prompt's rows, and every call where the kernel cannot run, to
   `F.linear` (oneDNN), which rounds each output to bfloat16: a relative 2^-9 that ties logits float32 tells apart
   (steps of 0.125 near 20).
+* file: a GGUF file's own quantized types (`gguf_block.BlockCodes`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) kept as
+  their codes and scales and multiplied by `models/gguf_block.py`'s kernel (the inputs quantized to int8 per 32, as
+  llama.cpp's Q8_0); any other matrix, and every one where that kernel cannot be built, in float32 (the same values).
 * int4: 4-bit codes per weight with a bfloat16 scale and zero per group of `GROUP_SIZE` inputs
   (w = (q - 8) * scale + zero), `aten._weight_int4pack_mm_for_cpu` on the activations rounded to bfloat16.
   The kernel needs `in_features % GROUP_SIZE == 0` (`int4_problem`); the output rows are padded with zero
@@ -45,10 +48,11 @@ import os
 import torch
 import torch.nn.functional as F
 
-from relaxspec.models import f32_kernels, int4_block
+from relaxspec.models import f32_kernels, gguf_block, int4_block
+from relaxspec.models.gguf_block import BlockCodes
 from relaxspec.native import enabled as native_enabled
 
-FORMATS = ("float32", "bfloat16", "int4")
+FORMATS = ("float32", "bfloat16", "int4", "file")
 GROUP_SIZE = 32
 INT4_OUT_MULTIPLE = 16  # the CPU int4 packing works on blocks of 16 output rows
 # oneDNN's per-call overhead (~25 us) outweighs what it saves on weights below this size (measured crossover
@@ -110,10 +114,18 @@ class Int4Codes:
 
 
 def cat_weights(parts: list):
-    """Weights stacked along their outputs: Int4Codes when every part is one (the codes kept), else float32."""
-    if all(isinstance(p, Int4Codes) for p in parts):
-        return Int4Codes.cat(parts)
-    return torch.cat([p.dense() if isinstance(p, Int4Codes) else p.detach().float() for p in parts])
+    """Weights stacked along their outputs: Int4Codes or BlockCodes when every part is one (the codes kept), else
+    float32."""
+    for codes in (Int4Codes, BlockCodes):
+        if all(isinstance(p, codes) for p in parts):
+            return codes.cat(parts)
+    return torch.cat([p.dense() if isinstance(p, (Int4Codes, BlockCodes)) else p.detach().float() for p in parts])
+
+
+def file_layout() -> str:
+    """How `Linear` stores a GGUF file's matrix in the file format in this process: "blocks" (gguf_block's layout,
+    the same on both of its paths) where its kernel runs, else "float32"."""
+    return "blocks" if gguf_block.kernel() is not None else "float32"
 
 
 def int4_layout(group_size: int = GROUP_SIZE) -> str:
@@ -136,6 +148,16 @@ class Linear:
         itself (the compiled step: inductor picks the kernel). `int4_impl`: the int4 kernel, "block"
         (models/int4_block.py; where it cannot be built, aten with one warning line) or "aten"; "auto": the
         environment's RELAXSPEC_INT4_KERNEL if set, else block (groups of 32)."""
+        self.gguf = None  # the file format's BlockCodes
+        if isinstance(weight, BlockCodes):  # a GGUF file's types: kept in the file format, else dequantized
+            if fmt == "file" and gguf_block.kernel() is not None:
+                self.format, self.shape, self.group_size, self.gguf = fmt, tuple(weight.shape), group_size, weight
+                self.packed = self.t = self.w = self.scale_zero = self.block = self.tiles = self.native = None
+                self.bf16_kernel = False
+                return
+            weight = weight.dense()
+        if fmt == "file":  # a matrix in no GGUF type of the kernel's, or no kernel: float32
+            fmt = "float32"
         codes = None
         if isinstance(weight, Int4Codes):  # the int4 form already: kept as it is in int4, else dequantized
             if fmt == "int4" and weight.codes.shape[1] // weight.scale_zero.shape[0] == group_size:
@@ -186,7 +208,9 @@ class Linear:
             return torch.mm(x, self.t) if residual is None else torch.addmm(residual, x, self.t)
         if self.tiles is not None:
             return f32_kernels.block_mm(self.native, x, self.tiles, self.shape[0], residual)
-        if self.w is not None:
+        if self.gguf is not None:
+            y = gguf_block.mm(x, self.gguf)
+        elif self.w is not None:
             y = (int4_block.bf16_mm(x, self.w) if self.bf16_kernel and x.shape[0] <= int4_block.BF16_ROWS
                  else F.linear(x.to(torch.bfloat16), self.w).float())
         elif self.block is not None:
@@ -200,7 +224,10 @@ class Linear:
 
     def dense(self) -> torch.Tensor:
         """The float32 weight [out, in] this layer multiplies by: exact in float32 and bfloat16; in int4 the
-        dequantized weight as the kernel sees it (each value rounded to bfloat16, read off an identity block)."""
+        dequantized weight as the kernel sees it (each value rounded to bfloat16, read off an identity block); in the
+        file format the file's values."""
+        if self.gguf is not None:
+            return self.gguf.dense()
         if self.t is not None:
             return self.t.t().float().contiguous()
         if self.w is not None:
@@ -220,6 +247,9 @@ class Linear:
         codes and scale / zero words, or aten's packed codes with the scales), bfloat16 its matrix; float32 its
         dense matrix (oneDNN's blocked copy or the small-weight tiles are laid out again by `restore`)."""
         meta = {"format": self.format, "shape": list(self.shape), "group_size": self.group_size}
+        if self.gguf is not None:
+            return ({**meta, "kind": "gguf", "segments": [[kind, data.shape[0]] for kind, data in self.gguf.segments]},
+                    {f"segment{i}": data for i, (_, data) in enumerate(self.gguf.segments)})
         if self.block is not None:
             return {**meta, "kind": "block", "layout": int4_block.path()}, {"codes": self.block[0],
                                                                            "sz": self.block[1]}
@@ -240,8 +270,16 @@ class Linear:
             return cls(tensors["dense"], fmt, meta["group_size"])
         self = cls.__new__(cls)
         self.format, self.shape, self.group_size = fmt, tuple(meta["shape"]), meta["group_size"]
-        self.packed = self.t = self.w = self.scale_zero = self.block = self.tiles = self.native = None
+        self.packed = self.t = self.w = self.scale_zero = self.block = self.tiles = self.native = self.gguf = None
         self.bf16_kernel = False
+        if kind == "gguf":
+            if file_layout() != "blocks":
+                raise ValueError("the file format's blocks stored; this process runs them in float32")
+            segments = [(k, tensors[f"segment{i}"]) for i, (k, rows) in enumerate(meta["segments"])]
+            if [d.shape[0] for _, d in segments] != [rows for _, rows in meta["segments"]]:
+                raise ValueError("a segment of other rows than stored")
+            self.gguf = BlockCodes(segments, self.shape[1])
+            return self
         layout = int4_layout(self.group_size) if fmt == "int4" else None
         if kind in ("block", "aten") and (meta.get("layout") if kind == "block" else "aten") != layout:
             raise ValueError(f"int4 stored for the {meta.get('layout', 'aten')} layout; this process runs {layout}")
@@ -262,6 +300,8 @@ class Linear:
     @property
     def nbytes(self) -> int:
         """Bytes this weight keeps resident."""
+        if self.gguf is not None:
+            return self.gguf.nbytes
         return sum(t.numel() * t.element_size() for t in (self.t, self.w, self.scale_zero, self.packed, self.tiles,
                                                            *(self.block or ()))
                    if t is not None and not t.is_mkldnn) + (

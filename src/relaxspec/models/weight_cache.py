@@ -7,8 +7,10 @@ tensor is converted (Q4_K to the int4 form and packed into the int4 kernel's lay
 first load of a file in a format writes what that produced; a later load maps it: milliseconds for the weights,
 well under a second for the config and tokenizer (transformers' own loading of a tokenizer.json).
 
-Key: the GGUF file's SHA-256, the format (int4, auto, bfloat16, float32) and, for int4 and auto, the int4 layout
-this process runs (quant.int4_layout: the block kernel's "vnni" or "bf16", or "aten" with torch's version). A
+Key: the GGUF file's SHA-256, the format (int4, auto, file, bfloat16, float32) and, for int4 and auto, the int4
+layout this process runs (quant.int4_layout: the block kernel's "vnni" or "bf16", or "aten" with torch's version),
+for file its own (quant.file_layout: "blocks", the GGUF block kernel's layout, the same on both of its paths, or
+"float32" where that kernel cannot run). A
 registry model's hash is its pinned one (the fetch's marker vouches for the file); another file is hashed once and
 its hash remembered under `hashes/` by (resolved path, size, mtime_ns, ctime_ns, inode): a file changed in place
 (ctime moves even when a tool restores mtime) is hashed again. The conversion code's version (`VERSION`, raised
@@ -27,7 +29,8 @@ layer's kind, the files beside it and their sizes, the format's note line, the t
 then the tensors' bytes, each at an offset that is a multiple of 64. A hit maps the file once (`torch.from_file`,
 MAP_PRIVATE: nothing is copied, pages are read as the kernels touch them and count in the resident memory as
 file pages) and every tensor is a view of it in the dtype and layout the kernels read (the int4 block kernel's
-packed codes and scale / zero words, bfloat16 matrices, the bfloat16 embedding, float32 norms and biases);
+packed codes and scale / zero words, the GGUF block kernel's records, bfloat16 matrices, the bfloat16 embedding
+(float32 in float32 and file), float32 norms and biases);
 float32's matrices alone are laid out again for oneDNN (a copy).
 
 Safety: an entry is written into a temporary folder (`.fetch-<pid>-weights-...`, removed by a later write once its
@@ -123,7 +126,12 @@ def file_sha256(path: Path, root: Path) -> str:
 
 
 def runtime_tag(weight_format: str) -> str:
-    """What besides the file and format decides the stored layout: int4's layout (int4 and auto), else nothing."""
+    """What besides the file and format decides the stored layout: int4's layout (int4 and auto), the file format's
+    ("blocks" where its kernel runs, else "float32"), else nothing."""
+    if weight_format == "file":
+        from relaxspec.models.quant import file_layout
+
+        return file_layout()
     if weight_format not in ("int4", "auto"):
         return ""
     from relaxspec.models.quant import int4_layout

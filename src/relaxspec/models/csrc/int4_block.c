@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "int4_block.h"
+#include "parallel_for.h"
 
 #define MAX_ROWS 10
 
@@ -49,26 +50,6 @@ static inline __attribute__((always_inline)) void tile(const int M, const int OT
   }
   for (int t = 0; t < OT; ++t)
     for (int m = 0; m < M; ++m) p->y[m * p->out + o + t] = _mm512_reduce_add_ps(acc[t][m]);
-}
-
-typedef void (*range_fn)(const void* arg, int64_t begin, int64_t end);
-
-/* f over [0, n) in chunks of at least `grain`, one per thread, as torch's at::parallel_for splits a range (OpenMP
-   backend): serially where n <= grain, inside a parallel region, or with one thread. */
-static void parallel_for(int64_t n, int64_t grain, range_fn f, const void* p) {
-  if (n <= 0) return;
-  if (n <= grain || omp_in_parallel() || omp_get_max_threads() == 1) {
-    f(p, 0, n);
-    return;
-  }
-#pragma omp parallel
-  {
-    int64_t threads = omp_get_num_threads();
-    const int64_t most = (n + grain - 1) / grain;
-    threads = threads < most ? threads : most;
-    const int64_t chunk = (n + threads - 1) / threads, begin = omp_get_thread_num() * chunk;
-    if (begin < n) f(p, begin, begin + chunk < n ? begin + chunk : n);
-  }
 }
 
 /* M rows: tiles of OT outputs (OT = 4 up to 4 rows, else 2) split between threads, then the last outputs one by

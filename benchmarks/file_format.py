@@ -1,0 +1,123 @@
+"""The `file` weight format (a GGUF file's matrices in their own types, models/gguf_block.py) against int4 on the
+same files: AR ms/token at batch 1 and greedy agreement with int4's tokens.
+
+    python benchmarks/file_format.py --models qwen2.5-coder-1.5b qwen2.5-coder-0.5b --threads 2 --prompts 3 \\
+        --max-new-tokens 64 [--closeness float32]
+
+Per model both formats are loaded (through the weight cache: the first load of a format converts and says so), one
+untimed warm-up call each, then each held-out chat prompt (`relaxspec.tasks.chat.HELDOUT`, through the chat
+template) runs greedy AR in each format, the formats' order rotated from prompt to prompt. ms/token: one call's time
+over its tokens (prefill included), the median over prompts. Agreement: the tokens of `file` before its first
+difference from int4's, over int4's count (1: identical), per prompt. `--closeness F`: each format teacher-forced
+on each prompt and int4's tokens against the model loaded in F (float32: the file's values dequantized, inputs not
+rounded; converted in memory, not cached): KL(F || format) and top-1 agreement over the generated positions (means).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from relaxspec.engine import generate
+from relaxspec.models import load_model
+from relaxspec.models.prompts import encode_prompts
+from relaxspec.tasks import chat
+
+
+def greedy(lm, prompt: str, max_new_tokens: int) -> tuple[list[int], float]:
+    """(tokens, seconds) of one greedy AR call."""
+    start = time.perf_counter()
+    out = generate(lm, None, [prompt], method="ar", max_new_tokens=max_new_tokens, temperature=0.0)
+    return list(out.results[0].token_ids), time.perf_counter() - start
+
+
+def agreement(reference: list[int], ours: list[int]) -> tuple[float, int | None]:
+    """(tokens before the first difference over the reference's count, that position or None)."""
+    first = next((i for i, (a, b) in enumerate(zip(reference, ours)) if a != b), None)
+    if first is None and len(reference) != len(ours):
+        first = min(len(reference), len(ours))
+    return (1.0 if first is None else first / max(len(reference), 1)), first
+
+
+def teacher_forced(lms: dict, reference, ids: list[int], prompt_len: int) -> dict:
+    """{format: (KL(reference || format), top-1 agreement)} over the positions that predict ids[prompt_len:]."""
+    rows = slice(prompt_len - 1, len(ids) - 1)
+    x = torch.tensor([ids])
+
+    def log_probs(lm):
+        logits, _ = lm.forward(x, lm.new_cache(), None, torch.arange(len(ids))[None])
+        return logits[0, rows].float().log_softmax(-1)
+
+    ref = log_probs(reference)
+    out = {}
+    for fmt, lm in lms.items():
+        ours = log_probs(lm)
+        kl = (ref.exp() * (ref - ours)).sum(-1)
+        out[fmt] = (float(kl.mean()), float((ours.argmax(-1) == ref.argmax(-1)).float().mean()))
+    return out
+
+
+def measure(model: str, formats: list[str], prompts: list[str], max_new_tokens: int, closeness: str | None) -> dict:
+    lms = {}
+    for fmt in formats:
+        start = time.perf_counter()
+        lms[fmt] = load_model(model, device="cpu", dtype=fmt)
+        print(f"{model} {fmt}: loaded in {time.perf_counter() - start:.1f} s, "
+              f"{lms[fmt].fast.weight_bytes() / 1e9:.2f} GB of weights", flush=True)
+        greedy(lms[fmt], prompts[0], 4)  # (warm-up)
+    times, tokens = {f: [] for f in formats}, {f: [] for f in formats}
+    for i, prompt in enumerate(prompts):
+        for fmt in formats[i % len(formats):] + formats[:i % len(formats)]:
+            ids, seconds = greedy(lms[fmt], prompt, max_new_tokens)
+            times[fmt].append(1e3 * seconds / max(len(ids), 1))
+            tokens[fmt].append(ids)
+    close = {f: [] for f in formats}
+    if closeness:
+        reference = load_model(model, device="cpu", dtype=closeness, weight_cache=False)
+        encoded = encode_prompts(reference.tokenizer, prompts, chat_template="auto")
+        for ids, generated in zip(encoded, tokens[formats[0]]):
+            for fmt, pair in teacher_forced(lms, reference, ids + generated, len(ids)).items():
+                close[fmt].append(pair)
+    return {"ms": {f: statistics.median(t) for f, t in times.items()}, "per_prompt_ms": times, "tokens": tokens,
+            "closeness": close}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"],
+                    help="GGUF models read natively (qwen2): registry names or files")
+    ap.add_argument("--formats", nargs="+", default=["int4", "file"], help="the first is the reference")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=3, help=f"held-out chat prompts (at most {len(chat.HELDOUT)})")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--closeness", default=None, metavar="FORMAT",
+                    help="also teacher-force each format against the model in FORMAT (e.g. float32)")
+    args = ap.parse_args()
+    if not 1 <= args.prompts <= len(chat.HELDOUT):
+        ap.error(f"--prompts must be between 1 and {len(chat.HELDOUT)}")
+    torch.set_num_threads(args.threads)
+    reference = args.formats[0]
+    print(f"{args.prompts} held-out chat prompts, {args.max_new_tokens} new tokens, greedy AR, batch 1, "
+          f"{args.threads} threads")
+    close = f" KL({args.closeness} || format) | top-1 with {args.closeness} |" if args.closeness else ""
+    print(f"| model | weights | ms/token (median) | per prompt | greedy agreement with {reference} | first divergence "
+          f"|{close}")
+    print("|---|---|---|---|---|---|" + ("---|---|" if args.closeness else ""))
+    for model in args.models:
+        result = measure(model, args.formats, list(chat.HELDOUT[:args.prompts]), args.max_new_tokens, args.closeness)
+        for fmt in args.formats:
+            pairs = [agreement(r, o) for r, o in zip(result["tokens"][reference], result["tokens"][fmt])]
+            per = " / ".join(f"{t:.1f}" for t in result["per_prompt_ms"][fmt])
+            kl = result["closeness"][fmt]
+            extra = (f" {statistics.fmean(k for k, _ in kl):.2e} | {statistics.fmean(t for _, t in kl):.3f} |"
+                     if kl else "")
+            print(f"| {model} | {fmt} | {result['ms'][fmt]:.1f} | {per} | "
+                  f"{' / '.join(f'{a:.2f}' for a, _ in pairs)} | "
+                  f"{' / '.join('-' if f is None else str(f) for _, f in pairs)} |{extra}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
