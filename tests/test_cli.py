@@ -1,8 +1,7 @@
 import json
-import subprocess
-import sys
 
 from relaxspec.acceptance import RULES
+from relaxspec.cli import main
 from relaxspec.engine.commands import parse_params, render_trace
 from relaxspec.engine import generate
 from relaxspec.tasks import synthetic
@@ -10,15 +9,19 @@ from relaxspec.tasks import synthetic
 PROMPT = synthetic.examples("arithmetic", "test", 1)[0].prompt
 
 
-def relaxspec(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "relaxspec", *args], capture_output=True, text=True, timeout=timeout)
+def relaxspec(capfd, *args):
+    """`relaxspec ARGS` in this process (main(), as `python -m relaxspec` runs it; a real process's stdout and exit
+    code: test_cli_errors.py): (exit code, stdout, stderr), the output read at the file descriptors."""
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    return code, out, err
 
 
-def test_generate_json_is_one_object_with_the_documented_fields():
-    out = relaxspec("generate", "--prompt", PROMPT, "--method", "cactus", "--param", "delta=0.25",
-                    "--temperature", "0.7", "--max-new-tokens", "24", "--json")
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
+def test_generate_json_is_one_object_with_the_documented_fields(capfd):
+    code, stdout, err = relaxspec(capfd, "generate", "--prompt", PROMPT, "--method", "cactus", "--param", "delta=0.25",
+                                  "--temperature", "0.7", "--max-new-tokens", "24", "--json")
+    assert code == 0, err
+    data = json.loads(stdout)
     keys = {"draft_length", "sequences", "sequence_rounds", "drafts_proposed", "drafts_accepted", "drafts_cut",
             "emitted_tokens", "accepted_per_position",
             "proposed_per_position",
@@ -34,23 +37,23 @@ def test_generate_json_is_one_object_with_the_documented_fields():
     assert len(result["stats"]["acceptance_rate_per_position"]) == 5
 
 
-def test_methods_lists_every_rule_with_parameters():
-    out = relaxspec("methods", "--json")
-    assert out.returncode == 0, out.stderr
-    listed = json.loads(out.stdout)
+def test_methods_lists_every_rule_with_parameters(capfd):
+    code, stdout, err = relaxspec(capfd, "methods", "--json")
+    assert code == 0, err
+    listed = json.loads(stdout)
     assert set(listed) == set(RULES)
     assert listed["mentored"]["params"]["alpha"]["grid"] == [0.3, 0.7, 0.95]
     assert listed["cactus"]["strict"] == {"delta": 0.0}
 
 
-def test_bad_input_is_a_clear_error_with_exit_code_2():
+def test_bad_input_is_a_clear_error_with_exit_code_2(capfd):
     for args, message in [(["--method", "nope"], "unknown acceptance method"),
                           (["--method", "mentored", "--param", "alpha=1.5"], "alpha"),
                           (["--param", "oops"], "KEY=VALUE")]:
-        out = relaxspec("generate", "--prompt", PROMPT, "--max-new-tokens", "4", *args)
-        assert out.returncode == 2 and message in out.stderr, out.stderr
-    out = relaxspec("generate", "--prompt", "", "--max-new-tokens", "4")
-    assert out.returncode == 2 and "empty" in out.stderr
+        code, _, err = relaxspec(capfd, "generate", "--prompt", PROMPT, "--max-new-tokens", "4", *args)
+        assert code == 2 and message in err, err
+    code, _, err = relaxspec(capfd, "generate", "--prompt", "", "--max-new-tokens", "4")
+    assert code == 2 and "empty" in err
 
 
 def test_show_marks_accepted_rejected_and_relaxed_tokens(builtin_pair):

@@ -9,7 +9,7 @@ from relaxspec.cli import main
 from relaxspec.drafters import LMDrafter, load_drafter
 from relaxspec.engine import generate
 from relaxspec.models.prompts import encode_prompts
-from test_engine import _freq, _prompts
+from test_engine import SHORT_PROMPTS, _freq, _prompts
 
 
 def _mixed_prompts():
@@ -109,7 +109,7 @@ def test_sampled_strict_with_a_confidence_stop_follows_ar_sampling(builtin_pair)
     """Lossless: at each checked position every token's frequency under strict (fixed N and auto, both with the
     stop) agrees with AR sampling within 5 sigma of a two-sample comparison (n samples per side, fixed seeds)."""
     verifier, drafter = builtin_pair
-    n, prompts = 400, [_prompts(1)[0], _prompts(1, "sorting")[0]]
+    n, prompts = 400, list(SHORT_PROMPTS)
     sampling = dict(temperature=0.7, top_p=0.9, max_new_tokens=16)
     ar = generate(verifier, None, prompts * n, method="ar", seed=5, **sampling)
     for draft_length in (4, "auto"):

