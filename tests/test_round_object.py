@@ -15,18 +15,25 @@ from relaxspec.drafters.policy import AUTO_MAX, AUTO_START, AutoDraftLength, Con
 from relaxspec.engine import generate
 from relaxspec.engine.book import Book
 from relaxspec.engine.hooks import Block, PhaseRelax, VerifyHook
-from relaxspec.engine.request import Request
+from relaxspec.engine.request import Request, load
 from relaxspec.engine.round import Autoregressive, Speculative
+from relaxspec.models.hf import CausalLM, load_inputs
 from relaxspec.models.stream import Stream
 from relaxspec.tasks import synthetic
 
 PROMPTS = [e.prompt for e in synthetic.examples("arithmetic", "test", 3)]
 
 
-def _check(verifier, drafter, prompts=PROMPTS, method="strict", draft_length=3, max_new_tokens=30, temperature=0.0,
-           seed=0, pivot_fn=None, phase=None, draft_confidence=None, **rule_params):
-    return Request.check(verifier, drafter, prompts, method, draft_length, max_new_tokens, temperature, None, None,
-                         seed, pivot_fn, "auto", None, phase, draft_confidence, rule_params)
+def _arguments(verifier, drafter, prompts=PROMPTS, method="strict", draft_length=3, max_new_tokens=30,
+               temperature=0.0, seed=0, pivot_fn=None, phase=None, draft_confidence=None, **rule_params) -> dict:
+    return dict(verifier=verifier, drafter=drafter, prompts=prompts, method=method, draft_length=draft_length,
+                max_new_tokens=max_new_tokens, temperature=temperature, top_k=None, top_p=None, seed=seed,
+                pivot_fn=pivot_fn, chat_template="auto", system=None, phase=phase, draft_confidence=draft_confidence,
+                rule_params=rule_params)
+
+
+def _check(verifier, drafter, **kw) -> Request:
+    return load(Request(**_arguments(verifier, drafter, **kw)))
 
 
 def _run(decoding, started=None):
@@ -55,6 +62,34 @@ def test_the_request_holds_the_checked_arguments(builtin_pair):
         _check(verifier, drafter, seed=[1, 2])
     with pytest.raises(ValueError, match=r"^method 'pad' needs a pivot classifier"):
         _check(verifier, drafter, method="pad")
+
+
+def test_a_request_only_checks_and_one_call_of_the_models_loads_them(builtin_pair, monkeypatch, tmp_path):
+    """`Request` takes keyword arguments only and loads nothing (an argument's error comes before a missing model's);
+    `load` gives it its models through one call of the models layer, which counts the drafter's own context."""
+    verifier, drafter = builtin_pair
+    with pytest.raises(TypeError):
+        Request(*_arguments(verifier, drafter).values())
+    missing = tmp_path / "missing"
+    with pytest.raises(ValueError, match=r"^max_new_tokens must be an integer >= 1, got 0$"):
+        Request(**_arguments(missing, missing, max_new_tokens=0))
+    request = Request(**_arguments(missing, "drafter-weak", method="cactus", delta=0.2))
+    assert (request.verifier, request.drafter, request.draft_length) == (missing, "drafter-weak", 3)  # nothing loaded
+    with pytest.raises(ValueError, match="missing"):
+        load(request)
+    from relaxspec.engine import request as request_module
+    calls = []
+    monkeypatch.setattr(request_module, "load_inputs", lambda *a, **k: calls.append(a) or load_inputs(*a, **k))
+    loaded = load(Request(**_arguments("verifier", "drafter-weak", prompts=PROMPTS[:1])))
+    assert len(calls) == 1 and calls[0][0] == "verifier"
+    assert isinstance(loaded.verifier, CausalLM) and isinstance(loaded.drafter, LMDrafter)
+    assert loaded.drafter_lm is loaded.drafter.lm and loaded.encoded and loaded.device == loaded.verifier.device
+    # the drafter's own LM counts: a context it cannot hold is refused by the same one call
+    limit = verifier.max_position_embeddings
+    monkeypatch.setattr(type(drafter), "max_position_embeddings", property(lambda lm: 8 if lm is drafter else limit))
+    with pytest.raises(ValueError, match=r"^max_new_tokens 30 leaves no room for a prompt in the context of 8 "):
+        _check(verifier, drafter)
+    assert _check(verifier, drafter, method="ar").drafter is None  # (AR ignores the drafter argument)
 
 
 @pytest.mark.parametrize("method", ["ar", "strict"])
@@ -188,7 +223,7 @@ def test_generate_is_a_thin_driver():
     source = inspect.getsource(generate.__wrapped__)
     assert len(source.splitlines()) < 60, len(source.splitlines())
     # once the request is checked, the driver reads none of the hooks' arguments: each is the round's
-    after_check = source.split('"""')[2].split("Request.check(", 1)[1].split(")\n", 1)[1]
+    after_check = source.split('"""')[2].split("load(Request(", 1)[1].split("))\n", 1)[1]
     assert "decoding.round(" in after_check
     for word in ("phase", "pivot", "confidence", "draft_length", "auto", "rule_params"):
         assert word not in after_check, word

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from relaxspec.models.hf import CausalLM, check_same_vocab
+from relaxspec.models.hf import CausalLM, check_same_vocab, hidden_blocks
 from relaxspec.models.stream import Stream, model_device
 
 
@@ -74,6 +74,19 @@ class Drafter:
         if self.one_hot_q and not rule.valid_with_one_hot_q:  # the rule declares it (see `relaxspec methods`)
             raise ValueError(f"method {rule.name!r} is meaningless with a {self.kind} drafter ({self.name!r}): "
                              f"its q is one-hot, and then {rule.one_hot_q}")
+
+    def hidden_layer(self, verifier: CausalLM, pivot_layer: int | None = None) -> int | tuple[int, ...] | None:
+        """The verifier layer(s) whose hidden states a round reads: this drafter's `hidden_layers`, or a pivot
+        classifier's layer (`pivot_layer`; None: none) when it reads none; a ValueError when both read, different
+        blocks."""
+        if not self.needs_hidden:
+            return pivot_layer
+        layers = self.hidden_layers
+        if pivot_layer is not None and hidden_blocks(pivot_layer, verifier.num_layers) != hidden_blocks(
+                layers, verifier.num_layers):
+            raise ValueError(f"a {self.kind} drafter reads the verifier's hidden states of blocks {list(layers)}; "
+                             f"a pivot classifier on layer {pivot_layer} cannot run with it")
+        return layers
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         raise NotImplementedError

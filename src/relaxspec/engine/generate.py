@@ -22,9 +22,10 @@ consumes (drafter sample, acceptance uniform, residual / bonus / AR sample) is k
 the absolute output position, the purpose), so outputs do not depend on the batch, and two
 methods given the same seeds share every draw.
 
-The call is a thin driver: its arguments checked into a `Request` (engine/request.py), then a strategy
-(engine/round.py: `Autoregressive`, or `Speculative` with its hooks, engine/hooks.py) round by round while a row
-is live, and the outputs assembled from the `Book` (engine/book.py).
+The call is a thin driver: its arguments checked into a `Request` and its models loaded by one call of the models
+layer (engine/request.py), then a strategy (engine/round.py: `Autoregressive`, or `Speculative` with its drafter's
+drafting policy, drafters/policy.py, and the verify step's hooks, engine/hooks.py) round by round while a row is
+live, and the outputs assembled from the `Book` (engine/book.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Sequence
 
 from relaxspec.drafters import AUTO_MAX, AUTO_START, Drafter
 from relaxspec.engine.book import Round
-from relaxspec.engine.request import Request, check_draft_confidence
+from relaxspec.engine.request import Request, check_draft_confidence, load
 from relaxspec.engine.round import Autoregressive, Decoding, Speculative
 from relaxspec.engine.stats import GenerationStats
 from relaxspec.models.device import inference
@@ -104,8 +105,10 @@ def generate(
     computes a rule's `pivot_prob` input from the verifier's hidden states (see relaxspec.pivot).
     phase: relax only inside a span of the response, strict outside (relaxspec.engine.phase: "think", a
     "BEGIN..END" spec, a (begin, end) pair of token strings / ids, or a Phase); None relaxes everywhere."""
-    request = Request.check(verifier, drafter, prompts, method, draft_length, max_new_tokens, temperature, top_k,
-                            top_p, seed, pivot_fn, chat_template, system, phase, draft_confidence, rule_params)
+    request = load(Request(verifier=verifier, drafter=drafter, prompts=prompts, method=method,
+                           draft_length=draft_length, max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_k=top_k, top_p=top_p, seed=seed, pivot_fn=pivot_fn, chat_template=chat_template,
+                           system=system, phase=phase, draft_confidence=draft_confidence, rule_params=rule_params))
     decoding = Autoregressive(request) if request.rule is None else Speculative(request)
     t_start = time.perf_counter()
     last = decoding.start()  # the prefills; `last` (not yet in any cache) is fed by round one

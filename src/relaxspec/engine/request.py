@@ -1,105 +1,121 @@
-"""A generate call's arguments, checked: `Request.check` runs every check of `generate`'s arguments (each a
-one-line ValueError), loads a verifier given by name, makes the drafter a Drafter, checks the rule's settings
-once (its VerifyStep) and encodes the prompts into the models' context."""
+"""A generate call's arguments, checked. `Request` takes them as keyword arguments and only checks: every check that
+needs no model, in generate's order, each a one-line ValueError (the first error wins, before any model loads); it
+loads nothing. `load`
+then gives the request its models through one call of the models layer (`models.hf.load_inputs`: the verifier and
+the drafter's own LM loaded when given by name or path, the prompts encoded and checked against the context of
+both), and checks what reads them: the phase's markers against the verifier's tokenizer, the drafter (made for the
+verifier) against the verifier and the rule, the verifier layers a round reads."""
 
 from __future__ import annotations
 
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Sequence
 
 from relaxspec.acceptance import Rule, check_sampling_args, derive_seed, get_rule
 from relaxspec.acceptance.verify import VerifyStep
-from relaxspec.drafters import AUTO_MAX, Drafter, as_drafter
+from relaxspec.drafters import AUTO_MAX, Drafter, as_drafter, drafter_model
 from relaxspec.engine.phase import Phase, check_phase, parse_phase
-from relaxspec.models.hf import CausalLM, hidden_blocks, load_model
-from relaxspec.models.prompts import check_context, encode_prompts, prompt_list
-from relaxspec.models.stream import model_device
+from relaxspec.models.hf import CausalLM, load_inputs
+from relaxspec.models.prompts import prompt_list
 from relaxspec.names import AR, AUTO
 
 
-@dataclass
+@dataclass(kw_only=True, eq=False)
 class Request:
-    """A generate call's arguments once checked (`Request.check`), as the strategies read them."""
+    """generate's arguments (see `generate`) once checked, as the strategies read them."""
 
-    verifier: CausalLM
-    drafter: Drafter | None  # None for AR (which ignores the drafter argument)
-    drafter_lm: CausalLM | None  # the drafter's own LM, whose context and compiled shapes count too
-    prompts: list[str]
-    encoded: list[list[int]]  # the prompts' token ids (chat template applied), each fitting the context
+    verifier: CausalLM | str | os.PathLike  # a CausalLM once loaded (`load`)
+    drafter: Drafter | CausalLM | str | None  # a Drafter once loaded; None for AR (which ignores the drafter argument)
+    prompts: list  # (any iterable of prompts is read once, into a list)
+    method: str
+    draft_length: int | str  # then N: the most drafts of a round (auto's bound), at most max_new_tokens
     max_new_tokens: int
-    sampling: dict  # temperature, top_k, top_p
-    seeds: list[int]  # one per sequence
-    device: object
-    rule: Rule | None = None  # None: AR
-    step: VerifyStep | None = None  # the rule with its settings, checked once (each round runs the block unchecked)
-    inputs: dict | None = None  # rule inputs given as values (a pivot_fn or a phase gives the others per round)
-    draft_length: int = 0  # N: the most drafts of a round (auto's bound), at most max_new_tokens
-    auto: bool = False  # draft_length="auto"
-    draft_confidence: float | None = None
-    pivot_fn: object = None
-    phase: Phase | None = None
-    hidden_layer: int | tuple[int, ...] | None = None  # the verifier layer(s) whose hidden states a round reads
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    seed: int | Sequence[int]
+    pivot_fn: object
+    chat_template: str
+    system: str | None
+    phase: Phase | str | tuple | None
+    draft_confidence: float | None
+    rule_params: dict
+    # made by the checks
+    auto: bool = field(init=False)  # draft_length="auto"
+    rule: Rule | None = field(init=False)  # None: AR
+    step: VerifyStep | None = field(init=False)  # the rule with its settings, checked once (each round runs unchecked)
+    inputs: dict = field(init=False)  # rule inputs given as values (a hook gives the others per round)
+    sampling: dict = field(init=False)  # temperature, top_k, top_p
+    seeds: list[int] = field(init=False)  # one per sequence
+    # made by `load`
+    encoded: list[list[int]] = field(init=False)  # the prompts' token ids (chat template applied), each fitting
+    drafter_lm: CausalLM | None = field(init=False)  # the drafter's own LM, whose context and compiled shapes count
+    hidden_layer: int | tuple[int, ...] | None = field(init=False)  # the verifier layer(s) a round reads
+    device: object = field(init=False)
 
-    @classmethod
-    def check(cls, verifier, drafter, prompts, method, draft_length, max_new_tokens, temperature, top_k, top_p, seed,
-              pivot_fn, chat_template, system, phase, draft_confidence, rule_params) -> "Request":
-        """generate's arguments checked in its order (the first error wins), as a Request."""
-        check_sampling_args(temperature, top_k, top_p)
-        draft_confidence = check_draft_confidence(draft_confidence)
-        if isinstance(verifier, (str, os.PathLike)):  # a name or a path, as the drafter argument accepts
-            verifier = load_model(verifier)
-        phase = parse_phase(phase)
-        if phase is not None:
-            check_phase(phase, verifier.tokenizer)
-        prompts = prompt_list(prompts)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        rule = None
-        if method != AR:
-            rule = get_rule(method)  # unknown method -> ValueError listing the known ones
-            drafter = _check_speculative(verifier, drafter, rule, method, draft_length, pivot_fn, rule_params)
-        elif rule_params:
-            raise ValueError(f"method 'ar' takes no rule parameters, got {sorted(rule_params)}")
-        elif pivot_fn is not None:
+    def __post_init__(self):
+        check_sampling_args(self.temperature, self.top_k, self.top_p)
+        self.draft_confidence = check_draft_confidence(self.draft_confidence)
+        self.phase = parse_phase(self.phase)
+        self.prompts = prompt_list(self.prompts)
+        if (isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, numbers.Integral)
+                or self.max_new_tokens < 1):
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        self.rule = None if self.method == AR else get_rule(self.method)  # unknown -> ValueError listing the known ones
+        if self.rule is not None:
+            self._check_speculative()
+        elif self.rule_params:
+            raise ValueError(f"method 'ar' takes no rule parameters, got {sorted(self.rule_params)}")
+        elif self.pivot_fn is not None:
             raise ValueError("method 'ar' takes no pivot_fn")
-        elif draft_confidence is not None:
+        elif self.draft_confidence is not None:
             raise ValueError("method 'ar' drafts nothing: it takes no draft_confidence")
-        hidden_layer = _hidden_layer(verifier, drafter, pivot_fn) if rule is not None else None
-        seeds = _sequence_seeds(seed, len(prompts))
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.seeds = _sequence_seeds(self.seed, len(self.prompts))
+        self.sampling = dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        rule, params = self.rule, self.rule_params
         # (a rule input's values, e.g. PAD's pivot_prob, checked with the round's one copy to the host: `inputs_ok`)
-        step = None if rule is None else VerifyStep(method, **sampling, defer_input_checks=True, **{
-            name: value for name, value in rule_params.items() if name not in rule.inputs})
-        inputs = {name: value for name, value in rule_params.items() if rule is not None and name in rule.inputs}
-        drafter_lm = getattr(drafter, "lm", None)
-        encoded = encode_prompts(verifier.tokenizer, prompts, chat_template=chat_template, system=system)
-        encoded = check_context(encoded, max_new_tokens, verifier, drafter_lm)
+        self.step = None if rule is None else VerifyStep(self.method, **self.sampling, defer_input_checks=True, **{
+            name: value for name, value in params.items() if name not in rule.inputs})
+        self.inputs = {name: value for name, value in params.items() if rule is not None and name in rule.inputs}
         # A round never proposes more than the room left, so a longer draft could not be used: N is bounded by
         # max_new_tokens (and so are the per-position statistics, sized to N).
-        N = 0 if rule is None else min(AUTO_MAX if draft_length == AUTO else draft_length, max_new_tokens)
-        return cls(verifier=verifier, drafter=drafter if rule is not None else None, drafter_lm=drafter_lm,
-                   prompts=prompts, encoded=encoded, max_new_tokens=max_new_tokens, sampling=sampling, seeds=seeds,
-                   device=model_device(verifier), rule=rule, step=step, inputs=inputs, draft_length=N,
-                   auto=rule is not None and draft_length == AUTO, draft_confidence=draft_confidence,
-                   pivot_fn=pivot_fn, phase=phase, hidden_layer=hidden_layer)
+        self.auto = rule is not None and self.draft_length == AUTO
+        self.draft_length = 0 if rule is None else min(AUTO_MAX if self.auto else self.draft_length,
+                                                       self.max_new_tokens)
+
+    def _check_speculative(self) -> None:
+        """The checks of a speculative method's arguments that need no model."""
+        if self.drafter is None:
+            raise ValueError(f"method {self.method!r} needs a drafter (only 'ar' runs without one)")
+        length = self.draft_length
+        if length != AUTO and (isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 1):
+            raise ValueError(f"draft_length must be an integer >= 1 or {AUTO!r}, got {length!r}")
+        wants_pivot = "pivot_prob" in self.rule.inputs and "pivot_prob" not in self.rule_params
+        if wants_pivot and self.pivot_fn is None:
+            raise ValueError(f"method {self.method!r} needs a pivot classifier: pass pivot_fn= (see relaxspec.pivot)")
+        if self.pivot_fn is not None and not wants_pivot:
+            raise ValueError(f"pivot_fn is only used by methods that take a pivot_prob input, not {self.method!r}")
 
 
-def _check_speculative(verifier, drafter, rule, method, draft_length, pivot_fn, rule_params) -> Drafter:
-    """The checks of a speculative method's arguments; its drafter as a Drafter."""
-    if drafter is None:
-        raise ValueError(f"method {method!r} needs a drafter (only 'ar' runs without one)")
-    if draft_length != AUTO and (isinstance(draft_length, bool) or not isinstance(draft_length, numbers.Integral)
-                                 or draft_length < 1):
-        raise ValueError(f"draft_length must be an integer >= 1 or {AUTO!r}, got {draft_length!r}")
-    drafter = as_drafter(drafter, verifier)
-    drafter.check(verifier, rule)
-    wants_pivot = "pivot_prob" in rule.inputs and "pivot_prob" not in rule_params
-    if wants_pivot and pivot_fn is None:
-        raise ValueError(f"method {method!r} needs a pivot classifier: pass pivot_fn= (see relaxspec.pivot)")
-    if pivot_fn is not None and not wants_pivot:
-        raise ValueError(f"pivot_fn is only used by methods that take a pivot_prob input, not {method!r}")
-    return drafter
+def load(request: Request) -> Request:
+    """`request` with its models (see the module doc)."""
+    r = request
+    lm = drafter_model(r.drafter) if r.rule is not None else getattr(r.drafter, "lm", None)  # (AR: an LM drafter's)
+    r.verifier, r.drafter_lm, r.encoded = load_inputs(r.verifier, r.prompts, r.max_new_tokens, drafter_lm=lm,
+                                                      chat_template=r.chat_template, system=r.system)
+    r.device = r.verifier.device
+    if r.phase is not None:
+        check_phase(r.phase, r.verifier.tokenizer)
+    if r.rule is None:
+        r.drafter, r.hidden_layer = None, None  # (AR ignores the drafter argument)
+        return r
+    r.drafter = as_drafter(r.drafter, r.verifier, r.drafter_lm)
+    r.drafter.check(r.verifier, r.rule)
+    r.hidden_layer = r.drafter.hidden_layer(r.verifier,
+                                            None if r.pivot_fn is None else getattr(r.pivot_fn, "hidden_layer", -1))
+    return r
 
 
 def check_draft_confidence(value) -> float | None:
@@ -121,17 +137,3 @@ def _sequence_seeds(seed, batch_size: int) -> list[int]:
             raise ValueError(f"seed: got {len(seed)} per-prompt seeds for {batch_size} prompts")
         return [int(s) for s in seed]
     raise ValueError(f"seed must be an integer or a list of one integer per prompt, got {seed!r}")
-
-
-def _hidden_layer(verifier: CausalLM, drafter: Drafter | None, pivot_fn) -> int | tuple[int, ...] | None:
-    """The verifier layer(s) whose hidden states a round needs: a hidden-state drafter's `hidden_layers`,
-    the pivot classifier's layer for PAD, or None."""
-    pivot_layer = None if pivot_fn is None else getattr(pivot_fn, "hidden_layer", -1)
-    if drafter is None or not drafter.needs_hidden:
-        return pivot_layer
-    layers = drafter.hidden_layers
-    if pivot_layer is not None and hidden_blocks(pivot_layer, verifier.num_layers) != hidden_blocks(
-            layers, verifier.num_layers):
-        raise ValueError(f"a {drafter.kind} drafter reads the verifier's hidden states of blocks {list(layers)}; "
-                         f"a pivot classifier on layer {pivot_layer} cannot run with it")
-    return layers

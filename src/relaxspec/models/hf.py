@@ -26,7 +26,7 @@ import torch
 from relaxspec.models.device import inference, resolve_device, resolve_format
 from relaxspec.models.family import builtin_path, is_builtin, is_mtp
 from relaxspec.models.gguf import NATIVE_PACKAGES, check_gguf_packages, is_gguf, split_gguf
-from relaxspec.models.prompts import vocab_key
+from relaxspec.models.prompts import check_context, encode_prompts, vocab_key
 from relaxspec.models.quant import check_format, convert_linears, gguf_format
 
 BACKENDS = ("auto", "fast", "transformers")
@@ -293,6 +293,27 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
     FastLlama.release_weights(model)  # one resident copy: FastLlama's, in the format (CausalLM.state_dict reads it)
     _return_freed_memory()
     return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=fast, weight_format=weight_format)
+
+
+def load_beside(name_or_path: str | os.PathLike, verifier: CausalLM) -> CausalLM:
+    """A model that runs beside `verifier` (a drafter's LM): on its device, in its weight format, compiled if it is."""
+    return load_model(name_or_path, device=verifier.device, dtype=verifier.weight_format, compile=verifier.compiled)
+
+
+def load_inputs(verifier: CausalLM | str | os.PathLike, prompts, max_new_tokens: int, *, chat_template: str = "auto",
+                system: str | None = None, drafter_lm: CausalLM | str | os.PathLike | None = None,
+                ) -> tuple[CausalLM, CausalLM | None, list[list[int]]]:
+    """A generate call's models and prompts, in one call: the verifier (loaded when given by name or path, as
+    `load_model` does with its defaults), the drafter's own LM (`drafter_lm`: a CausalLM, the name or path of one,
+    loaded beside the verifier, or None: a drafter without one) and the prompts' token ids (`encode_prompts`), each
+    checked to fit with `max_new_tokens` in the context of both (`check_context`). Returns (verifier, drafter_lm,
+    token ids)."""
+    if isinstance(verifier, (str, os.PathLike)):
+        verifier = load_model(verifier)
+    if isinstance(drafter_lm, (str, os.PathLike)):
+        drafter_lm = load_beside(drafter_lm, verifier)
+    encoded = encode_prompts(verifier.tokenizer, prompts, chat_template=chat_template, system=system)
+    return verifier, drafter_lm, check_context(encoded, max_new_tokens, verifier, drafter_lm)
 
 
 def _return_freed_memory() -> None:
