@@ -271,7 +271,10 @@ def check_layout(lib: ctypes.CDLL, header: Path) -> None:
         fields = [(field, getattr(struct, field)) for field, _ in struct._fields_]
         read = [ctypes.sizeof(struct)] + [n for _, f in fields for n in (f.offset, f.size)]
         try:
-            compiled = list((ctypes.c_int64 * len(read)).in_dll(lib, f"relaxspec_layout_{name}"))
+            # read through a pointer: an array type per table would be new ctypes types (and their reference cycles)
+            # at each library's first open
+            table = ctypes.addressof(ctypes.c_int64.in_dll(lib, f"relaxspec_layout_{name}"))
+            compiled = ctypes.cast(table, ctypes.POINTER(ctypes.c_int64))[:len(read)]
         except ValueError as error:
             raise BuildError(f"{header.name}: struct {name}: the library has no layout table ({error})") from error
         if compiled == read:
