@@ -2,10 +2,10 @@
 the README's test command is CI's, and the docs, code and tests speak of the project only as it is.
 
 Runnable blocks (docs/design.md, "Documentation"): fences marked `bash` or `python`; a block preceded by
-`<!-- not run: REASON -->` is listed apart. Each page's blocks run in order in one real subprocess (a driver
-script), in a scratch directory: a `relaxspec ...` command through `relaxspec.cli.main` in that process (one
-import of torch per page instead of one per command), any other command through `bash -c`, a Python block by
-`exec` in a fresh namespace. Before running, `TINY` makes each command small (arguments appended: argparse keeps
+`<!-- not run: REASON -->` is listed apart. Each page's blocks run in order in one process of its own (a driver
+script, forked from one that imported torch and transformers once: tests/forked.py), in a scratch directory: a
+`relaxspec ...` command through `relaxspec.cli.main` in that process (one import of torch for all the pages instead
+of one per command), any other command through `bash -c`, a Python block by `exec` in a fresh namespace. Before running, `TINY` makes each command small (arguments appended: argparse keeps
 the last value) and Python blocks get `max_new_tokens=4` and tune's small search; a flag or name the code no longer
 has still fails.
 """
@@ -16,11 +16,12 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from forked import Forker
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "relaxspec"
@@ -153,19 +154,25 @@ def runnable(page: Path) -> list[dict]:
             if b["lang"] in ("bash", "python") and b["not_run"] is None]
 
 
+@pytest.fixture(scope="module")
+def forker():
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+           "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
+    with Forker(["torch", "transformers", "transformers.models.llama.modeling_llama", "relaxspec.cli",
+                 "relaxspec.engine", "relaxspec.models.hf"], env=env) as server:
+        yield server
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)], ids=lambda p: p.name)
-def test_every_runnable_block_of_the_page_runs(page, tmp_path):
+def test_every_runnable_block_of_the_page_runs(page, tmp_path, forker):
     steps = [s for b in runnable(page) for s in steps_of(b)]
     (tmp_path / "steps.json").write_text(json.dumps(steps))
     (tmp_path / "driver.py").write_text(DRIVER)
     work = tmp_path / "work"
     work.mkdir()
-    bindir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
-           "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
-    out = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "steps.json")], cwd=work,
-                         env=env, capture_output=True, text=True, timeout=600)
+    out = forker.run([tmp_path / "driver.py", tmp_path / "steps.json"], cwd=work, timeout=600)
     last_step = out.stdout[out.stdout.rfind("=== "):]  # the failing step's command and its output
     assert out.returncode == 0, f"{page.name}:\n{last_step[-4000:]}\n{out.stderr[-4000:]}"
 
