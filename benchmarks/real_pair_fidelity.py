@@ -183,7 +183,8 @@ def write_csv(path: Path, result: dict) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a GGUF model (llama.cpp runs the same file)")
-    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=(*FORMATS, "file"),
+                    help="weight formats (file: the GGUF file's own types, not run by default)")
     ap.add_argument("--prompts", type=int, default=20, help=f"held-out chat prompts (at most {len(chat.HELDOUT)})")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)

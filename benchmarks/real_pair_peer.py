@@ -306,7 +306,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--verifier", default="qwen2.5-coder-1.5b", help="a GGUF model (llama.cpp runs the same file)")
     ap.add_argument("--drafter", default="qwen2.5-coder-0.5b", help="an LM drafter (a GGUF file for llama.cpp's loop)")
-    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=(*FORMATS, "file"),
+                    help="weight formats (file: the GGUF file's own types, not run by default)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--draft-lengths", type=_draft_length, nargs="+", default=[2, 3, 5, AUTO])
     ap.add_argument("--code-prompts", type=int, default=10, help="HumanEval problems (instruct prompt)")

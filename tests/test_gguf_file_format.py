@@ -288,7 +288,8 @@ def test_the_benchmark_script_runs_on_a_small_file(typed_file):
     """benchmarks/file_format.py (left out of test_benchmarks_run: it needs a qwen2 GGUF file) on the small one."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "benchmarks/file_format.py", "--models", str(typed_file), "--prompts", "2",
-                           "--max-new-tokens", "6", "--threads", "1", "--closeness", "float32"], cwd=root,
+                           "--max-new-tokens", "6", "--threads", "1", "--closeness", "float32",
+                           "--repeats", "2"], cwd=root,
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith(f"| {typed_file} |")]
