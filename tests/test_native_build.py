@@ -17,14 +17,15 @@ import pytest
 
 from relaxspec import native
 from relaxspec.acceptance import RULES, fused
-from relaxspec.models import f32_kernels, int4_block
+from relaxspec.models import f32_kernels, gguf_block, int4_block
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "relaxspec"
 
 
 def kernels() -> dict[str, native.Kernel]:
-    """Every kernel of the package: the sampler's, each rule's with its math in C, FastLlama's and int4's."""
-    found = [fused.KERNEL, f32_kernels.KERNEL, int4_block.KERNEL]
+    """Every kernel of the package: the sampler's, each rule's with its math in C, FastLlama's, int4's and the GGUF
+    block kernel's."""
+    found = [fused.KERNEL, f32_kernels.KERNEL, int4_block.KERNEL, gguf_block.KERNEL]
     found += [fused.rule_kernel(rule.name, rule.native_test, rule.native_residual, rule.native_bonus)
               for rule in RULES.values() if rule.native_test is not None]
     return {k.name: k for k in found}
@@ -77,7 +78,7 @@ def test_without_a_compiler_the_torch_paths_serve(tmp_path):
             "with warnings.catch_warnings(record=True) as caught:\n"
             "    warnings.simplefilter('always')\n"
             "    from relaxspec.acceptance import fused, verify\n"
-            "    from relaxspec.models import f32_kernels, int4_block\n"
+            "    from relaxspec.models import f32_kernels, gguf_block, int4_block\n"
             "    from relaxspec.models.quant import Linear\n"
             "    libs = [fused.library(), fused.rule_library('typical', 'typical.c', False, False),\n"
             "            f32_kernels.library(), int4_block.kernel()]\n"
