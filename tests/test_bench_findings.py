@@ -14,7 +14,7 @@ import pytest
 from relaxspec.acceptance import RULES
 from relaxspec.bench.commands import config_from_args, register
 from relaxspec.bench.config import BenchConfig, estimate_minutes, needs_classifier
-from relaxspec.bench import FINDINGS_MAX_DROP
+from relaxspec.study.findings import DEFAULT_MAX_DROP as FINDINGS_MAX_DROP
 from relaxspec.study.findings import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, check_findings, format_findings
 from relaxspec.bench.report import build_rows
 from relaxspec.bench.runner import plan, run_grid

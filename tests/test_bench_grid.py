@@ -63,9 +63,10 @@ def test_rule_needs_come_from_the_rules_declarations():
 
 def test_repeats_double_per_look_and_settings_are_checked():
     from relaxspec.bench.sampling import samples_at
-    assert [len(samples_at(80, 2, k, 10_000)) for k in (1, 2, 3)] == [160, 320, 640]
+    assert [len(samples_at(80, 2, k, 10_000, 240)) for k in (1, 2, 3)] == [160, 320, 640]
     for bad, match in [(dict(looks=0), "looks"), (dict(workers=0), "workers"), (dict(max_drop=1.5), "max drop"),
-                       (dict(time_budget_s=0), "time budget"), (dict(speed_prompts=-1), "speed prompts")]:
+                       (dict(time_budget_s=0), "time budget"), (dict(speed_prompts=-1), "speed prompts"),
+                       (dict(heldout_band=-1), "held-out band")]:
         with pytest.raises(ValueError, match=match):
             BenchConfig(**bad).validate()
 

@@ -139,26 +139,32 @@ def test_later_looks_pair_each_relaxed_cell_with_its_own_drafters_strict(tmp_pat
 
 
 def test_independent_prompts_first_then_repeats_when_the_pool_runs_out():
-    from relaxspec.bench.sampling import HELDOUT_BAND, look_design, looks_done, new_samples, samples_at
-    band = range(80, 80 + HELDOUT_BAND)
+    from relaxspec.bench.sampling import look_design, looks_done, new_samples, samples_at
+    held = BenchConfig().heldout_band  # tune's default held-out band (240)
+    band = range(80, 80 + held)
     big = 10_000
     for look, prompts in ((1, 80), (2, 160), (3, 320), (4, 640)):  # a synthetic task: new prompts, one repeat
-        ids, reps = look_design(80, 1, look, big)
+        ids, reps = look_design(80, 1, look, big, held)
         assert len(ids) == prompts and reps == 1 and not set(ids) & set(band) and len(set(ids)) == prompts
     # AIME's 30: repeats double instead
-    assert [look_design(30, 1, look, 30) for look in (1, 2, 3)] == [(list(range(30)), 1), (list(range(30)), 2),
-                                                                   (list(range(30)), 4)]
-    # a band given by the caller: look 2's new prompts start after it
-    assert look_design(80, 1, 2, big, band=10)[0] == [*range(80), *range(90, 170)]
+    assert [look_design(30, 1, look, 30, held) for look in (1, 2, 3)] == [(list(range(30)), 1), (list(range(30)), 2),
+                                                                         (list(range(30)), 4)]
+    # a band given by the caller: look 2's new prompts start after it; another band than the default enters the key
+    assert look_design(80, 1, 2, big, 10)[0] == [*range(80), *range(90, 170)]
+    from relaxspec.bench.cell import cell_config
+    versions = {"verifier": "v", "code": "c"}
+    spec = CellSpec("verifier", "drafter-weak", "arithmetic", "strict", {}, 3, 0)
+    plain = cell_config(spec, BenchConfig(), versions)
+    assert cell_config(spec, BenchConfig(heldout_band=10), versions) == {**plain, "heldout_band": 10}
     # a pool that runs out part-way (80 + 240 held out + 100 spare): new prompts first, then repeats
-    ids, reps = look_design(80, 1, 3, 420)
+    ids, reps = look_design(80, 1, 3, 420, held)
     assert len(ids) == 180 and reps == 2  # 360 >= the 320 samples of look 3
     for pool in (30, 420, big):  # looks are nested, and resume where the store stopped
         for look in (1, 2, 3):
-            before, after = set(samples_at(80, 1, look, pool)), set(samples_at(80, 1, look + 1, pool))
-            assert before < after and set(new_samples(80, 1, look, look + 1, pool)) == after - before
-        stored = samples_at(80, 1, 2, pool)
-        assert looks_done(stored, lambda n, p=pool: samples_at(80, 1, n, p), 4) == 2
+            before, after = set(samples_at(80, 1, look, pool, held)), set(samples_at(80, 1, look + 1, pool, held))
+            assert before < after and set(new_samples(80, 1, look, look + 1, pool, held)) == after - before
+        stored = samples_at(80, 1, 2, pool, held)
+        assert looks_done(stored, lambda n, p=pool: samples_at(80, 1, n, p, held), 4) == 2
 
 
 def test_samples_stored_under_another_plan_are_not_mixed_in(tmp_path):

@@ -27,6 +27,12 @@ def test_prompt_bands():
         prompt_bands(1, None, None)
 
 
+def test_the_default_held_out_band_is_the_one_bench_looks_skip():
+    from relaxspec.bench import BenchConfig
+    from relaxspec.tune.run import DEFAULT_HELDOUT_PROMPTS
+    assert BenchConfig().heldout_band == DEFAULT_HELDOUT_PROMPTS == prompt_bands(None, None, None)[1]
+
+
 def test_tune_on_a_small_task_splits_it(tmp_path):
     """8 prompts, no band given: 4 searched, the other 4 confirm; the held-out rows are exactly those prompts."""
     import torch

@@ -8,8 +8,7 @@ The public API (`__all__`), which the layers above (tune, study) use and nothing
 * executors: `Executor` (local, process pool and Ray, one interface), `make_executor`, `ExecutorOptions`,
   `Finished`, and the CLI flags that set them;
 * the grid: `plan`, `run_grid`, `RunSummary`, `store_result` (a result's rows and metrics into the `Store`);
-* settings: `BenchConfig`, the method grammar, the rules' declared costs, checks of shared settings, `HELDOUT_BAND`
-  (the prompts later looks skip: tune's default held-out band), `FINDINGS_MAX_DROP` (the paper preset's budget);
+* settings: `BenchConfig`, the method grammar, the rules' declared costs, checks of shared settings;
 * the long-running commands' shared options and stop (`csv_list`, `check_threads`, `on_sigterm`,
   `interrupted`, `Terminated`);
 * statistics and speed models: `Interval` and the interval functions, `compare` / `decision` and their states,
@@ -26,11 +25,10 @@ from relaxspec.bench.config import (BenchConfig, check_draft_confidence_setting,
 from relaxspec.bench.executors import (Executor, ExecutorOptions, Finished, add_executor_arguments, executor_options,
                                        make_executor)
 from relaxspec.bench.metrics import BEYOND, NO_STRICT, WITHIN, compare, decision
-from relaxspec.bench.names import AR, AUTO, FINDINGS_MAX_DROP, STRICT, draft_length_order, method_label
+from relaxspec.bench.names import AR, AUTO, STRICT, draft_length_order, method_label
 from relaxspec.bench.phase import check_phase_setting, phase_for
 from relaxspec.bench.report import build_rows, with_decisions
 from relaxspec.bench.runner import RunSummary, plan, run_grid, store_result
-from relaxspec.bench.sampling import HELDOUT_BAND
 from relaxspec.bench.speedup import C_REL_GRID, round_cost, rounds
 from relaxspec.bench.stats import Interval, cluster_of, paired_diff_interval, ratio, ratio_interval
 from relaxspec.bench.store import Row, Store, cell_key
@@ -50,7 +48,7 @@ __all__ = [
     "BenchConfig", "parse_method", "load_toml", "needs_classifier", "classifier_cost", "extra_draft_passes",
     "check_settings_types", "check_out_dir", "check_draft_confidence_setting", "check_phase_setting", "phase_for",
     "check_sampling_setting",
-    "AR", "AUTO", "STRICT", "method_label", "draft_length_order", "HELDOUT_BAND", "FINDINGS_MAX_DROP",
+    "AR", "AUTO", "STRICT", "method_label", "draft_length_order",
     # statistics, speed models, report rows
     "Interval", "paired_diff_interval", "ratio", "ratio_interval", "cluster_of", "compare", "decision",
     "WITHIN", "BEYOND", "NO_STRICT", "rounds", "round_cost", "C_REL_GRID", "build_rows", "with_decisions",

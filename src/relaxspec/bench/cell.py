@@ -86,6 +86,8 @@ def cell_config(spec: CellSpec, config: BenchConfig, versions: dict) -> dict:
         "max_new_tokens": config.max_new_tokens, "batch_size": config.batch_size,
         "device": config.device, "dtype": config.dtype, "chat_template": config.chat_template,
         "system": config.system, **({"compile": True} if config.compile else {}),  # absent when off: old keys hold
+        # likewise the held-out band later looks skip, absent at its default
+        **({"heldout_band": config.heldout_band} if config.heldout_band != BenchConfig.heldout_band else {}),
         # likewise (AR's too, though it drafts nothing: the report groups cells by it, AR with the others)
         **({"draft_confidence": config.draft_confidence} if config.draft_confidence is not None else {}),
         "pad_classifier": versions.get("pad_classifier") if needs_classifier(spec.method) else None,
@@ -244,14 +246,14 @@ class CellRunner:
     def task(self, name: str):
         from relaxspec.tasks import get_task
         if name not in self.tasks:  # every prompt a later look may add (bench.sampling)
-            limit = self.config.limit and prompts_needed(self.config.limit, self.config.looks)
+            limit = self.config.limit and prompts_needed(self.config.limit, self.config.looks, self.config.heldout_band)
             self.tasks[name] = get_task(name, limit=limit)
         return self.tasks[name]
 
     def samples_at(self, name: str, look: int) -> list[tuple[int, int]]:
         """A cell's samples of task `name` after look `look` (bench.sampling)."""
         pool = len(self.task(name).examples)
-        return samples_at(self.config.limit or pool, self.config.repeats, look, pool)
+        return samples_at(self.config.limit or pool, self.config.repeats, look, pool, self.config.heldout_band)
 
     def run(self, request: CellRequest) -> CellResult:
         """The request's samples, generated and scored (an error raises). Its batch-1 timing is not measured
@@ -265,7 +267,8 @@ class CellRunner:
             start, wall0 = time.time(), time.perf_counter()
             pool = len(task.examples)
             samples = request.samples if request.samples is not None else \
-                new_samples(self.config.limit or pool, self.config.repeats, request.done, request.target, pool)
+                new_samples(self.config.limit or pool, self.config.repeats, request.done, request.target, pool,
+                            self.config.heldout_band)
             rows, parts = run_samples(spec, task, samples, verifier, drafter, self.config, pivot_fn,
                                       request.batch_size)
             sample_wall = time.perf_counter() - wall0

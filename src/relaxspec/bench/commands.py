@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from relaxspec.engine.commands import draft_length_arg
+from relaxspec.study.findings import DEFAULT_MAX_DROP as FINDINGS_MAX_DROP
 from relaxspec.bench.cli_args import check_threads, csv_list, interrupted, on_sigterm
 from relaxspec.bench.executors import add_executor_arguments, executor_options, print_failed
-from relaxspec.bench.names import FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
                                     DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, RUN_PRESETS, SAMPLING_PRESETS, BenchConfig,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from relaxspec.acceptance.random import check_seed
-from relaxspec.bench.names import AR, AUTO, FINDINGS_MAX_DROP
+from relaxspec.bench.names import AR, AUTO
 
 DEFAULT_OUT = "relaxspec-results"
 DEFAULT_PAD_THRESHOLDS = (0.3, 0.5, 0.7)
@@ -43,7 +43,8 @@ SAMPLING_PRESETS = {"paper": {"temperature": 0.6, "top_k": 20, "top_p": 0.95}}  
 RUN_PRESETS = {
     "paper": {"drafters": ["drafter-mtp", "drafter-strong", "drafter-weak"], "tasks": ["arithmetic", "sorting"],
               "draft_lengths": [3, 5, 10], "methods": None, "sampling": "paper", "limit": 80, "repeats": 1,
-              "looks": 2, "speed_prompts": 0, "time_budget_s": 3600.0, "max_drop": FINDINGS_MAX_DROP},
+              "looks": 2, "speed_prompts": 0, "time_budget_s": 3600.0,
+              "max_drop": 0.1},  # the budget the findings are checked at (study.findings.DEFAULT_MAX_DROP)
 }
 # Measured on this project's 2-core machine with the built-in family (the default bench: 6.1 min for 63 cells on
 # 2026-12-03, 5.5 min for 75 cells on 2026-12-06, the lean loop, AVX-512 VNNI): one sample of a batched cell
@@ -72,6 +73,9 @@ class BenchConfig:
     limit: int | None = DEFAULT_LIMIT  # prompts per task
     repeats: int = DEFAULT_REPEATS  # samples per prompt (more only when a later look runs out of prompts)
     looks: int = DEFAULT_LOOKS  # maximum number of looks (each later one doubles the samples of undecided cells)
+    # prompts later looks skip after the first look's (bench.sampling): the band `relaxspec tune` holds out for its
+    # confirmation by default (its --heldout-prompts) when its search cells are these cells
+    heldout_band: int = 240
     max_drop: float = DEFAULT_MAX_DROP  # utility drop vs strict allowed ('best rule' and the decisions)
     time_budget_s: float = DEFAULT_TIME_BUDGET_S  # later looks start only while they fit in this wall time
     speed_prompts: int = DEFAULT_SPEED_PROMPTS  # prompts timed one at a time (batch 1) per speculative cell
@@ -112,6 +116,8 @@ class BenchConfig:
         check_draft_confidence_setting(self.draft_confidence, "bench")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
             raise ValueError(f"bench: limit must be a positive integer, got {self.limit!r}")
+        if isinstance(self.heldout_band, bool) or not isinstance(self.heldout_band, int) or self.heldout_band < 0:
+            raise ValueError(f"bench: held-out band must be an integer >= 0, got {self.heldout_band!r}")
         for name in ("repeats", "looks", "batch_size", "workers"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -208,7 +208,7 @@ def _look_jobs(look: int, keyed: list, strict_key: dict, store: Store, config: B
     their N, as long as their estimated cost (seconds per sample so far, spread over the `parallel` workers
     that run cells at once: config.workers when None) fits in the time budget; a relaxed cell only with its
     strict reference."""
-    plan = plan or (lambda task, n: samples_at(config.limit, config.repeats, n, math.inf))
+    plan = plan or (lambda task, n: samples_at(config.limit, config.repeats, n, math.inf, config.heldout_band))
     done = _looks_stored(keyed, store, plan, look)
     target = look
     for c, k in keyed:  # samples stored under another plan (e.g. --repeats changed): not mixed in

@@ -1,10 +1,9 @@
 """Which samples (prompt, repeat) a bench cell holds after each look: independent prompts first.
 
 Look 1: the task's first `limit` prompts x `repeats` repeats. Each later look doubles a cell's samples with new
-prompts (each at `repeats` repeats), drawn after a band of `band` prompts, [limit, limit + band) (default
-HELDOUT_BAND: the band `relaxspec tune` holds out for its confirmation by default when its search cells are these
-cells, --search-prompts = limit). When the
-task has no more prompts (a benchmark's pool, e.g. AIME's 30), the rest of the growth comes as more repeats of
+prompts (each at `repeats` repeats), drawn after a band of `band` prompts, [limit, limit + band) (the bench's
+setting `heldout_band`: the band `relaxspec tune` holds out for its confirmation by default when its search cells
+are these cells, --search-prompts = limit). When the task has no more prompts (a benchmark's pool, e.g. AIME's 30), the rest of the growth comes as more repeats of
 the prompts it has: samples of one prompt are then clustered, which the intervals account for (bench.stats).
 Every look's samples contain the previous look's, so a cell grows by looks and a re-run continues it.
 """
@@ -13,15 +12,13 @@ from __future__ import annotations
 
 import math
 
-HELDOUT_BAND = 240  # prompts later looks skip after the first look's: tune's default held-out prompts
 
-
-def prompts_needed(limit: int, looks: int, band: int = HELDOUT_BAND) -> int:
+def prompts_needed(limit: int, looks: int, band: int) -> int:
     """How many of the task's examples a bench with `looks` looks may read (the held-out band included)."""
     return limit + band + limit * (2 ** (looks - 1) - 1)
 
 
-def look_design(limit: int, repeats: int, look: int, pool: int, band: int = HELDOUT_BAND) -> tuple[list[int], int]:
+def look_design(limit: int, repeats: int, look: int, pool: int, band: int) -> tuple[list[int], int]:
     """(example indices, repeats per prompt) of a cell after look `look` (1-based) when the task has `pool`
     examples (see the module doc)."""
     first = min(limit, pool)
@@ -32,7 +29,7 @@ def look_design(limit: int, repeats: int, look: int, pool: int, band: int = HELD
     return prompts, repeats * math.ceil(target / (len(prompts) * repeats))
 
 
-def samples_at(limit: int, repeats: int, look: int, pool: int, band: int = HELDOUT_BAND) -> list[tuple[int, int]]:
+def samples_at(limit: int, repeats: int, look: int, pool: int, band: int) -> list[tuple[int, int]]:
     """The cell's (example index, repeat) samples after look `look` (look 0: none), repeat-major."""
     if look < 1:
         return []
@@ -40,7 +37,7 @@ def samples_at(limit: int, repeats: int, look: int, pool: int, band: int = HELDO
     return [(i, r) for r in range(reps) for i in prompts]
 
 
-def new_samples(limit: int, repeats: int, done: int, target: int, pool: int, band: int = HELDOUT_BAND) \
+def new_samples(limit: int, repeats: int, done: int, target: int, pool: int, band: int) \
         -> list[tuple[int, int]]:
     """Samples look `target` adds to a cell that holds those of look `done`."""
     have = set(samples_at(limit, repeats, done, pool, band))

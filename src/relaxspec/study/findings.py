@@ -42,6 +42,10 @@ from relaxspec.bench import (AR, BEYOND, C_REL_GRID, NO_STRICT, STRICT, WITHIN, 
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
 ALPHA = 0.05  # each verdict's error rate (see the module doc)
+# The budget the findings are checked at unless another is given (`relaxspec report --findings`; the paper preset's
+# later looks decide cells at it too). A run of ~80 paired samples cannot show a drop <= 0.03 even when every output
+# equals strict's (Tango's interval at b = c = 0 is +-z^2/(n+z^2) = +-0.046 at n = 80, 95%).
+DEFAULT_MAX_DROP = 0.1
 SHARE_LOSES = 0.5  # (2) "loses utility": at least this share of the group's cells beyond the budget
 SHARE_CLOSE = 0.25  # (2) "stays close": at most this share beyond the budget
 SHARE_LONGER = 0.25  # (4) at least this share of the weak drafter's relaxed cells significantly longer
@@ -625,7 +629,7 @@ def finding_phase(store, rows: list[dict], looks: int, max_drop: float) -> Findi
 def check_findings(store, rows: list[dict], max_drop: float, c_rel: float | None = None) -> list[Finding]:
     """Every finding's verdict on the report rows of one settings group (report.build_rows), each at its own
     simultaneous confidence (see the module doc), against the budget `max_drop` (its caller's: `relaxspec report
-    --findings` passes the paper preset's, FINDINGS_MAX_DROP, unless --max-drop is given)."""
+    --findings` passes DEFAULT_MAX_DROP, the paper preset's, unless --max-drop is given)."""
     column = speed_column(c_rel)
     with_decisions(rows, max_drop)
     roles = drafter_roles(rows)
@@ -665,5 +669,5 @@ def format_findings(findings: list[Finding], rows: list[dict], max_drop: float, 
     return "\n".join(out).rstrip()
 
 
-__all__ = ["Finding", "check_findings", "format_findings", "drafter_roles", "speed_column", "CONFIRMED", "NOT_CONFIRMED",
+__all__ = ["DEFAULT_MAX_DROP", "Finding", "check_findings", "format_findings", "drafter_roles", "speed_column", "CONFIRMED", "NOT_CONFIRMED",
            "INCONCLUSIVE"]

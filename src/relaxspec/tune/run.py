@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from relaxspec.acceptance.random import check_seed
-from relaxspec.bench import (AR, HELDOUT_BAND, BenchConfig, Interval, check_draft_confidence_setting, check_out_dir,
+from relaxspec.bench import (AR, BenchConfig, Interval, check_draft_confidence_setting, check_out_dir,
                              check_phase_setting, check_sampling_setting, check_settings_types, extra_draft_passes,
                              make_executor, paired_diff_interval)
 from relaxspec.tune.cells import Cells
@@ -32,7 +32,7 @@ DEFAULT_OUT = "relaxspec-tune"
 DEFAULT_MAX_DROP = 0.02
 DEFAULT_BUDGET_MINUTES = 11.0
 DEFAULT_SEARCH_PROMPTS = 240  # the last rung's 240 samples on distinct prompts (repeats are clustered: worth less)
-DEFAULT_HELDOUT_PROMPTS = HELDOUT_BAND  # 240, which a bench's later looks never draw
+DEFAULT_HELDOUT_PROMPTS = 240  # which a bench's later looks never draw (its setting heldout_band)
 DEFAULT_HELDOUT_REPEATS = 1
 
 
