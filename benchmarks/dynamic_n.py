@@ -18,13 +18,14 @@ the stop) with the best fixed N, the one of lowest ms/token.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
+from harness.options import add, chat_prompts, parser, within_chat
+from harness.output import header
+from harness.timing import interleaved
 from relaxspec.engine import GenerationStats, generate
 from relaxspec.models import load_model
 from relaxspec.drafters import load_drafter
@@ -72,24 +73,21 @@ def measure(pair: str, prompts: int, configs: list[Config], temperatures, max_ne
     runs = [(t, c) for t in temperatures for c in configs]
     for t, c in runs:  # warm-up
         _run(c, verifier, drafter, texts[0], t, max_new_tokens, seed=0)
-    ms = {r: [] for r in runs}
-    stats = {r: [] for r in runs}
-    for i, prompt in enumerate(texts):
-        shift = i % len(runs)
-        for t, c in runs[shift:] + runs[:shift]:
-            start = time.perf_counter()
-            tokens, st = _run(c, verifier, drafter, prompt, t, max_new_tokens, seed=i)
-            ms[(t, c)].append((time.perf_counter() - start) * 1e3 / max(tokens, 1))
-            stats[(t, c)].append(st)
-    return {t: {c: (statistics.median(ms[(t, c)]), GenerationStats.merge(stats[(t, c)])) for c in configs}
-            for t in temperatures}
+
+    def run(key: tuple, i: int):
+        t, c = key
+        return *_run(c, verifier, drafter, texts[i], t, max_new_tokens, seed=i), None
+
+    ms, outs = interleaved(runs, len(texts), run)
+    return {t: {c: (statistics.median(ms[(t, c)]), GenerationStats.merge([st for _, st in outs[(t, c)]]))
+                for c in configs} for t in temperatures}
 
 
 def table(result: dict) -> list[str]:
     lines = []
     for t, by_config in result.items():
         ar_ms = by_config[Config("ar", 0)][0]
-        lines += [f"T = {t:g}", "| configuration | ms/token | x AR | tau | drafts/round |", "|---|---|---|---|---|"]
+        lines += [f"T = {t:g}", *header("configuration", "ms/token", "x AR", "tau", "drafts/round")]
         for c, (ms, st) in by_config.items():
             spec = c.method != "ar"
             per_round = st.drafts_proposed / st.sequence_rounds if spec and st.sequence_rounds else None
@@ -107,18 +105,16 @@ def table(result: dict) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=list(PAIRS))
-    ap.add_argument("--prompts", type=int, default=8,
-                    help=f"prompts per pair (at most {len(chat.HELDOUT)} for smollm2)")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    chat_prompts(ap, 8, help=f"prompts per pair (at most {len(chat.HELDOUT)} for smollm2)")
+    add(ap, max_new_tokens=48)
     ap.add_argument("--draft-lengths", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8])
     ap.add_argument("--confidences", type=float, nargs="*", default=[0.4], help="draft_confidence values with auto")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
-    ap.add_argument("--threads", type=int, default=1)
+    add(ap, threads=1)
     args = ap.parse_args()
-    if not 1 <= args.prompts <= len(chat.HELDOUT):
-        ap.error(f"--prompts must be between 1 and {len(chat.HELDOUT)}")
+    within_chat(ap, args.prompts)
     torch.set_num_threads(args.threads)
     configs = configurations(args.draft_lengths, args.confidences)
     for pair in args.pairs:

@@ -16,12 +16,14 @@ rounded; converted in memory, not cached): KL(F || format) and top-1 agreement o
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from harness.options import add, chat_prompts, parser, within_chat
+from harness.output import first_difference, header, row
+from harness.timing import interleaved
 from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.models.prompts import encode_prompts
@@ -37,9 +39,7 @@ def greedy(lm, prompt: str, max_new_tokens: int) -> tuple[list[int], float]:
 
 def agreement(reference: list[int], ours: list[int]) -> tuple[float, int | None]:
     """(tokens before the first difference over the reference's count, that position or None)."""
-    first = next((i for i, (a, b) in enumerate(zip(reference, ours)) if a != b), None)
-    if first is None and len(reference) != len(ours):
-        first = min(len(reference), len(ours))
+    first = first_difference(reference, ours)
     return (1.0 if first is None else first / max(len(reference), 1)), first
 
 
@@ -70,17 +70,13 @@ def measure(model: str, formats: list[str], prompts: list[str], max_new_tokens: 
         print(f"{model} {fmt}: loaded in {time.perf_counter() - start:.1f} s, "
               f"{lms[fmt].fast.weight_bytes() / 1e9:.2f} GB of weights", flush=True)
         greedy(lms[fmt], prompts[0], 4)  # (warm-up)
-    times, tokens = {f: [] for f in formats}, {f: [] for f in formats}
-    for i, prompt in enumerate(prompts):
-        best = {}
-        for r in range(repeats):
-            for fmt in formats[(i + r) % len(formats):] + formats[:(i + r) % len(formats)]:
-                ids, seconds = greedy(lms[fmt], prompt, max_new_tokens)
-                best[fmt] = min(best.get(fmt, float("inf")), 1e3 * seconds / max(len(ids), 1))
-                if r == 0:
-                    tokens[fmt].append(ids)
-        for fmt in formats:
-            times[fmt].append(best[fmt])
+
+    def run(fmt: str, i: int):
+        ids, seconds = greedy(lms[fmt], prompts[i], max_new_tokens)
+        return ids, None, seconds
+
+    times, outs = interleaved(formats, len(prompts), run, repeats=repeats)
+    tokens = {f: [ids for ids, _ in out] for f, out in outs.items()}
     close = {f: [] for f in formats}
     if closeness:
         reference = load_model(model, device="cpu", dtype=closeness, weight_cache=False)
@@ -93,39 +89,35 @@ def measure(model: str, formats: list[str], prompts: list[str], max_new_tokens: 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"],
                     help="GGUF models read natively (qwen2): registry names or files")
     ap.add_argument("--formats", nargs="+", default=["int4", "file"], help="the first is the reference")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompts", type=int, default=3, help=f"held-out chat prompts (at most {len(chat.HELDOUT)})")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=1, help="rounds per prompt (each prompt's fastest call kept)")
+    add(ap, threads=2)
+    chat_prompts(ap, 3)
+    add(ap, max_new_tokens=64, repeats=(1, "rounds per prompt (each prompt's fastest call kept)"))
     ap.add_argument("--closeness", default=None, metavar="FORMAT",
                     help="also teacher-force each format against the model in FORMAT (e.g. float32)")
     args = ap.parse_args()
-    if not 1 <= args.prompts <= len(chat.HELDOUT):
-        ap.error(f"--prompts must be between 1 and {len(chat.HELDOUT)}")
+    within_chat(ap, args.prompts)
     torch.set_num_threads(args.threads)
     reference = args.formats[0]
     print(f"{args.prompts} held-out chat prompts, {args.max_new_tokens} new tokens, greedy AR, batch 1, "
           f"{args.threads} threads, the fastest of {args.repeats} interleaved rounds per prompt")
-    close = f" KL({args.closeness} || format) | top-1 with {args.closeness} |" if args.closeness else ""
-    print(f"| model | weights | ms/token (median) | per prompt | greedy agreement with {reference} | first divergence "
-          f"|{close}")
-    print("|---|---|---|---|---|---|" + ("---|---|" if args.closeness else ""))
+    close = [f"KL({args.closeness} || format)", f"top-1 with {args.closeness}"] if args.closeness else []
+    print("\n".join(header("model", "weights", "ms/token (median)", "per prompt", f"greedy agreement with {reference}",
+                           "first divergence", *close)))
     for model in args.models:
         result = measure(model, args.formats, list(chat.HELDOUT[:args.prompts]), args.max_new_tokens, args.closeness,
                          args.repeats)
         for fmt in args.formats:
             pairs = [agreement(r, o) for r, o in zip(result["tokens"][reference], result["tokens"][fmt])]
-            per = " / ".join(f"{t:.1f}" for t in result["per_prompt_ms"][fmt])
             kl = result["closeness"][fmt]
-            extra = (f" {statistics.fmean(k for k, _ in kl):.2e} | {statistics.fmean(t for _, t in kl):.3f} |"
-                     if kl else "")
-            print(f"| {model} | {fmt} | {result['ms'][fmt]:.1f} | {per} | "
-                  f"{' / '.join(f'{a:.2f}' for a, _ in pairs)} | "
-                  f"{' / '.join('-' if f is None else str(f) for _, f in pairs)} |{extra}", flush=True)
+            extra = [f"{statistics.fmean(k for k, _ in kl):.2e}", f"{statistics.fmean(t for _, t in kl):.3f}"] \
+                if kl else []
+            per = " / ".join(f"{t:.1f}" for t in result["per_prompt_ms"][fmt])
+            print(row(model, fmt, f"{result['ms'][fmt]:.1f}", per, " / ".join(f"{a:.2f}" for a, _ in pairs),
+                      " / ".join("-" if f is None else str(f) for _, f in pairs), *extra), flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from task_baselines import LLAMA, OURS, TASK, divergence, llama_model, read_done  # noqa: E402
+from harness.llamacpp import last_logits, llama  # noqa: E402
+from harness.options import positive  # noqa: E402
+from task_baselines import LLAMA, OURS, TASK, divergence, read_done  # noqa: E402
 
 from relaxspec.models import load_model  # noqa: E402
 from relaxspec.models.prompts import encode_prompts  # noqa: E402
@@ -42,14 +44,6 @@ def decoded_logits(model, prompt: list[int], shared: list[int]) -> torch.Tensor:
     return logits[0, -1].float()
 
 
-def llama_logits(llm, prompt: list[int], shared: list[int]) -> torch.Tensor:
-    llm.reset()
-    llm.eval(prompt)
-    for token in shared:
-        llm.eval([token])
-    return torch.from_numpy(llm.scores[llm.n_tokens - 1].copy()).float()
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, required=True, help="task_baselines.py's JSONL, both systems in it")
@@ -60,8 +54,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--problems", nargs="+", help="only these task ids")
     args = p.parse_args(argv)
-    if args.threads < 1:
-        p.error("--threads must be a positive integer")
+    positive(p, args, "threads")
     if not args.results.is_file():
         p.error(f"--results: no such file: {args.results}")
     torch.set_num_threads(args.threads)
@@ -98,11 +91,10 @@ def main(argv=None) -> int:
         if gguf is None:
             print("llama.cpp: skipped (no GGUF file: --gguf FILE)")
         else:
-            llm = llama_model(str(gguf), args.threads, max(len(ids[i]) + k for i, _, k, _, _ in cases) + 8,
-                              logits_all=True)
+            llm = llama(str(gguf), args.threads, max(len(ids[i]) + k for i, _, k, _, _ in cases) + 8, logits_all=True)
             lean[LLAMA] = []
             for i, _, k, ours, theirs in cases:
-                z = llama_logits(llm, list(ids[i]), ours["token_ids"][:k])
+                z = last_logits(llm, list(ids[i]), ours["token_ids"][:k]).float()
                 lean[LLAMA].append(float(z[ours["token_ids"][k]] - z[theirs["token_ids"][k]]))
             llm.close()  # (now: at interpreter exit its finalizer fails noisily)
     names = list(lean)

@@ -24,15 +24,15 @@ ratios); "modelled" is the block-aware model tau / (c_block + N * c_rel) (bench/
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from dataclasses import dataclass
 
 import torch
 
-from cpu_peer import interleaved
+from harness.options import add, chat_prompts, parser, progress, within_chat
+from harness.output import header, num, row, with_notes
+from harness.timing import interleaved, strict_constants
 from relaxspec.acceptance import get_rule
-from relaxspec.bench.cell import CellSpec, speed_constants
 from relaxspec.bench.speedup import block_aware_speedup
 from relaxspec.engine import GenerationStats, generate
 from relaxspec.models import load_model
@@ -78,8 +78,8 @@ def pair_constants(verifier: CausalLM, drafter, draft_lengths) -> dict:
     measures them (bench.cell.speed_constants): the verifier's one-token step, its blocks and the drafter's
     step (an LM's forward, any other kind per drafted token through its protocol) interleaved round by round,
     each constant the median of the within-round ratio."""
-    cells = [CellSpec(verifier.name, drafter.name, "", "strict", {}, n, 0) for n in draft_lengths]
-    speed = speed_constants({verifier.name: verifier}, cells, drafters={(verifier.name, drafter.name): drafter})
+    speed = strict_constants(verifier.name, verifier, {drafter.name: drafter},
+                             [(drafter.name, n) for n in draft_lengths])
     first = speed[(verifier.name, drafter.name, draft_lengths[0])]
     return {"step_ms": first["latency_verifier_s"] * 1e3, "c_rel": first["c_rel_measured"],
             "c_block": {n + 1: speed[(verifier.name, drafter.name, n)]["c_block_measured"] for n in draft_lengths}}
@@ -147,36 +147,31 @@ def rows(result: dict) -> list[dict]:
     out = []
     for c in result["configs"]:
         base = med[Config(OURS, "ar", "", 0, c.threads, c.temperature)]
-        row = {"config": c, "ms": med[c], "speedup": base / med[c], "tau": None, "c_rel": None, "c_block": None,
-               "modelled": None, "vs_hf": None}
+        r = {"config": c, "ms": med[c], "speedup": base / med[c], "tau": None, "c_rel": None, "c_block": None,
+             "modelled": None, "measured/modelled": None, "vs_hf": None}
         if c.system == OURS and c.method == "strict":
             const = result["constants"][c.threads]
-            row["tau"] = result["stats"][c].mean_acceptance_length
-            row["c_rel"] = 0.0 if c.drafter == NGRAM else const["c_rel"]
-            row["c_block"] = const["c_block"][c.n + 1]
-            row["modelled"] = block_aware_speedup(row["tau"], c.n, row["c_rel"], row["c_block"], extra)
+            r["tau"] = result["stats"][c].mean_acceptance_length
+            r["c_rel"] = 0.0 if c.drafter == NGRAM else const["c_rel"]
+            r["c_block"] = const["c_block"][c.n + 1]
+            r["modelled"] = block_aware_speedup(r["tau"], c.n, r["c_rel"], r["c_block"], extra)
+            r["measured/modelled"] = r["speedup"] / r["modelled"]
             same = Config(HF, "assisted", c.drafter, c.n, c.threads, c.temperature)
             hf = same if same in med else Config(HF, "prompt lookup", NGRAM, c.n, c.threads, c.temperature)
-            row["vs_hf"] = med[hf] / med[c]
-        out.append(row)
+            r["vs_hf"] = med[hf] / med[c]
+        out.append(r)
     return out
-
-
-def _f(x, digits=2) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def table(result: dict) -> str:
     """The markdown table of `rows(result)`, with the pair's constants and what HF could run."""
-    lines = ["| threads | T | system | method | drafter | N | ms/token | x our AR | tau | c_rel | c_block | "
-             "modelled | measured/modelled | x HF (same N) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = header("threads", "T", "system", "method", "drafter", "N", "ms/token", "x our AR", "tau", "c_rel",
+                   "c_block", "modelled", "measured/modelled", "x HF (same N)")
     for r in rows(result):
         c = r["config"]
-        ratio = None if r["modelled"] is None else r["speedup"] / r["modelled"]
-        lines.append(f"| {c.threads} | {c.temperature:g} | {c.system} | {c.method} | {c.drafter or '-'} | "
-                     f"{c.n or '-'} | {r['ms']:.1f} | {r['speedup']:.2f} | {_f(r['tau'])} | {_f(r['c_rel'], 3)} | "
-                     f"{_f(r['c_block'])} | {_f(r['modelled'])} | {_f(ratio)} | {_f(r['vs_hf'])} |")
+        lines.append(row(c.threads, f"{c.temperature:g}", c.system, c.method, c.drafter or "-", c.n or "-",
+                         f"{r['ms']:.1f}", f"{r['speedup']:.2f}", num(r["tau"]), num(r["c_rel"], 3), num(r["c_block"]),
+                         num(r["modelled"]), num(r["measured/modelled"]), num(r["vs_hf"])))
     notes = []
     for th, const in result["constants"].items():
         blocks = ", ".join(f"{b} tokens {v:.2f}" for b, v in const["c_block"].items())
@@ -186,7 +181,7 @@ def table(result: dict) -> str:
                  "assisted generation for a causal LM drafter), else HF prompt lookup.")
     if result["drafter_kind"] not in ("lm", NGRAM):
         notes.append(NO_HF_ASSIST.format(kind=result["drafter_kind"]) + ".")
-    return "\n".join(lines + [""] + [f"- {n}" for n in notes])
+    return with_notes(lines, notes)
 
 
 def load_pair_verifier(name: str) -> CausalLM:
@@ -198,19 +193,17 @@ def load_pair_verifier(name: str) -> CausalLM:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--verifier", default="smollm2", help="any load_model name (default: SmolLM2-135M-Instruct)")
-    ap.add_argument("--drafter", default="smollm2-drafter", help="any load_drafter name")
-    ap.add_argument("--prompts", type=int, default=20, help=f"held-out chat prompts (at most {len(chat.HELDOUT)})")
-    ap.add_argument("--max-new-tokens", type=int, default=32,
-                    help="default 32 (not 128): a full default run then takes ~25 min on a quiet 2-core CPU")
+    ap = parser(__doc__)
+    add(ap, verifier=("smollm2", "any load_model name (default: SmolLM2-135M-Instruct)"),
+        drafter=("smollm2-drafter", "any load_drafter name"))
+    chat_prompts(ap, 20)
+    add(ap, max_new_tokens=(32, "default 32 (not 128): a full default run then takes ~25 min on a quiet 2-core CPU"))
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--draft-lengths", type=int, nargs="+", default=[3, 5, 8])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
-    ap.add_argument("--no-progress", action="store_true")
+    progress(ap)
     args = ap.parse_args()
-    if not 1 <= args.prompts <= len(chat.HELDOUT):
-        ap.error(f"--prompts must be between 1 and {len(chat.HELDOUT)}")
+    within_chat(ap, args.prompts)
     verifier = load_pair_verifier(args.verifier)
     result = measure(verifier, args.drafter, chat.HELDOUT[:args.prompts], threads=args.threads,
                      draft_lengths=args.draft_lengths, temperatures=args.temperatures,

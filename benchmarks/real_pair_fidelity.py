@@ -20,37 +20,36 @@ Medians, means and the divergences are printed; one row per format and prompt go
 
 from __future__ import annotations
 
-import argparse
-import csv
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from cpu_peer import LlamaCpp, Config, LLAMACPP, llama_cpp_available
+from harness import llamacpp
+from harness.llamacpp import LlamaCpp
+from harness.options import add, chat_prompts, csv_file, parser, progress, within_chat
+from harness.output import first_difference, header, write_csv
+from harness.peer import LLAMACPP, Config
 from relaxspec.engine import generate
 from relaxspec.models import load_model
-from relaxspec.models.gguf import is_gguf, split_gguf
+from relaxspec.models.gguf import is_gguf
 from relaxspec.models.prompts import encode_prompts
 from relaxspec.tasks import chat
 
 FORMATS = ("float32", "bfloat16", "int4", "auto")
 REFERENCES = ("llama.cpp", "float32")
 NO_LLAMACPP = ("reference: relaxspec float32 (llama.cpp not run: --reference float32, the model is not a GGUF file, "
-               "or llama-cpp-python is not installed: pip install 'relaxspec[llamacpp]')")
+               f"or llama-cpp-python is not installed: {llamacpp.INSTALL})")
 
 
 class LlamaReference(LlamaCpp):
-    """llama.cpp on the GGUF file: greedy tokens (cpu_peer.LlamaCpp, AR) and per-position logits (logits_all)."""
+    """llama.cpp on the GGUF file: greedy tokens (harness.llamacpp.LlamaCpp, AR) and per-position logits
+    (logits_all)."""
 
     def __init__(self, path: str, context: int, threads: int):
         super().__init__(path, context)
-        import llama_cpp
-
         self.threads = threads
-        self.scorer = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=context,
-                                      logits_all=True, verbose=False)
+        self.scorer = llamacpp.llama(path, threads, context, logits_all=True)
 
     def greedy(self, ids: list[int], max_new_tokens: int) -> list[int]:
         return self.run(Config(LLAMACPP, "gguf", "ar", "", 0, self.threads), ids, max_new_tokens)
@@ -91,9 +90,7 @@ def own_logits(lm, ids: list[int]) -> torch.Tensor:
 def compare(reference: list[int], ours: list[int], ref_logits: torch.Tensor, our_logits: torch.Tensor,
             prompt_len: int) -> dict:
     """Greedy agreement and teacher-forced closeness of one prompt (logits over prompt + the reference's tokens)."""
-    first = next((k for k, (a, b) in enumerate(zip(reference, ours)) if a != b), None)
-    if first is None and len(reference) != len(ours):
-        first = min(len(reference), len(ours))
+    first = first_difference(reference, ours)
     rows = slice(prompt_len - 1, prompt_len - 1 + len(reference))  # the positions that predict generated tokens
     p, q = ref_logits[rows].log_softmax(-1), our_logits[rows].log_softmax(-1)
     kl = (p.exp() * (p - q)).sum(-1)
@@ -120,7 +117,7 @@ def measure(model: str, formats, prompts: list[str], *, max_new_tokens=128, thre
     encoded = encode_prompts(first.tokenizer, prompts, chat_template="auto")
     context = max(len(e) for e in encoded) + max_new_tokens + 8
     if reference == "llama.cpp":
-        ref = LlamaReference(str(Path(*split_gguf(model))), context, threads)
+        ref = LlamaReference(llamacpp.gguf_path(model), context, threads)
     else:
         ref = OwnReference(first)
     start = time.perf_counter()
@@ -144,9 +141,8 @@ def measure(model: str, formats, prompts: list[str], *, max_new_tokens=128, thre
 
 
 def report(result: dict) -> str:
-    lines = ["| weights | greedy agreement (median) | mean | identical | first divergence (median) | "
-             "KL(ref || ours), mean | KL max | top-1 (teacher-forced) | RMS logit diff (median) |",
-             "|" + "---|" * 9]
+    lines = header("weights", "greedy agreement (median)", "mean", "identical", "first divergence (median)",
+                   "KL(ref || ours), mean", "KL max", "top-1 (teacher-forced)", "RMS logit diff (median)")
     notes = []
     for fmt, per in result["results"].items():
         firsts = [r["first_divergence"] for r in per if r["first_divergence"] is not None]
@@ -171,41 +167,31 @@ def report(result: dict) -> str:
 COLUMNS = ("weights", "prompt", "agreement", "first_divergence", "kl", "kl_max", "top1", "rms", "ref_gap", "our_gap")
 
 
-def write_csv(path: Path, result: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        for fmt, per in result["results"].items():
-            writer.writerows({"weights": fmt, "prompt": i, **r} for i, r in enumerate(per))
-
-
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a GGUF model (llama.cpp runs the same file)")
+    ap = parser(__doc__)
+    add(ap, model=("qwen2.5-coder-1.5b", "a GGUF model (llama.cpp runs the same file)"))
     ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=(*FORMATS, "file"),
                     help="weight formats (file: the GGUF file's own types, not run by default)")
-    ap.add_argument("--prompts", type=int, default=20, help=f"held-out chat prompts (at most {len(chat.HELDOUT)})")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
+    chat_prompts(ap, 20)
+    add(ap, max_new_tokens=128, threads=2)
     ap.add_argument("--reference", choices=REFERENCES, default="llama.cpp",
                     help="llama.cpp (falls back to float32 where it cannot run) or relaxspec's float32")
-    ap.add_argument("--csv", type=Path, default=Path("relaxspec-results/real_pair_fidelity.csv"))
-    ap.add_argument("--no-progress", action="store_true")
+    csv_file(ap, "real_pair_fidelity")
+    progress(ap)
     args = ap.parse_args(argv)
-    if not 1 <= args.prompts <= len(chat.HELDOUT):
-        ap.error(f"--prompts must be between 1 and {len(chat.HELDOUT)}")
+    within_chat(ap, args.prompts)
     if args.max_new_tokens < 1 or args.threads < 1:
         ap.error("--max-new-tokens and --threads must be >= 1")
     reference = args.reference
-    if reference == "llama.cpp" and not (is_gguf(args.model) and llama_cpp_available()):
+    if reference == "llama.cpp" and not (is_gguf(args.model) and llamacpp.available()):
         reference = "float32"
     result = measure(args.model, args.formats, chat.HELDOUT[:args.prompts], max_new_tokens=args.max_new_tokens,
                      threads=args.threads, reference=reference, progress=not args.no_progress)
     print(f"model {args.model}, {args.prompts} held-out chat prompts, {args.max_new_tokens} new tokens, greedy, "
           f"{args.threads} thread(s)")
     print(report(result))
-    write_csv(args.csv, result)
+    write_csv(args.csv, COLUMNS, [{"weights": fmt, "prompt": i, **r} for fmt, per in result["results"].items()
+                                  for i, r in enumerate(per)])
     print(f"CSV: {args.csv}")
 
 

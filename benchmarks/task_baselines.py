@@ -34,6 +34,9 @@ from pathlib import Path
 
 import torch
 
+from harness.llamacpp import last_logits, llama
+from harness.options import positive
+from harness.output import first_difference as divergence  # (where two answers' tokens part, None where they do not)
 from relaxspec.bench.stats import utility_interval
 from relaxspec.models import load_model
 from relaxspec.models.prompts import encode_prompts
@@ -95,12 +98,6 @@ def run_ours(model, task, ids, todo, args, out: Path, done: dict, progress: bool
     bar.close()
 
 
-def llama_model(path: str, threads: int, n_ctx: int, logits_all: bool = False):
-    import llama_cpp
-    return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                           logits_all=logits_all, verbose=False)
-
-
 def run_llama(llm, tokenizer, task, ids, todo, args, out: Path, done: dict, progress: bool) -> None:
     from tqdm import tqdm
     eos, names = tokenizer.eos_token_id, problem_ids(task)
@@ -124,14 +121,6 @@ def run_llama(llm, tokenizer, task, ids, todo, args, out: Path, done: dict, prog
     bar.close()
 
 
-def divergence(a: list[int], b: list[int]) -> int | None:
-    """The first position where two token sequences differ (one ending first counts), None when equal."""
-    for k, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return k
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def gap(logits: torch.Tensor) -> float:
     top = torch.topk(logits.float(), 2).values
     return float(top[0] - top[1])
@@ -146,9 +135,7 @@ def ours_gap(model, prefix: list[int]) -> float:
 
 def llama_gap(llm, prefix: list[int]) -> float:
     """The gap at the prefix's last position; `llm` keeps every position's logits (logits_all)."""
-    llm.reset()
-    llm.eval(prefix)
-    return gap(torch.from_numpy(llm.scores[llm.n_tokens - 1].copy()))
+    return gap(last_logits(llm, prefix))
 
 
 def pct(interval) -> str:
@@ -169,9 +156,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    for name in ("limit", "batch_size", "max_new_tokens", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be a positive integer")
+    positive(p, args, "limit", "batch_size", "max_new_tokens", "threads")
     torch.set_num_threads(args.threads)
     from relaxspec.tasks import runs_code
     from relaxspec.tasks.sandbox import require_isolation
@@ -208,7 +193,7 @@ def main(argv=None) -> int:
         print("llama.cpp: skipped (no GGUF file: --gguf FILE)")
     else:
         try:
-            llm = llama_model(str(gguf), args.threads, max(len(x) for x in ids) + args.max_new_tokens + 8)
+            llm = llama(str(gguf), args.threads, max(len(x) for x in ids) + args.max_new_tokens + 8)
         except ImportError:
             print("llama.cpp: skipped (llama_cpp is not installed)")
     if llm is not None:
@@ -236,7 +221,7 @@ def main(argv=None) -> int:
             if k is not None:
                 common = list(ids[i]) + a["token_ids"][:k]
                 if scorer is None:  # a second instance keeping every position's logits, only when needed
-                    scorer = llama_model(str(gguf), args.threads, llm.n_ctx(), logits_all=True)
+                    scorer = llama(str(gguf), args.threads, llm.n_ctx(), logits_all=True)
                 differ.append((r, k, ours_gap(model, common), llama_gap(scorer, common), a["passed"], b["passed"]))
         print(f"\n{len(differ)} of {len(refs)} problems differ in tokens "
               f"({sum(d[4] != d[5] for d in differ)} in pass / fail); gap: top-1 minus top-2 logit at the first "
