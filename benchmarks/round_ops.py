@@ -26,11 +26,11 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 import traceback
 
 import torch
 
+HARNESS = os.path.dirname(os.path.abspath(__file__))  # benchmarks/, where the harness package is
 WORKER = r"""
 import json, sys, time, torch
 torch.set_num_threads(1)
@@ -39,27 +39,13 @@ from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.models import fast_llama
 from relaxspec.tasks.synthetic import synthetic_task
+from harness.timing import clocked
 inside = [0.0]
-forward = fast_llama.FastLlama.forward
-def timed_forward(self, *args, **kwargs):
-    t = time.thread_time()
-    try:
-        return forward(self, *args, **kwargs)
-    finally:
-        inside[0] += time.thread_time() - t
-fast_llama.FastLlama.forward = timed_forward
+fast_llama.FastLlama.forward = clocked(fast_llama.FastLlama.forward, inside)
 v = load_model("verifier")
 d = load_drafter(sys.argv[2], v)
 drafting = [0.0]
-def timed(call):
-    def run(*args, **kwargs):
-        t = time.thread_time()
-        try:
-            return call(*args, **kwargs)
-        finally:
-            drafting[0] += time.thread_time() - t
-    return run
-d.propose, d.rollback = timed(d.propose), timed(d.rollback)
+d.propose, d.rollback = clocked(d.propose, drafting), clocked(d.rollback, drafting)
 prompts = synthetic_task("arithmetic", "test", int(sys.argv[1])).prompts
 generate(v, d, prompts[:1], method="strict", draft_length=3, max_new_tokens=8)
 print("ready", flush=True)
@@ -132,7 +118,7 @@ def against(settings, other_src, n_prompts, max_new_tokens, repeats, drafter="dr
     here = os.path.dirname(os.path.dirname(os.path.abspath(relaxspec.__file__)))
     workers = {}
     for name, src in (("this", here), ("other", os.path.abspath(other_src))):
-        env = dict(os.environ, PYTHONPATH=src)
+        env = dict(os.environ, PYTHONPATH=src + os.pathsep + HARNESS)  # (the worker's clock: harness.timing)
         workers[name] = subprocess.Popen([sys.executable, "-c", WORKER, str(n_prompts), drafter], env=env, text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     for w in workers.values():

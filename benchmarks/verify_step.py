@@ -16,7 +16,6 @@ One torch thread; times are thread CPU time (`time.thread_time`), which other pr
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import time
@@ -24,6 +23,8 @@ import time
 import numpy as np
 import torch
 
+from harness.options import add, parser
+from harness.timing import clocked
 from relaxspec.acceptance import RULES, fused, process_logits
 from relaxspec.acceptance.random import SequenceSeeds
 from relaxspec.acceptance.verify import VerifyStep
@@ -75,16 +76,7 @@ def engine_round(rules, drafts, prompts: int, max_new_tokens: int) -> None:
     from relaxspec.tasks import synthetic
 
     inside = [0.0]
-    call = VerifyStep.__call__
-
-    def timed(self, *args, **kwargs):
-        t = time.thread_time()
-        try:
-            return call(self, *args, **kwargs)
-        finally:
-            inside[0] += time.thread_time() - t
-
-    VerifyStep.__call__ = timed
+    VerifyStep.__call__ = clocked(VerifyStep.__call__, inside)
     verifier, drafter = load_model("verifier"), load_model("drafter-weak")
     texts = [e.prompt for e in synthetic.examples("arithmetic", "test", prompts)]
     generate(verifier, drafter, texts[:1], method="strict", draft_length=3, max_new_tokens=8)  # warm-up
@@ -113,13 +105,11 @@ def engine_round(rules, drafts, prompts: int, max_new_tokens: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--rules", nargs="+", default=["strict", "typical"], choices=list(RULES))
     ap.add_argument("--drafts", nargs="+", type=int, default=[3, 5])
-    ap.add_argument("--repeats", type=int, default=2000, help="calls per path (the step alone)")
-    ap.add_argument("--engine-round", action="store_true", help="verify's time per round inside generate")
-    ap.add_argument("--prompts", type=int, default=12)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    add(ap, repeats=(2000, "calls per path (the step alone)"),
+        engine_round=(False, "verify's time per round inside generate"), prompts=12, max_new_tokens=64)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if fused.library() is None:
