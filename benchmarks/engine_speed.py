@@ -18,12 +18,12 @@ of that block over a one-token step, shows how much of the gap is the block itse
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from harness.options import add, parser
 from relaxspec.engine import generate
 from relaxspec.models import load_model, measure_step_latency
 from relaxspec.models.options import add_device_args, device_kwargs
@@ -98,16 +98,12 @@ def batch_rows(verifier, drafter, prompts, draft_lengths, temperatures, max_new_
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--verifier", default="verifier")
-    ap.add_argument("--drafter", default="drafter-weak")
-    ap.add_argument("--task", default="arithmetic")
-    ap.add_argument("--prompts", type=int, default=50)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap = parser(__doc__)
+    add(ap, verifier="verifier", drafter="drafter-weak", task="arithmetic", prompts=50, max_new_tokens=128)
     ap.add_argument("--draft-lengths", type=int, nargs="*", default=[3, 5, 8])
-    ap.add_argument("--repeats", type=int, default=3, help="median over this many repeats of each row")
-    ap.add_argument("--threads", type=int, default=1, help="tiny models run best on one thread")
-    ap.add_argument("--batch", type=int, default=0, help="measure x batch on this many prompts in one call instead")
+    add(ap, repeats=(3, "median over this many repeats of each row"),
+        threads=(1, "tiny models run best on one thread"),
+        batch=(0, "measure x batch on this many prompts in one call instead"))
     ap.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 0.7])
     add_device_args(ap)
     args = ap.parse_args()

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from harness.options import add
 from relaxspec.bench.stats import paired_diff_interval, utility_interval
 from relaxspec.engine import derive_seed, generate
 from relaxspec.models import load_model
@@ -61,17 +62,10 @@ def matched(steps: dict, alls: list[tuple[float, dict]]) -> tuple[float, float, 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--prompts", type=int, default=80)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--drafter", default="drafter-weak")
+    add(ap, prompts=80, repeats=2, drafter="drafter-weak")
     ap.add_argument("--tasks", nargs="*", default=["arithmetic", "sorting"])
-    ap.add_argument("--method", default="ensemble")
-    ap.add_argument("--param", default="weight")
-    ap.add_argument("--values", default="0.99,0.97,0.95,0.93,0.9")
-    ap.add_argument("--draft-length", type=int, default=5)
-    ap.add_argument("--max-new-tokens", type=int, default=160)
-    ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--top-p", type=float, default=0.95)
+    add(ap, method="ensemble", param="weight", values="0.99,0.97,0.95,0.93,0.9", draft_length=5, max_new_tokens=160,
+        temperature=0.7, top_p=0.95)
     args = ap.parse_args()
     torch.set_num_threads(1)
     verifier = load_model("verifier")

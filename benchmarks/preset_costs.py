@@ -11,30 +11,23 @@ of the batch call (tokens per round). Run it alone on the machine: these are wal
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from harness.options import add, parser, positive
 from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.tasks import get_task
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--verifier", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--drafter", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--dtype", default="int4")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--b1-prompts", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = parser(__doc__)
+    add(ap, verifier="qwen2.5-coder-1.5b", drafter="qwen2.5-coder-0.5b", dtype="int4", batch=8, b1_prompts=4,
+        max_new_tokens=128, threads=2)
     args = ap.parse_args(argv)
-    for name in ("batch", "b1_prompts", "max_new_tokens", "threads"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be a positive integer")
+    positive(ap, args, "batch", "b1_prompts", "max_new_tokens", "threads")
     torch.set_num_threads(args.threads)
     prompts = get_task("humaneval-instruct", limit=args.batch).prompts
     verifier = load_model(args.verifier, dtype=args.dtype)

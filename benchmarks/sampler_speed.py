@@ -16,12 +16,12 @@ same tokens both ways (the probabilities may differ in the last bits, the indice
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from harness.options import add, parser
 from relaxspec.acceptance import fused
 from relaxspec.acceptance.processing import process_logits_unchecked, sample_with_uniform
 
@@ -70,16 +70,15 @@ def engine_rows(prompt_count: int, draft_lengths: list[int], max_new_tokens: int
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--vocab", type=int, nargs="*", default=[714, 49152])
     ap.add_argument("--rows", type=int, nargs="*", default=[1, 4])
     ap.add_argument("--spreads", type=float, nargs="*", default=[0.3, 3.0, 10.0], help="std of the logits")
-    ap.add_argument("--calls", type=int, default=200, help="calls per timing (a tenth for V > 4096)")
-    ap.add_argument("--rounds", type=int, default=5, help="kernel / torch timings taking turns; medians")
-    ap.add_argument("--engine", action="store_true", help="whole generate calls instead (see above)")
-    ap.add_argument("--prompts", type=int, default=16)
+    add(ap, calls=(200, "calls per timing (a tenth for V > 4096)"),
+        rounds=(5, "kernel / torch timings taking turns; medians"),
+        engine=(False, "whole generate calls instead (see above)"), prompts=16)
     ap.add_argument("--draft-lengths", type=int, nargs="*", default=[3, 5])
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    add(ap, max_new_tokens=128)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if fused.library() is None:
