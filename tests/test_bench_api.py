@@ -1,13 +1,15 @@
-"""relaxspec.bench as a library: its public API, a typed cell request and result, one executor interface."""
+"""relaxspec.bench as a library: its public API, a workbench that ensures a cell's samples, a typed cell request and
+result, one executor interface."""
 
 import os
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 import relaxspec.bench as bench
-from relaxspec.bench import (BenchConfig, CellRequest, CellResult, CellSpec, Executor, ExecutorOptions, make_executor,
-                             run_cell)
+from relaxspec.bench import BenchConfig, CellSpec, Executor, ExecutorOptions, Workbench, Wanted, make_executor
+from relaxspec.bench.cell import CellRequest, CellResult, run_cell
 from relaxspec.bench.executors import LocalExecutor, PoolExecutor
 
 torch.set_num_threads(1)
@@ -28,7 +30,7 @@ def _config(tmp_path, drafter="drafter-weak") -> BenchConfig:
 def test_a_request_for_given_samples_gives_the_look_s_rows_in_any_batching(tmp_path):
     config, cache = _config(tmp_path), {}
     spec = CellSpec("verifier", "drafter-weak", "arithmetic", "strict", {}, 2, 0)
-    look = run_cell(CellRequest(spec, "k", done=0, target=1), config, cache)
+    look = run_cell(CellRequest(spec, "k", [(0, 0), (1, 0), (2, 0)]), config, cache)
     assert isinstance(look, CellResult) and look.error is None and look.request.key == "k"
     assert [(r.prompt_index, r.repeat) for r in look.rows] == [(0, 0), (1, 0), (2, 0)]
     assert len(look.parts) == 1 and look.sample_wall_s > 0 and look.span[0] <= look.span[1]
@@ -42,9 +44,36 @@ def test_a_request_for_given_samples_gives_the_look_s_rows_in_any_batching(tmp_p
 def test_a_cell_that_raises_gives_its_one_line_error_in_the_result(tmp_path):
     # spec-cont-dec needs the drafter's distribution q, which prompt lookup (ngram) does not give
     spec = CellSpec("verifier", "ngram", "arithmetic", "spec-cont-dec", {"beta": 0.5}, 2, 0)
-    result = run_cell(CellRequest(spec, "k"), _config(tmp_path, "ngram"), {})
+    result = run_cell(CellRequest(spec, "k", [(0, 0)]), _config(tmp_path, "ngram"), {})
     assert result.rows == [] and result.error.startswith("ValueError: ") and "\n" not in result.error
     assert "needs the drafter's distribution" in result.error
+
+
+def test_a_workbench_runs_only_the_samples_a_cell_lacks_here_or_on_its_executor(tmp_path):
+    config = _config(tmp_path)
+    spec = CellSpec("verifier", "drafter-weak", "arithmetic", "strict", {}, 2, 0)
+    ar = CellSpec("verifier", None, "arithmetic", "ar", {}, 0, 0)
+    bad = CellSpec("verifier", "drafter-weak", "arithmetic", "cactus", {"delta": -1.0}, 2, 0)  # delta must be >= 0
+    keys = lambda rows: [(r.prompt_index, r.repeat) for r in rows]  # noqa: E731
+    with Workbench(config) as workbench:
+        assert keys(workbench.ensure(Wanted(spec, [(0, 0), (1, 0)]), run_id="a").rows) == [(0, 0), (1, 0)]
+        assert keys(workbench.ensure(Wanted(spec, [(1, 0), (2, 0)])).rows) == [(2, 0)]  # only the sample it lacks
+        assert workbench.ensure(Wanted(spec, [(2, 0)])) is None
+        cell = workbench.store.get(workbench.key(spec))
+        assert cell.metrics["n_samples"] == 3 and cell.metrics["c_rel_measured"] > 0  # its speed constants
+        # on the executor (this process's by default): each cell once, a failure reported and not stored
+        done = list(workbench.ensure_all([Wanted(ar, [(0, 0), (1, 0)]), Wanted(spec, [(0, 0)]), Wanted(bad, [(0, 0)]),
+                                        Wanted(ar, [(0, 0)])], look=1))
+        assert [(r.request.spec.method, r.error is None, m is not None) for r, m in done] == [
+            ("ar", True, True), ("cactus", False, False)]
+        assert done[1][0].error.startswith("ValueError: ") and not workbench.store.has(workbench.key(bad))
+        assert workbench.store.get(workbench.key(ar)).metrics["look"] == 1
+        with pytest.raises(ValueError):  # in this process, a failure raises
+            workbench.ensure(Wanted(bad, [(0, 0)]))
+        rows = workbench.store.rows(workbench.key(spec))
+        stored = {(r.prompt_index, r.repeat): (r.response, r.token_hash) for r in rows}
+    whole = run_cell(CellRequest(spec, "k", [(0, 0), (1, 0), (2, 0)]), config, {})  # the same rows in one request
+    assert stored == {(r.prompt_index, r.repeat): (r.response, r.token_hash) for r in whole.rows}
 
 
 @dataclass

@@ -147,7 +147,7 @@ def test_pad_cells_run_with_the_shipped_classifier(tmp_path, monkeypatch):
 def test_a_classifier_shipped_for_another_pair_is_found_by_the_pair_names(tmp_path, monkeypatch):
     import relaxspec.pivot as pivot
     from relaxspec.bench.cell import CellSpec, pad_classifier
-    from relaxspec.bench.runner import RunSummary, runnable
+    from relaxspec.bench.workbench import Workbench
 
     shipped = tmp_path / "shipped"
     builtin = pivot.load_classifier(pivot.builtin_classifier_path())
@@ -162,7 +162,7 @@ def test_a_classifier_shipped_for_another_pair_is_found_by_the_pair_names(tmp_pa
         assert pivot_fn is not None and spec["drafter"] == drafter, drafter
         assert pivot.shipped_for_names([("verifier", drafter)]) == shipped / found
         cells = [CellSpec("verifier", drafter, "arithmetic", "pad", {"threshold": 0.5}, 1, 0)]
-        assert runnable(cells, config, RunSummary())[0] == cells  # not skipped as another pair's
+        assert Workbench(config).runnable(cells)[0] == cells  # not skipped as another pair's
     assert pivot.shipped_for_names([("verifier", "drafter-mtp")]) is None
 
 

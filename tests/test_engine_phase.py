@@ -154,7 +154,8 @@ def test_phase_errors(builtin_pair):
 
 def test_bench_phase_setting(tmp_path):
     from relaxspec.bench.config import BenchConfig
-    from relaxspec.bench.runner import CellSpec, cell_config, run_grid
+    from relaxspec.bench.cell import CellSpec, cell_config
+    from relaxspec.bench.runner import run_grid
     from relaxspec.bench.report import build_rows, format_report
     from relaxspec.bench.store import Store
     with pytest.raises(ValueError, match="phase must be 'think' or 'BEGIN..END'"):

@@ -1,7 +1,7 @@
 """One bench cell: what it is (`CellSpec`), what decides its samples (`cell_config`, hashed into its key), how
-its samples are generated and scored, and the one way every process runs cells (`run_cell` on a `CellRequest`,
-giving a `CellResult`: the driver, a local pool worker, a Ray worker and tune's cells). Also the speed
-constants measured once per grid (`speed_constants`).
+its samples are generated and scored (`CellRunner.run`), and the one way every worker runs cells (`run_cell` on a
+`CellRequest`, giving a `CellResult`: a workbench's executor in the driver, a local pool worker, a Ray worker). Also
+the speed constants (`speed_constants`) and batch-1 timing (`time_batch1_cells`) a workbench measures.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from relaxspec.bench.config import BenchConfig, needs_classifier
 from relaxspec.bench.names import AR, AUTO, STRICT, method_label
-from relaxspec.bench.sampling import new_samples, prompts_needed, samples_at
+from relaxspec.bench.sampling import prompts_needed, samples_at
 from relaxspec.bench.phase import phase_options
 from relaxspec.bench.store import Row, token_hash
 from relaxspec.bench.versions import code_version, file_version, model_version
@@ -50,14 +50,11 @@ class CellSpec:
 
 @dataclass
 class CellRequest:
-    """Samples to add to one cell: those look `target` adds to the cell's looks up to `done` (bench.sampling), or
-    the given `samples` (prompt index, repeat) instead; `batch_size`: samples per generate call (None: the
+    """Samples to add to one cell: `samples` (prompt index, repeat), `batch_size` per generate call (None: the
     config's)."""
     spec: CellSpec
     key: str  # the cell's key in the store
-    done: int = 0  # looks already stored
-    target: int = 1  # the look these samples complete
-    samples: list[tuple[int, int]] | None = None
+    samples: list[tuple[int, int]]
     batch_size: int | None = None
 
 
@@ -130,11 +127,6 @@ def run_samples(spec: CellSpec, task, samples: list[tuple[int, int]], verifier, 
                                    "truncated": len(res.token_ids) >= config.max_new_tokens},
                             token_hash=token_hash(res.token_ids)))
     return rows, parts
-
-
-def time_batch1(spec: CellSpec, task, verifier, drafter, config: BenchConfig, pivot_fn=None) -> dict:
-    """Measured speed-up at batch 1 (latency) of one cell: `time_batch1_cells` with this cell alone."""
-    return time_batch1_cells([spec], task, lambda s: (verifier, drafter), config, pivot_fn)[0]
 
 
 BATCH1_CELLS_PER_AR = 6  # batch-1 timing: AR runs again before every this many cells of a prompt
@@ -257,7 +249,7 @@ class CellRunner:
 
     def run(self, request: CellRequest) -> CellResult:
         """The request's samples, generated and scored (an error raises). Its batch-1 timing is not measured
-        here (the driver's quiet phase: bench.runner)."""
+        here (the driver's: bench.workbench)."""
         import torch
         spec = request.spec
         task = self.task(spec.task)
@@ -265,11 +257,7 @@ class CellRunner:
         pivot_fn = self.pivot_fn if needs_classifier(spec.method) else None
         with torch.inference_mode():
             start, wall0 = time.time(), time.perf_counter()
-            pool = len(task.examples)
-            samples = request.samples if request.samples is not None else \
-                new_samples(self.config.limit or pool, self.config.repeats, request.done, request.target, pool,
-                            self.config.heldout_band)
-            rows, parts = run_samples(spec, task, samples, verifier, drafter, self.config, pivot_fn,
+            rows, parts = run_samples(spec, task, request.samples, verifier, drafter, self.config, pivot_fn,
                                       request.batch_size)
             sample_wall = time.perf_counter() - wall0
         return CellResult(request, rows, parts, sample_wall, (start, time.time()))
@@ -426,6 +414,6 @@ def speed_constants(models: dict, cells: list[CellSpec], rounds: int = SPEED_ROU
     return out
 
 
-__all__ = ["CellSpec", "CellRequest", "CellResult", "CellRunner", "cell_config", "generate_samples", "run_samples", "time_batch1", "time_batch1_cells", "BATCH1_CELLS_PER_AR", "pad_classifier",
+__all__ = ["CellSpec", "CellRequest", "CellResult", "CellRunner", "cell_config", "generate_samples", "run_samples", "time_batch1_cells", "BATCH1_CELLS_PER_AR", "pad_classifier",
            "pad_applies", "generation_options", "model_options", "check_versions", "runner_key", "cell_runner",
            "run_cell", "SPEED_ROUNDS", "block_widths", "speed_constants"]

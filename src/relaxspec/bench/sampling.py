@@ -37,13 +37,6 @@ def samples_at(limit: int, repeats: int, look: int, pool: int, band: int) -> lis
     return [(i, r) for r in range(reps) for i in prompts]
 
 
-def new_samples(limit: int, repeats: int, done: int, target: int, pool: int, band: int) \
-        -> list[tuple[int, int]]:
-    """Samples look `target` adds to a cell that holds those of look `done`."""
-    have = set(samples_at(limit, repeats, done, pool, band))
-    return [s for s in samples_at(limit, repeats, target, pool, band) if s not in have]
-
-
 def looks_done(stored, plan, looks: int) -> int:
     """The last look (up to `looks`) whose samples (`plan(look)`, e.g. samples_at) are all among `stored`
     ((prompt, repeat) keys); 0 if none."""

@@ -37,8 +37,9 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from relaxspec.bench import (AR, BEYOND, C_REL_GRID, NO_STRICT, STRICT, WITHIN, Interval, build_rows, compare, decision,
-                             method_label, needs_classifier, ratio, ratio_interval, rounds, with_decisions)
+from relaxspec.bench import (BEYOND, C_REL_GRID, NO_STRICT, WITHIN, Interval, build_rows, decision, needs_classifier,
+                             paired_diff_interval, ratio, ratio_interval, rounds, with_decisions)
+from relaxspec.names import AR, STRICT, method_label
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
 ALPHA = 0.05  # each verdict's error rate (see the module doc)
@@ -208,7 +209,7 @@ def restated(store, rows: list[dict], used, confidence: float, max_drop: float) 
     for r in rows:
         ref = strict.get((r["verifier"], r["drafter"], r["task"], r["draft_length"], r["seed"]))
         if r["key"] in used and _relaxed(r) and ref is not None:
-            i = compare(store.utilities(r["key"]), store.utilities(ref["key"]), confidence)
+            i = paired_diff_interval(store.utilities(r["key"]), store.utilities(ref["key"]), confidence)
             r = {**r, "vs_strict": i, "vs_strict_decision": decision(i, max_drop), "utility_diff_vs_strict": i.mean,
                  "utility_diff_vs_strict_ci_low": i.low, "utility_diff_vs_strict_ci_high": i.high,
                  "vs_strict_confidence": confidence}
@@ -249,7 +250,7 @@ def finding_capability(store, rows: list[dict], looks: int, max_drop: float) -> 
     for cells in families.values():
         if len(cells) >= 2:
             weakest, strongest = min(cells, key=lambda r: r["acceptance_rate"]), max(cells, key=lambda r: r["acceptance_rate"])
-            moves.append((weakest, strongest, compare(store.utilities(strongest["key"]), store.utilities(weakest["key"]),
+            moves.append((weakest, strongest, paired_diff_interval(store.utilities(strongest["key"]), store.utilities(weakest["key"]),
                                                       confidence)))
     relaxed = [r for r in rows if _training_free(r) and _state(r) != NO_STRICT]
     c = _count(relaxed)
@@ -428,7 +429,7 @@ def length_changes(store, rows: list[dict], drafter: str, confidence: float):
             continue
         scale = float(r["max_new_tokens"])
         lengths = lambda key: {(x.prompt_index, x.repeat): min(1.0, x.tokens / scale) for x in store.rows(key)}  # noqa: E731
-        i = compare(lengths(r["key"]), lengths(ref["key"]), confidence)
+        i = paired_diff_interval(lengths(r["key"]), lengths(ref["key"]), confidence)
         (longer if i.low > 0 else not_longer if i.high <= LENGTH_MARGIN else undecided).append((r, i))
         if i.high < 0:
             shorter.append((r, i))
@@ -555,7 +556,7 @@ def finding_pad(store, rows: list[dict], column: str, looks: int, max_drop: floa
                and not math.isnan(r[column]) and abs(ratio(r[column], p[column]) - 1) <= MATCH]
     f.intervals, f.confidence = len(matched), simultaneous(looks, len(matched))
     for p, r in matched:
-        i = compare(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
+        i = paired_diff_interval(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
         found[matched_kind(i, max_drop)].append((p, r, i))
     total = sum(len(v) for v in found.values())
     if not total:
@@ -608,7 +609,7 @@ def finding_phase(store, rows: list[dict], looks: int, max_drop: float) -> Findi
     f.intervals, f.confidence = len(pairs), simultaneous(looks, len(pairs))
     found = {"better": [], "worse": [], "equivalent": [], "undecided": []}
     for p, r in pairs:
-        i = compare(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
+        i = paired_diff_interval(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
         found[matched_kind(i, max_drop)].append((p, r, i))
     total = sum(len(v) for v in found.values())
     if not total:

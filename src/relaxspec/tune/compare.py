@@ -16,8 +16,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relaxspec.bench import (AR, STRICT, Interval, Store, classifier_cost, draft_length_order, extra_draft_passes,
-                             needs_classifier, paired_diff_interval, parse_method)
+from relaxspec.bench import (Interval, Store, classifier_cost, extra_draft_passes, needs_classifier,
+                             paired_diff_interval, parse_method)
+from relaxspec.names import AR, STRICT, draft_length_order
 from relaxspec.tune.objective import priced_round, speed_interval
 from relaxspec.tune.report import TOML_NAME
 from relaxspec.tune.space import Config, make_config
@@ -171,19 +172,18 @@ class Comparison:
 
 
 def measure_constants(settings: dict, lengths) -> dict[int, tuple[float, float]]:
-    """{N: (c_rel, c_block)} of the pair measured now (bench.cell.speed_constants: interleaved rounds)."""
+    """{N: (c_rel, c_block)} of the pair measured now (a workbench's speed constants: interleaved rounds)."""
     import torch
 
-    from relaxspec.bench import CellSpec, speed_constants as measure
-    from relaxspec.models import load_model
-    from relaxspec.drafters import load_drafter
+    from relaxspec.bench import BenchConfig, CellSpec, Workbench
     torch.set_num_threads(1)
     v, d = settings["verifier"], settings["drafter"]
-    verifier = load_model(v)
+    config = BenchConfig(verifiers=[v], drafters=[d], tasks=[settings["task"]],  # any drafter kind, as the bench's
+                         draft_confidence=settings.get("draft_confidence"))
+    workbench = Workbench(config)  # it measures only: no store opens
     specs = [CellSpec(v, d, settings["task"], STRICT, {}, n, 0) for n in sorted(lengths, key=draft_length_order)]
-    got = measure({v: verifier}, specs, drafters={(v, d): load_drafter(d, verifier)},  # any kind, as the bench's
-                  dynamic=settings.get("draft_confidence") is not None)
-    return {n: (m["c_rel_measured"], m["c_block_measured"]) for (_, _, n), m in got.items()}
+    workbench.measure_speed(specs)
+    return {n: (m["c_rel_measured"], m["c_block_measured"]) for (_, _, n), m in workbench.speed.items()}
 
 
 CONSTANTS = ("tune", "grid", "measured")

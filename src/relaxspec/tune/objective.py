@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 
-from relaxspec.bench import AUTO, Interval, cluster_of, ratio_interval, round_cost, rounds
+from relaxspec.bench import Interval, ratio_interval, round_cost, rounds
+from relaxspec.names import AUTO
 
 OBJECTIVES = ("length-adjusted", "modelled", "measured-bs1")
 
@@ -43,9 +44,9 @@ def speed_interval(objective: str, rows: dict, ar_rows: dict | None, draft_lengt
     if objective == "modelled":
         keys = sorted(rows)
         return ratio_interval([rows[k].tokens for k in keys], [rounds(rows[k]) * cost for k in keys], confidence,
-                              [cluster_of(k) for k in keys])
+                              [prompt for prompt, _ in keys])
     if objective == "length-adjusted":
         keys = sorted(set(rows) & set(ar_rows or {}))
         return ratio_interval([ar_rows[k].tokens for k in keys], [rounds(rows[k]) * cost for k in keys], confidence,
-                              [cluster_of(k) for k in keys])
+                              [prompt for prompt, _ in keys])
     raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")

@@ -20,9 +20,10 @@ import warnings
 from dataclasses import dataclass, field
 
 from relaxspec.acceptance.random import check_seed
-from relaxspec.bench import (AR, BenchConfig, Interval, check_draft_confidence_setting, check_out_dir,
+from relaxspec.bench import (BenchConfig, Interval, check_draft_confidence_setting, check_out_dir,
                              check_phase_setting, check_sampling_setting, check_settings_types, extra_draft_passes,
                              make_executor, paired_diff_interval)
+from relaxspec.names import AR
 from relaxspec.tune.cells import Cells
 from relaxspec.tune.objective import OBJECTIVES, speed_interval
 from relaxspec.tune.racing import ALPHA, DEFAULT_CAPS, DEFAULT_SIZES, Race, race, validate_schedule
@@ -159,7 +160,7 @@ def task_pool(spec: str) -> int | None:
 def serviceable(space: list[Config], cells: Cells) -> list[Config]:
     """The configurations whose rule the pair's drafter can serve (Drafter.check); a warning names the rest."""
     from relaxspec.acceptance import get_rule
-    verifier, drafter = cells.grid.pair(cells.spec(space[0]))
+    verifier, drafter = cells.workbench.runner.pair(cells.spec(space[0]))
     kept, refused = [], {}
     for c in space:
         try:

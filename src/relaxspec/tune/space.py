@@ -13,7 +13,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from relaxspec.bench import AR, AUTO, STRICT, method_label, needs_classifier, parse_method
+from relaxspec.bench import needs_classifier, parse_method
+from relaxspec.names import AR, AUTO, STRICT, method_label
 
 DEFAULT_DRAFT_LENGTHS = (*range(2, 11), AUTO)
 PAD_THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
