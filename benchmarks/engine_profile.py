@@ -12,16 +12,15 @@ processes' load inflates the figures less (cache and memory contention still do)
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
 import time
 
 import torch
 
+from harness.options import add, parser
+from harness.timing import builtin_pair
 from relaxspec.engine import generate
-from relaxspec.models import load_model
-from relaxspec.tasks.synthetic import synthetic_task
 
 
 def forward_seconds(stats: pstats.Stats) -> float:
@@ -34,19 +33,14 @@ def forward_seconds(stats: pstats.Stats) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--verifier", default="verifier")
-    ap.add_argument("--drafter", default="drafter-weak")
-    ap.add_argument("--prompts", type=int, default=12)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap = parser(__doc__)
+    add(ap, verifier="verifier", drafter="drafter-weak", prompts=12, max_new_tokens=128)
     ap.add_argument("--draft-lengths", type=int, nargs="*", default=[3, 5])
-    ap.add_argument("--top", type=int, default=0, help="print the K functions with the most own time")
-    ap.add_argument("--ar", action="store_true", help="also profile AR (shown as N = 0; a round is one token)")
+    add(ap, top=(0, "print the K functions with the most own time"),
+        ar=(False, "also profile AR (shown as N = 0; a round is one token)"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    verifier, drafter = load_model(args.verifier), load_model(args.drafter)
-    prompts = synthetic_task("arithmetic", "test", args.prompts).prompts
-    generate(verifier, drafter, prompts[:1], method="strict", draft_length=3, max_new_tokens=8)  # warm up
+    verifier, drafter, prompts = builtin_pair(args.prompts, args.verifier, args.drafter)
     print(f"{'temp':>5} {'N':>3} {'rounds':>7} {'tokens':>7} {'ms/round':>9} {'ms/token':>9} {'forwards':>9}")
     for temperature in (0.7, 0.0):
         for n in [*args.draft_lengths, *([0] if args.ar else [])]:  # N = 0: AR (a round is one token)

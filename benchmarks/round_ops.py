@@ -19,7 +19,6 @@ the round's bookkeeping for it included) and the engine's tokens per second (CPU
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -29,6 +28,9 @@ import sys
 import traceback
 
 import torch
+
+from harness.options import add, parser
+from harness.timing import builtin_pair
 
 HARNESS = os.path.dirname(os.path.abspath(__file__))  # benchmarks/, where the harness package is
 WORKER = r"""
@@ -65,11 +67,11 @@ def parse_settings(values):
     return [(float(t), int(n)) for t, n in (v.split(":") for v in values)]
 
 
-def count_ops(settings, prompts, max_new_tokens, top, batch=1):
+def count_ops(settings, prompt_count, max_new_tokens, top, batch=1):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from relaxspec.engine import generate
-    from relaxspec.models import fast_llama, load_model
+    from relaxspec.models import fast_llama
 
     inside = [False]
     forward = fast_llama.FastLlama.forward
@@ -91,8 +93,7 @@ def count_ops(settings, prompts, max_new_tokens, top, batch=1):
                 where[f"{site.filename.split('relaxspec/')[-1]}:{site.lineno}:{site.name}" if site else "?"] += 1
             return func(*args, **(kwargs or {}))
 
-    verifier, drafter = load_model("verifier"), load_model("drafter-weak")
-    generate(verifier, drafter, prompts[:1], method="strict", draft_length=3, max_new_tokens=8)
+    verifier, drafter, prompts = builtin_pair(prompt_count)
     fast_llama.FastLlama.forward = counted_forward
     try:
         for temperature, n in settings:
@@ -165,26 +166,20 @@ def against(settings, other_src, n_prompts, max_new_tokens, repeats, drafter="dr
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--settings", nargs="*", default=["0.7:3", "0.0:3", "0.7:0", "0.0:0"],
                     help="TEMPERATURE:N pairs (N = 0: AR)")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--top", type=int, default=25, help="source lines shown per setting (op counts)")
+    add(ap, prompts=4, max_new_tokens=128, top=(25, "source lines shown per setting (op counts)"))
     ap.add_argument("--against", metavar="SRC", help="time this tree against another source tree instead")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=1, help="op counts: prompts per generate call")
-    ap.add_argument("--drafter", default="drafter-weak", help="--against: the drafter (a name load_drafter takes)")
+    add(ap, repeats=3, batch=(1, "op counts: prompts per generate call"),
+        drafter=("drafter-weak", "--against: the drafter (a name load_drafter takes)"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     settings = parse_settings(args.settings)
     if args.against:
         against(settings, args.against, args.prompts, args.max_new_tokens, args.repeats, args.drafter)
         return
-    from relaxspec.tasks.synthetic import synthetic_task
-
-    count_ops(settings, synthetic_task("arithmetic", "test", args.prompts).prompts, args.max_new_tokens, args.top,
-              args.batch)
+    count_ops(settings, args.prompts, args.max_new_tokens, args.top, args.batch)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 import torch
 
 from harness.options import add, parser
+from harness.timing import builtin_pair
 from relaxspec.acceptance import fused
 from relaxspec.acceptance.processing import process_logits_unchecked, sample_with_uniform
 
@@ -36,12 +37,8 @@ def per_call_us(fn, calls: int) -> float:
 
 def engine_rows(prompt_count: int, draft_lengths: list[int], max_new_tokens: int):
     from relaxspec.engine import generate
-    from relaxspec.models import load_model
-    from relaxspec.tasks.synthetic import synthetic_task
 
-    verifier, drafter = load_model("verifier"), load_model("drafter-weak")
-    prompts = synthetic_task("arithmetic", "test", prompt_count).prompts
-    generate(verifier, drafter, prompts[:1], method="strict", draft_length=3, max_new_tokens=8)  # warm up
+    verifier, drafter, prompts = builtin_pair(prompt_count)
 
     def run(prompt, method, n, seed):
         start = time.perf_counter()

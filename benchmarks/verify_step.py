@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from harness.options import add, parser
-from harness.timing import clocked
+from harness.timing import builtin_pair, clocked
 from relaxspec.acceptance import RULES, fused, process_logits
 from relaxspec.acceptance.random import SequenceSeeds
 from relaxspec.acceptance.verify import VerifyStep
@@ -72,14 +72,10 @@ def step_alone(rules, drafts, repeats: int, V: int = 714) -> None:
 
 def engine_round(rules, drafts, prompts: int, max_new_tokens: int) -> None:
     from relaxspec.engine import generate
-    from relaxspec.models import load_model
-    from relaxspec.tasks import synthetic
 
     inside = [0.0]
     VerifyStep.__call__ = clocked(VerifyStep.__call__, inside)
-    verifier, drafter = load_model("verifier"), load_model("drafter-weak")
-    texts = [e.prompt for e in synthetic.examples("arithmetic", "test", prompts)]
-    generate(verifier, drafter, texts[:1], method="strict", draft_length=3, max_new_tokens=8)  # warm-up
+    verifier, drafter, texts = builtin_pair(prompts)
     print(f"inside generate: built-in pair, batch 1, {prompts} arithmetic prompts, max_new_tokens {max_new_tokens}, "
           f"T=0.7 top-p 0.95; medians over prompts of us per round (C and torch taking turns prompt by prompt)")
     print(f"{'rule':<10}{'N':>3}{'verify C':>10}{'torch':>9}{'saved':>9}{'round C':>10}{'torch':>9}{'ratio':>8}")

@@ -68,3 +68,16 @@ def strict_constants(name: str, verifier, drafters: dict, cells, rounds: int | N
     specs = [CellSpec(name, d, "", "strict", {}, n, 0) for d, n in cells]
     return speed_constants({name: verifier}, specs, **({} if rounds is None else {"rounds": rounds}),
                            drafters={(name, d): drafter for d, drafter in drafters.items()})
+
+
+def builtin_pair(prompts: int, verifier: str = "verifier", drafter: str = "drafter-weak") -> tuple:
+    """(the verifier, the drafter (LMs, load_model names), the arithmetic task's first `prompts` test prompts), after
+    one short strict call on the first prompt (untimed: kernels built, first buffers allocated)."""
+    from relaxspec.engine import generate
+    from relaxspec.models import load_model
+    from relaxspec.tasks.synthetic import synthetic_task
+
+    lms = load_model(verifier), load_model(drafter)
+    texts = synthetic_task("arithmetic", "test", prompts).prompts
+    generate(*lms, texts[:1], method="strict", draft_length=3, max_new_tokens=8)
+    return (*lms, texts)
