@@ -11,18 +11,17 @@ these runs, S_blk at that tau and x b1 / S_blk. The spread across repeats is the
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from harness.options import add, parser
+
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=8)
-    ap.add_argument("--draft-length", type=int, default=3)
+    ap = parser(__doc__)
+    add(ap, prompts=16, repeats=8, draft_length=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
     from relaxspec.bench.cell import CellSpec, generate_samples, speed_constants

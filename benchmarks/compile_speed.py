@@ -29,27 +29,21 @@ import sys
 import tempfile
 import time
 
+from harness.options import add
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--verifier", default="verifier")
-    p.add_argument("--drafters", default="drafter-weak", help="comma-separated drafter names (load_drafter)")
-    p.add_argument("--methods", default="ar,strict", help="comma-separated; 'ar' is the reference")
-    p.add_argument("--draft-length", type=int, default=3)
-    p.add_argument("--batch-sizes", default="1")
-    p.add_argument("--prompts", type=int, default=8, help="prompts timed at batch 1 (and the warm-up uses another)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--task", default="arithmetic", help="prompt source: a task name, or 'chat' for chat prompts")
+    add(p, verifier="verifier", drafters=("drafter-weak", "comma-separated drafter names (load_drafter)"),
+        methods=("ar,strict", "comma-separated; 'ar' is the reference"), draft_length=3, batch_sizes="1",
+        prompts=(8, "prompts timed at batch 1 (and the warm-up uses another)"), max_new_tokens=64, temperature=0.0,
+        task=("arithmetic", "prompt source: a task name, or 'chat' for chat prompts"))
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
-    p.add_argument("--step-rounds", type=int, default=30)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--warm-cache", action="store_true",
-                   help="use inductor's on-disk cache as set up (default: a fresh one, for cold compile times)")
-    p.add_argument("--require-equal", action="store_true",
-                   help="at T=0, exit 1 when compiled tokens differ from eager ones (float32: expected equal)")
-    p.add_argument("--modes", default="eager,compiled")
+    add(p, step_rounds=30, threads=1,
+        warm_cache=(False, "use inductor's on-disk cache as set up (default: a fresh one, for cold compile times)"),
+        require_equal=(False, "at T=0, exit 1 when compiled tokens differ from eager ones (float32: expected equal)"),
+        modes="eager,compiled")
     return p.parse_args(argv)
 
 

@@ -19,11 +19,11 @@ with PYTHONPATH=OLD/src for a before figure, measures no c_piv (0: its S_blk lef
 
 from __future__ import annotations
 
-import argparse
 import inspect
 
 import torch
 
+from harness.options import add, parser
 from relaxspec.acceptance import get_rule
 from relaxspec.bench.cell import CellSpec, generate_samples, speed_constants, time_batch1_cells
 from relaxspec.bench.config import BenchConfig, needs_classifier, parse_method
@@ -36,11 +36,11 @@ CELLS = [("strict", {}), ("typical", {"epsilon": 0.09, "delta": 0.3})]
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--draft-lengths", type=int, nargs="*", default=[3, 5])
     ap.add_argument("--methods", nargs="*", default=None, help="NAME or NAME:PARAM=V[;...] (default: strict typical)")
-    ap.add_argument("--pad", action="store_true", help="add a PAD cell (threshold 0.5) at each N")
+    add(ap, pad=(False, "add a PAD cell (threshold 0.5) at each N"))
     ap.add_argument("--pivot-call", choices=["closure", "module"], default="closure",
                     help="the classifier's call: pivot_fn's inference closure, or the module's predict_proba")
     args = ap.parse_args()

@@ -15,6 +15,7 @@ import argparse
 
 import torch
 
+from harness.options import add
 from relaxspec.engine import generate
 from relaxspec.models import load_model, measure_step_latency
 from relaxspec.drafters import load_drafter, measure_draft_latency
@@ -23,8 +24,7 @@ from relaxspec.tasks import synthetic
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=50)
-    ap.add_argument("--draft-length", type=int, default=5)
+    add(ap, n=50, draft_length=5)
     ap.add_argument("--drafters", nargs="*", default=["drafter-mtp", "drafter-strong", "drafter-weak", "ngram"])
     ap.add_argument("--tasks", nargs="*", default=["arithmetic", "sorting"])
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")

@@ -13,12 +13,12 @@ without VNNI) is timed beside it: "bf16 ms" and "block / bf16".
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from harness.options import parser
 from relaxspec.models import int4_block
 from relaxspec.models.quant import Linear, quantize_int4
 
@@ -40,7 +40,7 @@ def bf16_path(w: torch.Tensor):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 6, 9])
     ap.add_argument("--rounds", type=int, default=7)

@@ -11,17 +11,17 @@ figure is the loop's cost of a round, whatever it accepts.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from harness.options import add, parser
+
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap = parser(__doc__)
+    add(ap, prompts=16, max_new_tokens=96)
     ap.add_argument("--cells", nargs="*", default=["ar:0", "strict:3", "typical:3", "strict:5"], help="METHOD:N")
     args = ap.parse_args()
     torch.set_num_threads(1)

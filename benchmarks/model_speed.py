@@ -10,12 +10,12 @@ The model is loaded once; the other dtype is a converted copy of the same weight
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 
 import torch
 
+from harness.options import add, parser
 from relaxspec.models import load_model, measure_step_latency
 from relaxspec.models.fast_llama import FastLlama
 from relaxspec.models.hf import CausalLM
@@ -31,15 +31,12 @@ def variants(base: CausalLM, dtypes: list[str]):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2", help="any load_model name (built-in, directory, GGUF)")
-    ap.add_argument("--device", default="cpu")
+    ap = parser(__doc__)
+    add(ap, model=("smollm2", "any load_model name (built-in, directory, GGUF)"), device="cpu")
     ap.add_argument("--threads", type=int, nargs="*", default=[1, 2])
     ap.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
-    ap.add_argument("--context", type=int, default=128)
-    ap.add_argument("--block", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=10, help="forwards per measurement (median)")
-    ap.add_argument("--turns", type=int, default=5, help="measurements per variant, taken in turns (median)")
+    add(ap, context=128, block=6, repeats=(10, "forwards per measurement (median)"),
+        turns=(5, "measurements per variant, taken in turns (median)"))
     args = ap.parse_args()
     base = load_model(args.model, device=args.device, dtype="float32", backend="transformers")
     print(f"{args.model}: {base.num_parameters() / 1e6:.1f}M parameters on {base.device}; context {args.context}; "

@@ -13,10 +13,10 @@ the whole vocabulary, so a truncated head is charged for tokens it cannot propos
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 
+from harness.options import add, parser
 from relaxspec.models import load_model
 from relaxspec.drafters import load_drafter
 from relaxspec.drafters.mtp import MTPDrafter, head_rows, verifier_weights
@@ -57,14 +57,10 @@ def agreement(verifier, drafter: MTPDrafter, prompts: list[str], max_new_tokens:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--verifier", default="verifier")
-    ap.add_argument("--drafter", default="drafter-mtp", help="an MTP head: a built-in name or a directory")
+    ap = parser(__doc__)
+    add(ap, verifier="verifier", drafter=("drafter-mtp", "an MTP head: a built-in name or a directory"))
     ap.add_argument("--task", action="append", help="arithmetic, sorting or chat (repeatable)")
-    ap.add_argument("--n", type=int, default=60)
-    ap.add_argument("--max-new-tokens", type=int, default=160)
-    ap.add_argument("--depths", type=int, default=6)
-    ap.add_argument("--threads", type=int, default=1)
+    add(ap, n=60, max_new_tokens=160, depths=6, threads=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     verifier = load_model(a.verifier)

@@ -10,17 +10,17 @@ fresh cache, the two alternating call by call, and their ratio. SmolLM2 needs `r
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from harness.options import parser
 from relaxspec.models import load_model
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--models", nargs="*", default=["verifier", "drafter-weak", "smollm2"])
     ap.add_argument("--lengths", nargs="*", type=int, default=[40, 200])
     ap.add_argument("--repeats", type=int, default=30)

@@ -9,6 +9,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from harness.options import add
 from relaxspec.bench.executors import ExecutorOptions, make_executor
 
 
@@ -24,8 +25,7 @@ class Noop:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--jobs", type=int, default=200)
-    p.add_argument("--payload", type=int, default=50_000, help="bytes each job returns (a cell's rows: ~10-100 kB)")
+    add(p, jobs=200, payload=(50_000, "bytes each job returns (a cell's rows: ~10-100 kB)"))
     args = p.parse_args()
     t0 = time.perf_counter()
     pool = make_executor(ExecutorOptions(kind="ray"))

@@ -14,10 +14,11 @@ Any load_model names work (`--verifier verifier --drafter drafter`: the built-in
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
+
+from harness.options import parser
 
 VERIFIER = "/work/pair/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 DRAFTER = "/work/pair/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -48,7 +49,7 @@ def measure(names: list[str], fmt: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--verifier", default=VERIFIER)
     ap.add_argument("--drafter", default=DRAFTER)
     ap.add_argument("--formats", nargs="*", default=["float32", "bfloat16", "int4", "auto"])

@@ -17,7 +17,6 @@ drafter-weak; drafter-mtp and prompt lookup for a few), arithmetic prompts:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -25,6 +24,8 @@ import warnings
 from dataclasses import asdict
 
 import torch
+
+from harness.options import add, parser
 
 ANSWER = "The answer is"
 
@@ -104,11 +105,10 @@ def result(out) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--out", required=True)
     ap.add_argument("--against", default=None)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--quick", action="store_true")
+    add(ap, max_new_tokens=48, quick=False)
     args = ap.parse_args()
     torch.set_num_threads(1)
     import relaxspec

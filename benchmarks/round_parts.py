@@ -15,12 +15,13 @@ a microsecond per timed call (a few per round), so the parts read a little high.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import statistics
 import time
 
 import torch
+
+from harness.options import parser
 
 CELLS = {"strict": {}, "typical": {"epsilon": 0.09, "delta": 0.3}, "mentored": {"alpha": 0.3}, "cactus": {"delta": 0.1},
          "spec-cont-dec": {"beta": 0.5},
@@ -28,7 +29,7 @@ CELLS = {"strict": {}, "typical": {"epsilon": 0.09, "delta": 0.3}, "mentored": {
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--cells", nargs="*", default=["strict:3", "typical:3", "strict:5", "typical:5"],
                     help="METHOD:N (methods: " + ", ".join(CELLS) + ")")

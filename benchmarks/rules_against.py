@@ -20,12 +20,13 @@ process (one torch thread).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
+
+from harness.options import add, parser
 
 DEFAULT_RULES = ["strict", "cactus", "mentored", "typical", "topk-delta", "topk-ratio", "spec-casc-tok",
                  "spec-cont-dec", "r-fuzzy", "spec-casc-opt", "fuzzy", "threshold", "ensemble"]
@@ -107,16 +108,14 @@ for line in sys.stdin:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--against", required=True, metavar="SRC", help="the other source tree (its src directory)")
     ap.add_argument("--rules", nargs="+", default=DEFAULT_RULES)
     ap.add_argument("--drafts", nargs="+", type=int, default=[3])
     ap.add_argument("--prompts", type=int, default=6, help="arithmetic prompts per rule (tokens)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    ap.add_argument("--repeats", type=int, default=1000, help="timed calls per tree and pass (the step alone)")
-    ap.add_argument("--passes", type=int, default=2, help="fresh worker pairs, started in turn order (default 2)")
-    ap.add_argument("--skip-tokens", action="store_true")
-    ap.add_argument("--skip-time", action="store_true")
+    add(ap, repeats=(1000, "timed calls per tree and pass (the step alone)"),
+        passes=(2, "fresh worker pairs, started in turn order (default 2)"), skip_tokens=False, skip_time=False)
     args = ap.parse_args()
 
     import relaxspec

@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from relaxspec.bench.cell import CellSpec, speed_constants
+from harness.options import add
+from harness.timing import strict_constants
 from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.drafters import load_drafter
@@ -36,11 +37,9 @@ def full_vocabulary(drafter: MTPDrafter, verifier) -> MTPDrafter:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--verifier", default="smollm2")
-    ap.add_argument("--drafter", default="smollm2-drafter")
+    add(ap, verifier="smollm2", drafter="smollm2-drafter")
     ap.add_argument("--n", type=int, nargs="*", default=[3, 5, 8], help="draft lengths")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1)
+    add(ap, max_new_tokens=128, threads=1)
     ap.add_argument("--full-n", type=int, nargs="*", default=[], help="draft lengths at which to also measure the tau "
                     "of the same head over the full vocabulary")
     a = ap.parse_args()
@@ -52,9 +51,7 @@ def main() -> None:
         variants.append(("full", full_vocabulary(drafter, verifier)))
     # c_rel as `relaxspec bench` measures it (bench.cell.speed_constants): the verifier's step and each head's
     # drafting (per drafted token, through the protocol) interleaved, the median of the within-round ratio.
-    speed = speed_constants({verifier.name: verifier},
-                            [CellSpec(verifier.name, label, "", "strict", {}, 5, 0) for label, _ in variants],
-                            drafters={(verifier.name, label): d for label, d in variants})
+    speed = strict_constants(verifier.name, verifier, dict(variants), [(label, 5) for label, _ in variants])
     step = speed[(verifier.name, variants[0][0], 5)]["latency_verifier_s"]
     print(f"{a.drafter} for {a.verifier}: verifier step {step * 1e3:.1f} ms, {a.threads} thread(s)")
     for label, d in variants:

@@ -8,14 +8,14 @@ objectives at the same speed constants (relaxspec.tune.compare).
         [--constants tune|grid|measured] [--c-rel X] [--c-block X]
 """
 
-import argparse
 import sys
 
+from harness.options import parser
 from relaxspec.tune.compare import CONSTANTS, compare, format_comparison
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--grid", required=True, help="the grid's bench output directory")
     p.add_argument("--tune", required=True, help="tune's output directory")
     p.add_argument("--max-drop", type=float, default=0.02)

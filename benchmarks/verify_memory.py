@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from harness.options import add, positive
+
 
 def child(rule: str, batch: int, drafts: int, vocab: int, temperature: float, blocks: int, threads: int) -> dict:
     import torch
@@ -70,12 +72,9 @@ def _resident() -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rules", nargs="+", default=["strict", "spec-casc-tok", "typical", "topk-delta"])
-    p.add_argument("--batch", type=int, default=55)
-    p.add_argument("--drafts", type=int, default=10)
-    p.add_argument("--vocab", type=int, default=151936)
+    add(p, batch=55, drafts=10, vocab=151936)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
-    p.add_argument("--blocks", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
+    add(p, blocks=5, threads=2)
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -85,9 +84,7 @@ def main(argv=None) -> int:
     unknown = [r for r in args.rules if r not in RULES]
     if unknown:
         p.error(f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(RULES)}")
-    for name in ("batch", "drafts", "vocab", "blocks", "threads"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be a positive integer")
+    positive(p, args, "batch", "drafts", "vocab", "blocks", "threads")
     print(f"verify step on a block of {args.batch} x {args.drafts} drafts x {args.vocab} tokens, float32, "
           f"{args.blocks} blocks, {args.threads} threads; GB above the inputs")
     print("| rule | T | inputs GB | peak above | left after the last block | ms a block |")

@@ -9,12 +9,12 @@ repeats after warm-up) and the ratio to strict.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
+from harness.options import add, parser
 from relaxspec.acceptance import RULES, process_logits, verify
 
 
@@ -52,12 +52,8 @@ def time_rules(names, target, draft, drafts, pivot_prob, repeats, warmup):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--drafts", type=int, default=5)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap = parser(__doc__)
+    add(ap, batch=64, drafts=5, vocab=32000, repeats=15, warmup=2)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
     if args.threads:
