@@ -19,6 +19,7 @@ import time
 import torch
 
 from harness.options import parser
+from harness.output import header
 from relaxspec.models import int4_block
 from relaxspec.models.quant import Linear, quantize_int4
 
@@ -58,9 +59,9 @@ def main(argv=None) -> None:
     print(f"SmolLM2-135M linears: {n_weights / 1e6:.1f} M weights, {nbytes / 1e6:.1f} MB read per pass (int4 codes "
           f"+ bfloat16 scales and zeros)")
     bf16 = "bf16" in kernels
-    print("| threads | rows | aten ms | block ms | block / aten | aten c_block | block c_block | aten GB/s | "
-          "block GB/s | aten GFLOP/s | block GFLOP/s |" + (" bf16 ms | block / bf16 |" if bf16 else ""))
-    print("|" + "---|" * (13 if bf16 else 11))
+    print(*header("threads", "rows", "aten ms", "block ms", "block / aten", "aten c_block", "block c_block",
+                  "aten GB/s", "block GB/s", "aten GFLOP/s", "block GFLOP/s",
+                  *(("bf16 ms", "block / bf16") if bf16 else ())), sep="\n")
     previous = torch.get_num_threads()
     for threads in args.threads:
         torch.set_num_threads(threads)

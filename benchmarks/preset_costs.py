@@ -17,6 +17,7 @@ import time
 import torch
 
 from harness.options import add, parser, positive
+from harness.output import header
 from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.tasks import get_task
@@ -46,8 +47,7 @@ def main(argv=None) -> None:
     run(prompts[:1], configs["AR, T=0"])  # warm-up (kernels built, caches allocated)
     print(f"{args.verifier} ({args.dtype}), drafter {args.drafter}, {args.threads} threads, "
           f"{args.max_new_tokens} new tokens; ms per answer token")
-    print(f"| config | batch 1 | batch {args.batch} | gain | tau |")
-    print("|---|---|---|---|---|")
+    print(*header("config", "batch 1", f"batch {args.batch}", "gain", "tau"), sep="\n")
     for name, kw in configs.items():
         alone = []
         for p in prompts[:args.b1_prompts]:

@@ -36,6 +36,7 @@ import torch
 
 from harness.llamacpp import last_logits, llama
 from harness.options import positive
+from harness.output import header
 from harness.output import first_difference as divergence  # (where two answers' tokens part, None where they do not)
 from relaxspec.bench.stats import utility_interval
 from relaxspec.models import load_model
@@ -204,8 +205,7 @@ def main(argv=None) -> int:
     refs = names
     print(f"\n{args.task} greedy {task.metric} score, {len(refs)} problems, model {args.model}"
           f"{f', GGUF {gguf}' if llm is not None else ''}; 95% Wilson intervals")
-    print("| system | score % | ms/token |")
-    print("|---|---|---|")
+    print(*header("system", "score %", "ms/token"), sep="\n")
     for system in systems:
         recs = [done[(system, r)] for r in refs]
         tokens = sum(max(1, len(x["token_ids"])) for x in recs)
@@ -227,8 +227,8 @@ def main(argv=None) -> int:
               f"({sum(d[4] != d[5] for d in differ)} in pass / fail); gap: top-1 minus top-2 logit at the first "
               f"divergence (near-tie: both under {NEAR_TIE:g})")
         if differ:
-            print(f"| problem | first divergence | gap {OURS} | gap {LLAMA} | kind | passed {OURS} / {LLAMA} |")
-            print("|---|---|---|---|---|---|")
+            print(*header("problem", "first divergence", f"gap {OURS}", f"gap {LLAMA}", "kind",
+                          f"passed {OURS} / {LLAMA}"), sep="\n")
             for r, k, g_ours, g_llama, p_ours, p_llama in differ:
                 kind = "near-tie" if max(g_ours, g_llama) < NEAR_TIE else "format / disagreement"
                 print(f"| {r} | {k} | {g_ours:.2f} | {g_llama:.2f} | {kind} | {p_ours} / {p_llama} |")

@@ -24,6 +24,7 @@ import sys
 import time
 
 from harness.options import add, positive
+from harness.output import header
 
 
 def child(rule: str, batch: int, drafts: int, vocab: int, temperature: float, blocks: int, threads: int) -> dict:
@@ -87,8 +88,7 @@ def main(argv=None) -> int:
     positive(p, args, "batch", "drafts", "vocab", "blocks", "threads")
     print(f"verify step on a block of {args.batch} x {args.drafts} drafts x {args.vocab} tokens, float32, "
           f"{args.blocks} blocks, {args.threads} threads; GB above the inputs")
-    print("| rule | T | inputs GB | peak above | left after the last block | ms a block |")
-    print("|---|---|---|---|---|---|")
+    print(*header("rule", "T", "inputs GB", "peak above", "left after the last block", "ms a block"), sep="\n")
     for rule in args.rules:
         for temperature in args.temperatures:
             spec = dict(rule=rule, batch=args.batch, drafts=args.drafts, vocab=args.vocab, temperature=temperature,
