@@ -1,11 +1,13 @@
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
 
 
 def benchmark_module(name: str):
@@ -46,3 +48,20 @@ def builtin_pair():
     from relaxspec.models import load_model
 
     return load_model("verifier"), load_model("drafter-weak")
+
+
+@pytest.fixture(scope="session")
+def forker(_weight_cache_of_the_run):
+    """A fork server for the scripts and `python -m relaxspec` runs that need a process of their own, not a fresh
+    interpreter (forked.py): torch, transformers and matplotlib imported once for the run, relaxspec anew in each
+    child. Its environment is fixed at its start (OpenMP and the Hugging Face hub read theirs at import): one torch
+    thread, the hub offline, matplotlib's Agg backend, this tree's src first on the path and this Python's bin on the
+    PATH."""
+    from forked import Forker
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    with Forker(["torch", "transformers", "transformers.models.llama.modeling_llama", "matplotlib.pyplot"],
+                env=env) as server:
+        yield server

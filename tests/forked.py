@@ -1,15 +1,18 @@
-"""Python scripts run as `python SCRIPT ARGS...` runs them, each in a process of its own, without each paying the
-interpreter's start and the imports of torch and transformers (~3 s a script on a 2-core machine).
+"""Python scripts and modules run as `python SCRIPT ARGS...` and `python -m MODULE ARGS...` run them, each in a
+process of its own, without each paying the interpreter's start and the imports of torch and transformers (~3 s a
+run on a 2-core machine).
 
-A server process (this file run as a script) imports the given modules once, then forks a child per script: the
-child takes the script's argv, working directory, environment additions and output files, puts the script's folder
-first on sys.path, runs it as `__main__` (runpy), runs the exit handlers it registered and exits with the script's
-exit code (SystemExit's, or 1 after the traceback of an uncaught exception, as Python does). The children share
-nothing but the imported modules, as they were before any script ran: a script that runs leaves nothing behind for
-the next. The server runs no code of the scripts itself and starts no threads.
+A server process (this file run as a script) imports the given modules once, then forks a child per run: the child
+takes the run's argv, working directory, environment additions and output files, puts the script's folder (or, for
+-m, the working directory) first on sys.path, runs the script or module as `__main__` (runpy), runs the exit
+handlers it registered and exits with its exit code (SystemExit's, or 1 after the traceback of an uncaught
+exception, as Python does). The children share nothing but the imported modules, as they were before any run: a run
+leaves nothing behind for the next. The server runs no code of the scripts itself and starts no threads. What is
+read once at import (OpenMP's settings, the Hugging Face hub's) is read from the server's environment.
 
-    with Forker(["torch", "relaxspec.cli"], env=...) as forker:
+    with Forker(["torch", "transformers"], env=...) as forker:
         done = forker.run(["benchmarks/x.py", "--n", "2"], cwd=ROOT, timeout=240)   # a CompletedProcess
+        done = forker.run(["-m", "relaxspec", "methods"], cwd=tmp)
 """
 
 from __future__ import annotations
@@ -38,9 +41,9 @@ class Forker:
 
     def run(self, argv: list[str], cwd: str | os.PathLike, env: dict | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
-        """`python *argv` (argv[0] a script's path) in `cwd`, with `env` added to the server's environment:
-        a CompletedProcess (text stdout and stderr); subprocess.TimeoutExpired after `timeout` s (the child
-        killed)."""
+        """`python *argv` (a script's path or -m MODULE, then its arguments) in `cwd`, with `env` added to the
+        server's environment: a CompletedProcess (text stdout and stderr); subprocess.TimeoutExpired after `timeout`
+        s (the child killed)."""
         with tempfile.TemporaryDirectory(prefix="forked-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             job = {"argv": [str(a) for a in argv], "cwd": str(cwd), "env": env or {}, "stdout": str(out),
@@ -85,14 +88,18 @@ def _child(job: dict) -> None:
         os.dup2(os.open(job["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
         os.chdir(job["cwd"])
         os.environ.update(job["env"])
-        script = job["argv"][0]
-        sys.argv = list(job["argv"])
-        sys.path[0] = os.path.dirname(os.path.abspath(script))  # (the server's: this folder)
         import atexit
         import runpy
         import traceback
         try:
-            runpy.run_path(script, run_name="__main__")
+            if job["argv"][0] == "-m":
+                sys.argv = job["argv"][1:]  # (run_module puts the module's file first)
+                sys.path[0] = os.getcwd()  # (the server's: this folder)
+                runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = list(job["argv"])
+                sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+                runpy.run_path(sys.argv[0], run_name="__main__")
             code = 0
         except SystemExit as e:
             if e.code is None or isinstance(e.code, int):

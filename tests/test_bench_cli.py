@@ -1,25 +1,34 @@
 import csv
-import os
-import subprocess
-import sys
 
 import pytest
 
 
-def run(*args, cwd):
+def run(forker, *args, cwd):
+    """`python -m relaxspec ARGS` in a process of its own (forked, with one torch thread: conftest.forker)."""
     # pinned code version: other people editing the sources between the two runs must not change the keys
-    env = dict(os.environ, OMP_NUM_THREADS="1", RELAXSPEC_CODE_VERSION="test-cli")
-    return subprocess.run([sys.executable, "-m", "relaxspec", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
+    return forker.run(["-m", "relaxspec", *args], cwd=cwd, env={"RELAXSPEC_CODE_VERSION": "test-cli"}, timeout=300)
 
 
-def test_bench_then_report_end_to_end(tmp_path):
+def run_here(capsys, *args):
+    """`relaxspec ARGS` through main() in this process (as `python -m relaxspec` runs it): (exit code, stdout,
+    stderr). For what needs no fresh process: a re-run and the refusals (an interpreter with torch is ~3 s)."""
+    from relaxspec.cli import main
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bench_then_report_end_to_end(tmp_path, capsys, monkeypatch, forker):
+    monkeypatch.setenv("RELAXSPEC_CODE_VERSION", "test-cli")  # (as run() pins it)
     out = tmp_path / "res"
     (tmp_path / "bench.toml").write_text('methods = ["ar", "strict", "r-fuzzy:threshold=0.3"]\n'
                                          'draft_lengths = [3]\nmax_new_tokens = 10\nrepeats = 1\nlooks = 2\n'
                                          'speed_prompts = 1\n')
     args = ["bench", "--config", str(tmp_path / "bench.toml"), "--limit", "2", "--out", str(out), "--no-progress"]
-    first = run(*args, cwd=tmp_path)
+    first = run(forker, *args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "ran 3 cells" in first.stdout and "r-fuzzy(threshold=0.3)" in first.stdout
     assert "2 of 2 looks run" in first.stdout  # 2 samples decide nothing: look 2 extends strict and r-fuzzy
@@ -32,25 +41,26 @@ def test_bench_then_report_end_to_end(tmp_path):
     assert [r["n_samples"] for r in rows] == ["2", "4", "4"]
     assert " 4x1 " in first.stdout  # prompts x repeats per cell
 
-    again = run(*args, cwd=tmp_path)
-    assert again.returncode == 0 and "ran 0 cells, skipped 3" in again.stdout
-
-    report = run("report", str(out), "--csv", str(tmp_path / "x.csv"), "--max-drop", "0.1", "--no-plots", "--all",
+    report = run(forker, "report", str(out), "--csv", str(tmp_path / "x.csv"), "--max-drop", "0.1", "--no-plots", "--all",
                  cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert (tmp_path / "x.csv").is_file() and "budget 0.1" in report.stdout
-    to_dir = run("report", str(out), "--csv", str(tmp_path), "--no-plots", cwd=tmp_path)
-    assert to_dir.returncode == 2 and to_dir.stderr.strip().startswith("relaxspec: error: --csv")
-    assert "is a directory" in to_dir.stderr and "Traceback" not in to_dir.stderr
 
-    bad = run("bench", "--methods", "nope", "--out", str(out), cwd=tmp_path)
-    assert bad.returncode == 2 and "unknown method 'nope'" in bad.stderr
-    missing = run("report", str(tmp_path / "empty"), cwd=tmp_path)
-    assert missing.returncode == 2 and "no results.sqlite" in missing.stderr
+    monkeypatch.chdir(tmp_path)
+    code, stdout, _ = run_here(capsys, *args)
+    assert code == 0 and "ran 0 cells, skipped 3" in stdout
+    code, _, err = run_here(capsys, "report", out, "--csv", tmp_path, "--no-plots")
+    assert code == 2 and err.strip().startswith("relaxspec: error: --csv")
+    assert "is a directory" in err and "Traceback" not in err
+
+    code, _, err = run_here(capsys, "bench", "--methods", "nope", "--out", out)
+    assert code == 2 and "unknown method 'nope'" in err
+    code, _, err = run_here(capsys, "report", tmp_path / "empty")
+    assert code == 2 and "no results.sqlite" in err
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "results.sqlite").write_bytes(b"garbage" * 500)
-    broken = run("report", str(tmp_path / "broken"), cwd=tmp_path)
-    assert broken.returncode == 2 and "is corrupted" in broken.stderr and "Traceback" not in broken.stderr
+    code, _, err = run_here(capsys, "report", tmp_path / "broken")
+    assert code == 2 and "is corrupted" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from forked import Forker
-
 ROOT = Path(__file__).resolve().parents[1]
 
 RUNS = {  # script: (tiny arguments, a line its output must hold)
@@ -69,13 +67,6 @@ LEFT_OUT = {"real_pair", "smollm2_drafter", "rules_against", "tune_vs_grid",  # 
 def _run(command: list[str], env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-
-
-@pytest.fixture(scope="module")
-def forker():
-    with Forker(["torch", "transformers", "transformers.models.llama.modeling_llama", "relaxspec.cli",
-                 "relaxspec.engine", "relaxspec.models.hf"], env={**os.environ, "OMP_NUM_THREADS": "1"}) as server:
-        yield server
 
 
 def test_every_benchmark_script_is_listed():

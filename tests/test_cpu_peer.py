@@ -1,8 +1,5 @@
 """benchmarks/cpu_peer.py's reduced mode (what CI runs, without llama.cpp): every format's rows and constants."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from conftest import benchmark_module
@@ -10,10 +7,8 @@ from conftest import benchmark_module
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_peer.py"
 
 
-def test_cpu_peer_quick_mode_prints_every_format():
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1] / "src")}
-    out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--no-progress"], capture_output=True, text=True,
-                         timeout=300, env=env)
+def test_cpu_peer_quick_mode_prints_every_format(forker):  # (forker: this tree's src first)
+    out = forker.run([SCRIPT, "--quick", "--no-progress"], cwd=SCRIPT.parents[1], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| 1 |")]
     assert {(r[2].strip(), r[3].strip(), r[4].strip()) for r in rows} == {

@@ -13,15 +13,11 @@ has still fails.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
-
-from forked import Forker
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "relaxspec"
@@ -152,17 +148,6 @@ for i, step in enumerate(steps):
 def runnable(page: Path) -> list[dict]:
     return [b for b in fenced_blocks(page.read_text(encoding="utf-8"))
             if b["lang"] in ("bash", "python") and b["not_run"] is None]
-
-
-@pytest.fixture(scope="module")
-def forker():
-    bindir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
-           "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
-    with Forker(["torch", "transformers", "transformers.models.llama.modeling_llama", "relaxspec.cli",
-                 "relaxspec.engine", "relaxspec.models.hf"], env=env) as server:
-        yield server
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)], ids=lambda p: p.name)

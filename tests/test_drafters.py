@@ -1,11 +1,7 @@
 """The drafter protocol and its three kinds: LM, MTP head, prompt lookup (docs/design.md, "Drafters")."""
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +15,6 @@ from relaxspec.models.quant import dequantize_int4, quantize_int4
 from relaxspec.training.mtp import TrainConfig, train_head, training_prompts
 from relaxspec.tasks import synthetic
 from test_engine import SHORT_PROMPTS, strict_vs_ar_by_position
-
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def GREEDY(logits, i):  # the engine's sampler at temperature 0
@@ -383,7 +377,7 @@ def test_mtp_training_makes_no_tensor_on_the_default_device(builtin_pair, tmp_pa
     assert plain.keys() == meta.keys() and all(torch.equal(plain[k], meta[k]) for k in plain)
 
 
-def test_drafter_cli_trains_a_head_that_generate_uses(tmp_path, capsys):
+def test_drafter_cli_trains_a_head_that_generate_uses(tmp_path, capsys, forker):
     out = tmp_path / "head"
     assert main(["drafter", "train", "--task", "sorting", "--n", "4", "--steps", "3", "--batch-size", "2",
                  "--max-new-tokens", "10", "--out", str(out)]) == 0
@@ -401,9 +395,8 @@ def test_drafter_cli_trains_a_head_that_generate_uses(tmp_path, capsys):
     assert capsys.readouterr().err == "relaxspec: error: give the training prompts: --prompts FILE or --task NAME " \
         "(repeatable)\n"
     # One real process: prompt lookup from the command line.
-    run = subprocess.run([sys.executable, "-m", "relaxspec", "generate", "--drafter", "ngram:n=2", "--json",
-                          "--prompt", _prompts(1)[0], "--max-new-tokens", "30"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": SRC})
+    run = forker.run(["-m", "relaxspec", "generate", "--drafter", "ngram:n=2", "--json", "--prompt", _prompts(1)[0],
+                      "--max-new-tokens", "30"], cwd=tmp_path)  # (forked: this tree's src first, conftest.forker)
     assert run.returncode == 0, run.stderr
     stats = json.loads(run.stdout)["stats"]
     assert stats["generated_tokens"] > 0 and stats["drafter_forwards"] == 0

@@ -1,9 +1,6 @@
 """Weight formats on a CPU (models/quant.py): float32, bfloat16 and int4 weight-only, for verifiers, LM drafters
 and MTP heads; `--dtype int4|bfloat16|float32|auto`."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -209,7 +206,7 @@ def test_sampled_strict_is_lossless_in_the_format(pairs, fmt):
     assert sd.stats.drafts_accepted > 0
 
 
-def test_a_model_that_cannot_be_int4_is_one_clear_line(tmp_path):
+def test_a_model_that_cannot_be_int4_is_one_clear_line(tmp_path, forker):
     model = tiny_llama(hidden=48)  # 48 inputs: not a multiple of the group size 32
     assert int4_problem((48, 48)) and int4_problem((50, 64)) is None
     model.save_pretrained(tmp_path / "odd")
@@ -224,9 +221,8 @@ def test_a_model_that_cannot_be_int4_is_one_clear_line(tmp_path):
                                          r"group size 32; use --dtype bfloat16 or float32"):
         load_model(tmp_path / "odd", device="cpu", dtype="int4")
     load_model(tmp_path / "odd", device="cpu", dtype="bfloat16")  # the other formats take it
-    out = subprocess.run([sys.executable, "-m", "relaxspec", "generate", "--verifier", str(tmp_path / "odd"),
-                          "--method", "ar", "--prompt", "x", "--dtype", "int4", "--max-new-tokens", "2"],
-                         capture_output=True, text=True, timeout=120)
+    out = forker.run(["-m", "relaxspec", "generate", "--verifier", tmp_path / "odd", "--method", "ar", "--prompt", "x",
+                      "--dtype", "int4", "--max-new-tokens", "2"], cwd=tmp_path, timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "cannot run as int4" in lines[0], out.stderr

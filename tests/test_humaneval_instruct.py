@@ -1,8 +1,5 @@
 """humaneval-instruct: EvalPlus's instruct prompt, the answer's code block, the HumanEval scorer in the sandbox."""
 
-import subprocess
-import sys
-
 import pytest
 
 from relaxspec.tasks import get_task, runs_code
@@ -74,23 +71,21 @@ def test_answer_with_its_own_wrong_assert_and_main_still_passes():
     assert task.score(fenced(solution("HumanEval/2") + extra), "HumanEval/2") == 1.0
 
 
-def test_tasks_show_prints_the_prompt():
-    out = subprocess.run([sys.executable, "-m", "relaxspec", "tasks", "show", "humaneval-instruct"],
-                         capture_output=True, text=True, timeout=120)
+def test_tasks_show_prints_the_prompt(forker, tmp_path):
+    out = forker.run(["-m", "relaxspec", "tasks", "show", "humaneval-instruct"], cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     assert INSTRUCTION in out.stdout and "HumanEval/0" in out.stdout
 
 
-def test_baselines_script_runs_and_resumes(tmp_path):
+def test_baselines_script_runs_and_resumes(tmp_path, forker):  # (forker: this tree's src first)
     """benchmarks/task_baselines.py at tiny scale on the built-in model (llama.cpp skipped: no GGUF file for
     it); a re-run finds every result stored and generates nothing."""
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "b.jsonl"
-    cmd = [sys.executable, str(root / "benchmarks" / "task_baselines.py"), "--model", "verifier", "--limit", "2",
-           "--max-new-tokens", "12", "--threads", "1", "--out", str(out), "--no-progress"]
-    env = {**__import__("os").environ, "PYTHONPATH": str(root / "src")}
-    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    cmd = [root / "benchmarks" / "task_baselines.py", "--model", "verifier", "--limit", "2", "--max-new-tokens", "12",
+           "--threads", "1", "--out", out, "--no-progress"]
+    first = forker.run(cmd, cwd=tmp_path, timeout=300)
     assert first.returncode == 0, first.stderr
     assert "llama.cpp: skipped" in first.stdout and "| relaxspec |" in first.stdout
     lines = out.read_text().splitlines()
@@ -99,7 +94,7 @@ def test_baselines_script_runs_and_resumes(tmp_path):
     recs = [json.loads(x) for x in lines]
     assert [r["task_id"] for r in recs] == ["HumanEval/0", "HumanEval/1"]
     assert all(r["system"] == "relaxspec" and 0 < len(r["token_ids"]) <= 12 for r in recs)
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    again = forker.run(cmd, cwd=tmp_path, timeout=300)
     assert again.returncode == 0 and "2 of 2 relaxspec results stored" in again.stdout
     assert out.read_text().splitlines() == lines
 

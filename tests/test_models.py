@@ -11,17 +11,35 @@ from relaxspec.models import FAMILY, builtin_path, load_model
 from relaxspec.models.commands import task_accuracy
 
 
-@pytest.mark.parametrize("name", list(FAMILY))
-def test_shipped_model_loads_offline_with_plain_transformers(name):
-    path = builtin_path(name)
-    code = ("import sys; from transformers import AutoModelForCausalLM, AutoTokenizer;"
-            f"m = AutoModelForCausalLM.from_pretrained({str(path)!r}); t = AutoTokenizer.from_pretrained({str(path)!r});"
-            "print(sum(p.numel() for p in m.parameters()), m.config.num_hidden_layers, m.config.hidden_size,"
-            " t.decode(t('Question: 12 + 3')['input_ids']))")
+PLAIN_LOAD = """
+import json, sys, traceback
+from transformers import AutoModelForCausalLM, AutoTokenizer
+for path in sys.argv[1:]:
+    try:
+        m, t = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+        print(json.dumps([sum(p.numel() for p in m.parameters()), m.config.num_hidden_layers, m.config.hidden_size,
+                          t.decode(t('Question: 12 + 3')['input_ids'])]), flush=True)
+    except Exception:
+        print(json.dumps(traceback.format_exc()), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def plain_loads():
+    """Every shipped model loaded offline by plain transformers, in one fresh process (one import of torch and
+    transformers, not one per model): {name: [params, layers, hidden, decoded text] or its traceback}."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-c", PLAIN_LOAD, *(str(builtin_path(name)) for name in FAMILY)],
+                         capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
-    params, layers, hidden, text = out.stdout.strip().split(" ", 3)
+    return dict(zip(FAMILY, map(json.loads, out.stdout.splitlines())))
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_shipped_model_loads_offline_with_plain_transformers(name, plain_loads):
+    path = builtin_path(name)
+    assert isinstance(plain_loads[name], list), plain_loads[name]
+    params, layers, hidden, text = plain_loads[name]
     spec = FAMILY[name]
     assert (int(layers), int(hidden)) == (spec.layers, spec.hidden)
     assert int(params) == json.loads((path / "relaxspec.json").read_text())["params"]

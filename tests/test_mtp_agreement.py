@@ -1,5 +1,3 @@
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -25,7 +23,6 @@ def test_the_trained_head_agrees_with_the_verifier_and_an_untrained_one_does_not
     assert trained[0] > 0.6 and fresh[0] < 0.3, (trained, fresh)
 
 
-def test_the_script_refuses_a_drafter_that_is_not_a_head():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--drafter", "drafter-weak", "--n", "1"],
-                         capture_output=True, text=True, timeout=120)
+def test_the_script_refuses_a_drafter_that_is_not_a_head(forker):
+    out = forker.run([SCRIPT, "--drafter", "drafter-weak", "--n", "1"], cwd=SCRIPT.parents[1], timeout=120)
     assert out.returncode == 2 and "not an MTP head" in out.stderr and "Traceback" not in out.stderr

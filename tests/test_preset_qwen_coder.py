@@ -106,14 +106,14 @@ def test_stage_configs_take_flags_over_the_preset():
     assert "42 cells on the first 42 of 164 problems" in text and "3.0 h" in text
 
 
-def _bench(out, *extra):
+def _bench(out, speed_prompts=1):
     # one prompt timed at batch 1 per cell, not the preset's 4: the timing path runs (new cells only on a resume),
     # at a quarter of its cost (4 prompts: ~40% of a run of the tiny pair); float32, not the preset's int4: the
     # tiny pair's 128-wide matrices run 10x slower through the int4 block kernel (its OpenMP calls dominate), and
     # what is tested here (stages, the store, interruption) does not depend on the weight format
     return [sys.executable, "-m", "relaxspec", "bench", "--preset", "qwen-coder", "--verifier", "verifier",
             "--drafter", "drafter-weak", "--limit", "1", "--max-new-tokens", "12", "--workers", "1", "--no-plots",
-            "--speed-prompts", "1", "--dtype", "float32", "--no-progress", "--out", str(out), *extra]
+            "--speed-prompts", str(speed_prompts), "--dtype", "float32", "--no-progress", "--out", str(out)]
 
 
 def _rows(out):
@@ -147,23 +147,39 @@ def _signalled(out, cells: int, signum) -> tuple[int, str]:
 
 
 def test_interrupted_run_resumes_to_the_same_rows(tmp_path):
+    """SIGTERM mid-stage: exit 143 with bench's 'interrupted' line (before: killed, the shell's bare 'Terminated');
+    the same command then stores what an uninterrupted run does."""
     env = {**os.environ, "PYTHONPATH": SRC}
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    run = subprocess.run(_bench(whole), capture_output=True, text=True, env=env, timeout=900)
+    # (no batch-1 timing in the whole run: it is not in the cells' keys nor in their rows)
+    run = subprocess.run(_bench(whole, speed_prompts=0), capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "42 cells on the first 1 of 164 problems" in run.stdout
     assert f"(greedy, T=0, {os.cpu_count()} threads)" in run.stderr  # every core unless --threads says otherwise
     want = _rows(whole)
     assert len(want) == 42
 
-    code, err = _signalled(resumed, 8, signal.SIGINT)
-    assert code == 130 and "re-run the same command to resume" in err
+    code, err = _signalled(resumed, 8, signal.SIGTERM)
+    assert code == 143, err[-2000:]
+    assert f"bench: interrupted; finished cells are stored in {resumed / 'results.sqlite'}; re-run the same command " \
+           "to resume" in err and "Traceback" not in err
     part = _rows(resumed)
     assert 0 < len(part) < len(want)
     again = subprocess.run(_bench(resumed), capture_output=True, text=True, env=env, timeout=900)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "skipped" in again.stdout
     assert _rows(resumed) == want
+
+
+def test_ctrl_c_and_sigterm_say_how_to_resume_with_the_shells_codes(capsys, tmp_path):
+    """The line and exit status of an interrupted bench (the preset's stages included): Ctrl-C (KeyboardInterrupt)
+    130, SIGTERM (Terminated, once on_sigterm ran) 143; a real signal: test_interrupted_run_resumes_to_the_same_rows."""
+    from relaxspec.bench.cli_args import Terminated, interrupted
+    assert interrupted("bench", "finished cells are", tmp_path, KeyboardInterrupt()) == 130
+    assert interrupted("bench", "finished cells are", tmp_path, Terminated()) == 143
+    line = f"\nbench: interrupted; finished cells are stored in {tmp_path / 'results.sqlite'}; re-run the same " \
+           "command to resume\n"
+    assert capsys.readouterr().err == line * 2
 
 
 # ------------------------------------------------------------------ its flags, checked before any model loads
@@ -219,12 +235,3 @@ def test_every_missing_model_is_named_with_one_fetch(capsys, tmp_path, monkeypat
     err = _refused(capsys, "bench", "--verifier", "qwen2.5-coder-1.5b", "--drafter", "qwen2.5-coder-0.5b,drafter-weak",
                    "--out", tmp_path / "b")  # a plain bench too
     assert err.rstrip().endswith("run `relaxspec models fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b`")
-
-
-def test_sigterm_stops_the_preset_as_plain_bench(tmp_path):
-    """SIGTERM mid-stage: exit 143 with bench's 'interrupted' line (before: killed, the shell's bare 'Terminated')."""
-    out = tmp_path / "b"
-    code, err = _signalled(out, 1, signal.SIGTERM)
-    assert code == 143, err[-2000:]
-    assert f"bench: interrupted; finished cells are stored in {out / 'results.sqlite'}" in err
-    assert "Traceback" not in err

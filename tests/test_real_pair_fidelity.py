@@ -51,11 +51,10 @@ def test_compare_finds_the_divergence_its_gaps_and_the_kl():
     assert shorter["first_divergence"] == 3 and shorter["ref_gap"] is None
 
 
-def test_tiny_run_against_float32(tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPT), "--model", "verifier", "--formats", "float32", "int4",
-                          "--prompts", "2", "--max-new-tokens", "12", "--threads", "1", "--reference", "float32",
-                          "--no-progress", "--csv", str(tmp_path / "f.csv")], capture_output=True, text=True,
-                         timeout=300, env=ENV, cwd=ROOT)
+def test_tiny_run_against_float32(tmp_path, forker):  # (forker: one torch thread, src first, as ENV)
+    out = forker.run([SCRIPT, "--model", "verifier", "--formats", "float32", "int4", "--prompts", "2",
+                      "--max-new-tokens", "12", "--threads", "1", "--reference", "float32", "--no-progress", "--csv",
+                      str(tmp_path / "f.csv")], cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = _rows(out.stdout)
     assert rows["float32"][1:4] == ["1.000", "1.000", "2/2"] and float(rows["float32"][5]) == 0.0

@@ -7,8 +7,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,18 +15,13 @@ from conftest import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "real_pair_peer.py"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 
 
-def _run(*args, timeout=300):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env=ENV, cwd=ROOT)
-
-
-def test_tiny_run_has_every_row_its_constants_and_the_csv(tmp_path):
-    out = _run("--verifier", "verifier", "--drafter", "drafter-weak", "--formats", "int4", "auto", "--threads", "1",
-               "--draft-lengths", "3", "auto", "--code-prompts", "1", "--chat-prompts", "1", "--max-new-tokens", "12",
-               "--rounds", "3", "--no-progress", "--csv", str(tmp_path / "peer.csv"))
+def test_tiny_run_has_every_row_its_constants_and_the_csv(tmp_path, forker):  # (forker: one torch thread, src first)
+    out = forker.run([SCRIPT, "--verifier", "verifier", "--drafter", "drafter-weak", "--formats", "int4", "auto",
+                      "--threads", "1", "--draft-lengths", "3", "auto", "--code-prompts", "1", "--chat-prompts", "1",
+                      "--max-new-tokens", "12", "--rounds", "3", "--no-progress", "--csv", str(tmp_path / "peer.csv")],
+                     cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [[x.strip() for x in line.split("|")[1:-1]] for line in out.stdout.splitlines() if line.startswith("| 1 |")]
     assert {(r[2], r[3], r[4], r[5]) for r in rows} == {
@@ -49,12 +42,12 @@ def test_tiny_run_has_every_row_its_constants_and_the_csv(tmp_path):
     assert {r["N"] for r in table} == {"-", "3", "auto"}
 
 
-def test_bad_arguments_are_one_line_errors(tmp_path):
+def test_bad_arguments_are_one_line_errors(tmp_path, forker):
     for args, message in ((["--draft-lengths", "0"], "a draft length is an integer >= 1"),
                           (["--chat-prompts", "99"], "--chat-prompts must be between 0 and"),
                           (["--verifier", "verifier", "--drafter", "drafter-weak", "--llama-bin", str(tmp_path)],
                            "needs GGUF files")):
-        out = _run(*args, timeout=120)
+        out = forker.run([SCRIPT, *args], cwd=ROOT, timeout=120)
         assert out.returncode == 2 and message in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
 

@@ -19,10 +19,9 @@ TINY = dict(methods=["cactus:delta=10"], draft_lengths=[2], sizes=(2, 4), caps=(
             heldout_prompts=3, heldout_repeats=1, max_new_tokens=48, budget_minutes=30.0)
 
 
-def _cli(*args, timeout=300):
-    env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.run([sys.executable, "-m", "relaxspec", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+def _cli(forker, *args, timeout=300):
+    """`python -m relaxspec ARGS` in a process of its own (forked: this tree's src first, conftest.forker)."""
+    return forker.run(["-m", "relaxspec", *args], cwd=Path(SRC).parent, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +48,7 @@ def test_the_plot_title_fits_the_figure(tuned):
         plt.close(fig)
 
 
-def test_tune_writes_a_toml_that_generate_and_bench_read(tuned):
+def test_tune_writes_a_toml_that_generate_and_bench_read(tuned, forker):
     result, out = tuned
     assert result.choice is not None and Path(result.toml_path).is_file() and Path(result.plot_path).is_file()
     toml = Path(result.toml_path)
@@ -60,11 +59,11 @@ def test_tune_writes_a_toml_that_generate_and_bench_read(tuned):
     assert bench.draft_lengths == [result.choice.draft_length] and bench.tasks == ["arithmetic"]
     assert (bench.temperature, bench.top_p, bench.max_new_tokens) == (0.7, 0.95, 48)
     prompt = "Tom has 12 apples and buys 30 more. How many apples does he have?"
-    via_config = _cli("generate", "--config", str(toml), "--prompt", prompt, "--json")
+    via_config = _cli(forker, "generate", "--config", str(toml), "--prompt", prompt, "--json")
     assert via_config.returncode == 0, via_config.stderr
     c = result.choice
     params = [a for k, v in c.params for a in ("--param", f"{k}={v}")]
-    explicit = _cli("generate", "--prompt", prompt, "--json", "--method", c.method, "--draft-length",
+    explicit = _cli(forker, "generate", "--prompt", prompt, "--json", "--method", c.method, "--draft-length",
                     str(c.draft_length), "--temperature", "0.7", "--top-p", "0.95", "--max-new-tokens", "48", *params)
     assert explicit.returncode == 0, explicit.stderr
     got, want = json.loads(via_config.stdout), json.loads(explicit.stdout)
@@ -72,10 +71,10 @@ def test_tune_writes_a_toml_that_generate_and_bench_read(tuned):
     assert got["stats"]["draft_length"] == c.draft_length
 
 
-def test_generate_config_rejects_unknown_keys(tmp_path):
+def test_generate_config_rejects_unknown_keys(tmp_path, forker):
     bad = tmp_path / "bad.toml"
     bad.write_text('method = "strict"\nfrobnicate = 3\n')
-    run = _cli("generate", "--config", str(bad), "--prompt", "hi")
+    run = _cli(forker, "generate", "--config", str(bad), "--prompt", "hi")
     assert run.returncode == 2 and "relaxspec: error: generate config" in run.stderr and "frobnicate" in run.stderr
     assert "Traceback" not in run.stderr
 
@@ -134,8 +133,8 @@ def test_ratio_interval_on_known_vectors():
     assert math.isnan(speed_interval("measured-bs1", {}, None, 2, 0, 0.1, 1.0, 0.95).mean)  # not measured
 
 
-def test_cli_tune_errors_are_one_line(tmp_path):
-    run = _cli("tune", "--max-drop", "1.5", "--out", str(tmp_path))
+def test_cli_tune_errors_are_one_line(tmp_path, forker):
+    run = _cli(forker, "tune", "--max-drop", "1.5", "--out", str(tmp_path))
     assert run.returncode == 2 and run.stderr.strip().startswith("relaxspec: error: tune: max drop")
 
 

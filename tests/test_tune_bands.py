@@ -2,16 +2,10 @@
 prompt lookup as the drafter searches every rule it can serve."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from relaxspec.tune.run import TuneConfig, prompt_bands, run_tune
-
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def test_prompt_bands():
@@ -55,19 +49,16 @@ def test_tune_on_a_small_task_splits_it(tmp_path):
     assert result.confirm_samples > 0
 
 
-def test_tune_accepts_humaneval_instruct_and_refuses_too_wide_bands(tmp_path):
+def test_tune_accepts_humaneval_instruct_and_refuses_too_wide_bands(tmp_path, forker):  # (forker: src first)
     out = tmp_path / "tune"
-    env = {**os.environ, "PYTHONPATH": SRC}
-    run = subprocess.run([sys.executable, "-m", "relaxspec", "tune", "--task", "humaneval-instruct", "--max-drop",
-                          "0.03", "--search-prompts", "100", "--heldout-prompts", "100", "--no-progress"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    run = forker.run(["-m", "relaxspec", "tune", "--task", "humaneval-instruct", "--max-drop", "0.03",
+                      "--search-prompts", "100", "--heldout-prompts", "100", "--no-progress"], cwd=tmp_path, timeout=300)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "has 164 prompts; it needs 100 search + 100 held-out" in run.stderr
-    tiny = subprocess.run([sys.executable, "-m", "relaxspec", "tune", "--task", "humaneval-instruct", "--max-drop",
-                           "0.03", "--search-prompts", "2", "--heldout-prompts", "2", "--rungs", "1,2", "--caps", "1",
-                           "--drafter", "ngram", "--draft-lengths", "2", "--max-new-tokens", "16",
-                           "--no-progress", "--no-plots", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    tiny = forker.run(["-m", "relaxspec", "tune", "--task", "humaneval-instruct", "--max-drop", "0.03",
+                       "--search-prompts", "2", "--heldout-prompts", "2", "--rungs", "1,2", "--caps", "1", "--drafter",
+                       "ngram", "--draft-lengths", "2", "--max-new-tokens", "16", "--no-progress", "--no-plots",
+                       "--out", out], cwd=tmp_path, timeout=600)
     assert tiny.returncode == 0, tiny.stderr
     assert "confirmation on 2 held-out samples" in tiny.stdout
     # every rule searched but those prompt lookup's one-hot q cannot serve, said once

@@ -1,9 +1,6 @@
 """Tune vs the exhaustive grid (relaxspec.tune.compare, benchmarks/tune_vs_grid.py) on two real bench stores whose
 samples are built so that every objective and interval is known exactly."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -96,17 +93,14 @@ def test_compare_constants_from_the_grid_or_given(stores):
         compare(grid, tune, constants="mine")
 
 
-def test_tune_vs_grid_script(stores, tmp_path):
+def test_tune_vs_grid_script(stores, tmp_path, forker):  # (forker: this tree's src first)
     grid, tune = stores
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     script = str(ROOT / "benchmarks" / "tune_vs_grid.py")
-    run = subprocess.run([sys.executable, script, "--grid", str(grid), "--tune", str(tune), "--c-block", "3"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    run = forker.run([script, "--grid", grid, "--tune", tune, "--c-block", "3"], cwd=tmp_path, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "N=2: 0.250/3.000" in run.stdout and "verdict:" in run.stdout
     (tune / "tune.toml").unlink()
-    bad = subprocess.run([sys.executable, script, "--grid", str(grid), "--tune", str(tune)], capture_output=True,
-                         text=True, env=env, timeout=120)
+    bad = forker.run([script, "--grid", grid, "--tune", tune], cwd=tmp_path, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("tune_vs_grid: error:") and "Traceback" not in bad.stderr
     with pytest.raises(ValueError, match="does not exist"):
         tune_choice(tmp_path)
