@@ -424,7 +424,7 @@ def test_auto_draft_length_follows_the_heuristic_schedule_and_stays_lossless(bui
     assert alone.results[0].token_ids == batch.results[3].token_ids
     with pytest.raises(ValueError, match="draft_length"):
         generate(verifier, drafter, ["x"], method="strict", draft_length="often")
-    n, prompt = 400, _prompts(1)[0]
+    n, prompt = 400, SHORT_PROMPTS[0]
     sd = generate(verifier, drafter, [prompt] * n, method="strict", draft_length="auto", seed=4, temperature=0.7,
                   max_new_tokens=16)
     ref = generate(verifier, None, [prompt] * n, method="ar", seed=5, temperature=0.7, max_new_tokens=16)

@@ -178,30 +178,24 @@ def test_bench_phase_setting(tmp_path):
         assert "relaxed only in the phase '..The answer is'" in format_report(rows, 0.03)
 
 
-def test_tune_setting_and_generate_config(tmp_path):
+def test_tune_setting_and_generate_config(tmp_path, forker):
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
     from relaxspec.tune.run import TuneConfig
     assert TuneConfig(phase="task").bench_config(4).phase == "task"
     with pytest.raises(ValueError, match="phase must be 'think' or 'BEGIN..END'"):
         TuneConfig(phase="answer").validate()
     toml = tmp_path / "tune.toml"  # what tune writes: the task's span resolved to its markers
     toml.write_text('method = "ensemble:weight=0.3"\ntemperature = 0.7\nphase = "..The answer is"\n')
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
 
-    def cli(*args):
-        out = subprocess.run([sys.executable, "-m", "relaxspec", "generate", "--prompt", PROMPTS[0], "--json",
-                              "--max-new-tokens", "60", *args], capture_output=True, text=True, env=env, timeout=300)
+    def cli(*args):  # in a process of its own (forked: this tree's src first, conftest.forker)
+        out = forker.run(["-m", "relaxspec", "generate", "--prompt", PROMPTS[0], "--json", "--max-new-tokens", "60",
+                          *args], cwd=tmp_path, timeout=300)
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)["results"][0]["token_ids"]
 
     explicit = cli("--method", "ensemble", "--param", "weight=0.3", "--temperature", "0.7", "--phase", "..The answer is")
     assert cli("--config", str(toml)) == explicit
-    bad = subprocess.run([sys.executable, "-m", "relaxspec", "generate", "--prompt", "x", "--phase", "task"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    bad = forker.run(["-m", "relaxspec", "generate", "--prompt", "x", "--phase", "task"], cwd=tmp_path, timeout=300)
     assert bad.returncode != 0 and "phase 'task' needs a task" in bad.stderr and "Traceback" not in bad.stderr
 
 
