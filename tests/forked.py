@@ -1,10 +1,10 @@
-"""Python scripts and modules run as `python SCRIPT ARGS...` and `python -m MODULE ARGS...` run them, each in a
-process of its own, without each paying the interpreter's start and the imports of torch and transformers (~3 s a
-run on a 2-core machine).
+"""Python scripts, modules and code run as `python SCRIPT ARGS...`, `python -m MODULE ARGS...` and `python -c CODE
+ARGS...` run them, each in a process of its own, without each paying the interpreter's start and the imports of
+torch and transformers (~3 s a run on a 2-core machine).
 
 A server process (this file run as a script) imports the given modules once, then forks a child per run: the child
-takes the run's argv, working directory, environment additions and output files, puts the script's folder (or, for
--m, the working directory) first on sys.path, runs the script or module as `__main__` (runpy), runs the exit
+takes the run's argv, working directory, environment additions and output files, puts the script's folder (for -m,
+the working directory; for -c, '') first on sys.path, runs the script, module or code as `__main__`, runs the exit
 handlers it registered and exits with its exit code (SystemExit's, or 1 after the traceback of an uncaught
 exception, as Python does). The children share nothing but the imported modules, as they were before any run: a run
 leaves nothing behind for the next. The server runs no code of the scripts itself and starts no threads. What is
@@ -13,6 +13,7 @@ read once at import (OpenMP's settings, the Hugging Face hub's) is read from the
     with Forker(["torch", "transformers"], env=...) as forker:
         done = forker.run(["benchmarks/x.py", "--n", "2"], cwd=ROOT, timeout=240)   # a CompletedProcess
         done = forker.run(["-m", "relaxspec", "methods"], cwd=tmp)
+        done = forker.run(["-c", "import relaxspec; print(relaxspec.__version__)"], cwd=tmp, env={"X": "1"})
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Forker:
 
     def run(self, argv: list[str], cwd: str | os.PathLike, env: dict | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
-        """`python *argv` (a script's path or -m MODULE, then its arguments) in `cwd`, with `env` added to the
+        """`python *argv` (a script's path, -m MODULE or -c CODE, then its arguments) in `cwd`, with `env` added to the
         server's environment: a CompletedProcess (text stdout and stderr); subprocess.TimeoutExpired after `timeout`
         s (the child killed)."""
         with tempfile.TemporaryDirectory(prefix="forked-") as tmp:
@@ -96,6 +97,12 @@ def _child(job: dict) -> None:
                 sys.argv = job["argv"][1:]  # (run_module puts the module's file first)
                 sys.path[0] = os.getcwd()  # (the server's: this folder)
                 runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+            elif job["argv"][0] == "-c":
+                import types
+                sys.argv = ["-c", *job["argv"][2:]]
+                sys.path[0] = ""
+                main = sys.modules["__main__"] = types.ModuleType("__main__")
+                exec(compile(job["argv"][1], "<string>", "exec"), main.__dict__)
             else:
                 sys.argv = list(job["argv"])
                 sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))

@@ -1,10 +1,6 @@
 """The float32 small-weight kernel (models/f32_kernels.py): numbers against a float64 reference, rows independent of
 the block they are in (bit for bit), exact packing, and sgemm's path when native kernels are off."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -63,12 +59,11 @@ def test_packing_is_exact_and_dense_reads_the_weight_back():
     assert torch.equal(Linear(w).dense(), w)
 
 
-def test_without_native_kernels_small_weights_use_sgemm_with_the_same_numbers():
+def test_without_native_kernels_small_weights_use_sgemm_with_the_same_numbers(forker, tmp_path):
     code = ("import torch; from relaxspec.models.quant import Linear; torch.manual_seed(1); w = torch.randn(96, 40);"
             "lin = Linear(w); x = torch.randn(5, 40); assert lin.tiles is None and lin.t is not None;"
             "assert torch.allclose(lin(x), x @ w.t(), atol=1e-5); print('sgemm')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "RELAXSPEC_NATIVE": "0"})
+    out = forker.run(["-c", code], cwd=tmp_path, env={"RELAXSPEC_NATIVE": "0"}, timeout=300)  # (conftest.forker)
     assert out.returncode == 0 and out.stdout.strip() == "sgemm", out.stderr[-2000:]
 
 

@@ -1,5 +1,6 @@
-"""tests/forked.py runs a script as `python SCRIPT ARGS` would: its argv, folder on sys.path, working directory,
-environment, output, exit handlers and exit code, in a process of its own that leaves nothing for the next run."""
+"""tests/forked.py runs a script as `python SCRIPT ARGS` would (and code and modules as -c and -m): its argv, folder
+on sys.path, working directory, environment, output, exit handlers and exit code, in a process of its own that leaves
+nothing for the next run."""
 
 import os
 import subprocess
@@ -50,6 +51,21 @@ def test_a_script_runs_as_python_runs_it(forker, tmp_path):
     real = subprocess.run([sys.executable, tmp_path / "s.py", "3"], cwd=work, capture_output=True, text=True,
                           env={**os.environ, "FORKED_TEST": "on"})
     assert (real.returncode, json.loads(real.stdout.splitlines()[0])["path0"]) == (3, str(tmp_path))
+
+
+def test_code_and_a_module_run_as_with_c_and_m(forker, tmp_path):
+    import json
+
+    (tmp_path / "mod.py").write_text(SCRIPT)
+    (tmp_path / "helper.py").write_text("")
+    code = ("import json, os, sys; print(json.dumps([sys.argv, __name__, sys.path[0], os.getcwd(), "
+            "os.environ.get('FORKED_TEST')])); sys.exit(4)")
+    done = forker.run(["-c", code, "a", "b"], cwd=tmp_path, env={"FORKED_TEST": "c"})
+    assert done.returncode == 4, done.stderr
+    assert json.loads(done.stdout) == [["-c", "a", "b"], "__main__", "", str(tmp_path), "c"]
+    module = forker.run(["-m", "mod", "5"], cwd=tmp_path)  # (found in the working directory, as -m does)
+    said = json.loads(module.stdout.splitlines()[0])
+    assert module.returncode == 5 and said["argv"] == [str(tmp_path / "mod.py"), "5"] and said["name"] == "__main__"
 
 
 def test_a_failing_script_fails_and_a_hung_one_times_out(forker, tmp_path):

@@ -1,10 +1,6 @@
 """The int4 block kernel (models/int4_block.py): numbers against a float32 dequantize-then-matmul reference, rows
 independent of the block they are in (bit for bit), and a clean fallback to aten's kernel when it cannot be built."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -148,7 +144,7 @@ def test_the_kernel_builds_here():
     assert int4_block.kernel() is not None
 
 
-def test_without_a_compiler_int4_falls_back_to_aten_with_one_warning_line(tmp_path):
+def test_without_a_compiler_int4_falls_back_to_aten_with_one_warning_line(tmp_path, forker):
     """RELAXSPEC_INT4_KERNEL=block asks for the block kernel; a build that fails is one warning, then aten."""
     code = ("import warnings, torch\n"
             "with warnings.catch_warnings(record=True) as caught:\n"
@@ -158,17 +154,16 @@ def test_without_a_compiler_int4_falls_back_to_aten_with_one_warning_line(tmp_pa
             "    y = lin(torch.randn(3, 96))\n"
             "print(lin.block is None, lin.packed is not None, tuple(y.shape))\n"
             "print(len(caught)); print(caught[0].message if caught else '')\n")
-    env = {**os.environ, "CC": "/bin/false", "RELAXSPEC_CACHE": str(tmp_path), "RELAXSPEC_INT4_KERNEL": "block",
-           "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("RELAXSPEC_NATIVE", None)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    env = {"CC": "/bin/false", "RELAXSPEC_CACHE": str(tmp_path), "RELAXSPEC_INT4_KERNEL": "block",
+           "RELAXSPEC_NATIVE": "1"}  # (a process of its own, relaxspec imported there: conftest.forker)
+    out = forker.run(["-c", code], cwd=tmp_path, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     used, count, message = out.stdout.strip().splitlines()
     assert (used, count) == ("True True (3, 64)", "1")  # aten's kernel, one warning
     assert message.startswith("relaxspec int4 block kernel unavailable (") and "aten" in message
 
 
-def test_relaxspec_native_0_turns_the_int4_kernel_off_silently():
+def test_relaxspec_native_0_turns_the_int4_kernel_off_silently(forker, tmp_path):
     """RELAXSPEC_NATIVE=0 turns off every native kernel, int4's too: aten's kernel, no build, no warning."""
     code = ("import warnings, torch\n"
             "with warnings.catch_warnings(record=True) as caught:\n"
@@ -178,13 +173,12 @@ def test_relaxspec_native_0_turns_the_int4_kernel_off_silently():
             "    lin = Linear(torch.randn(64, 96), 'int4', int4_impl='block')\n"
             "    y = lin(torch.randn(3, 96))\n"
             "print(int4_block.kernel() is None, lin.block is None, lin.packed is not None, len(caught))\n")
-    env = {**os.environ, "RELAXSPEC_NATIVE": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    out = forker.run(["-c", code], cwd=tmp_path, env={"RELAXSPEC_NATIVE": "0"}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "True", "True", "0"]
 
 
-def test_relaxspec_native_0_turns_the_block_kernel_off_too():
+def test_relaxspec_native_0_turns_the_block_kernel_off_too(forker, tmp_path):
     """RELAXSPEC_NATIVE=0 turns off every kernel relaxspec builds, this one included: int4 runs aten's kernel, with
     no build and no warning, for a weight quantized here and for a file's own codes (quant.Int4Codes); bfloat16
     oneDNN's alone."""
@@ -197,9 +191,8 @@ def test_relaxspec_native_0_turns_the_block_kernel_off_too():
             "    ys = [lin(torch.randn(3, 96)) for lin in lins]\n"
             "    bf16 = Linear(w, 'bfloat16')\n"
             "print([(lin.block is None, lin.packed is not None) for lin in lins], len(caught), bf16.bf16_kernel)\n")
-    env = {**os.environ, "RELAXSPEC_NATIVE": "0", "RELAXSPEC_INT4_KERNEL": "block",
-           "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    out = forker.run(["-c", code], cwd=tmp_path, env={"RELAXSPEC_NATIVE": "0", "RELAXSPEC_INT4_KERNEL": "block"},
+                     timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[(True, True), (True, True)] 0 False", out.stdout + out.stderr[-2000:]
     assert "int4 block kernel" not in out.stderr
