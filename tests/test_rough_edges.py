@@ -198,8 +198,8 @@ def test_sigterm_ends_a_bench_and_its_workers_quietly(tmp_path):
     them (BrokenPipeError), no leaked semaphores; exit 143, what is stored kept."""
     import signal
     import time
-    # a look of ~20 s on 2 cores (25 cells of 64 problems): the signal lands mid-look however fast the machine, once
-    # the first cell has finished (the workers are running); small cells (before: 11 of 256), the first done sooner
+    # a look of ~40 s on 2 cores (25 cells of 64 problems; the first done after ~9 s, the workers' start included):
+    # the signal lands mid-look however fast the machine, once the first cell has finished (the workers are running)
     bench = subprocess.Popen([RELAXSPEC, "bench", "--limit", "64", "--max-new-tokens", "96", "--speed-prompts", "0",
                               "--workers", "2", "--looks", "1", "--no-plots", "--methods",
                               "ar,strict,cactus,mentored,ensemble", "--draft-lengths", "3,5", "--out", str(tmp_path / "b")],
