@@ -52,14 +52,18 @@ def shipped_for_names(pairs, directory: Path | None = None) -> Path | None:
     drafter) as a bench config names them (registry or built-in names; the fingerprints are checked where the
     models are loaded, `classifier_for_pair`); None: none ships for them."""
     pairs = {(str(v), str(d)) for v, d in pairs}
+    return next((path for path, clf in _shipped(directory)
+                 if (str(clf.spec.get("verifier")), str(clf.spec.get("drafter"))) in pairs), None)
+
+
+def _shipped(directory: Path | None):
+    """(path, classifier) of each classifier in `directory` (default `BUILTIN_DIR`, read at each call), by name; a
+    foreign `*.pt` file (not a classifier for any pair) is passed over."""
     for path in sorted(Path(BUILTIN_DIR if directory is None else directory).glob("*.pt")):
         try:
-            spec = load_classifier(path).spec
+            yield path, load_classifier(path)
         except (OSError, ValueError):
             continue
-        if (str(spec.get("verifier")), str(spec.get("drafter"))) in pairs:
-            return path
-    return None
 
 
 def classifier_for_pair(verifier, drafter=None, directory: Path | None = None, force: bool = False) -> Path:
@@ -69,11 +73,7 @@ def classifier_for_pair(verifier, drafter=None, directory: Path | None = None, f
     None there: a FileNotFoundError in one line naming the command that trains one."""
     directory = Path(BUILTIN_DIR if directory is None else directory)
     for_verifier = None
-    for path in sorted(directory.glob("*.pt")):
-        try:
-            clf = load_classifier(path)
-        except (OSError, ValueError):
-            continue  # (a foreign file: not a classifier for any pair)
+    for path, clf in _shipped(directory):
         if not clf.check_models(verifier, drafter):
             return path
         if for_verifier is None and not clf.check_models(verifier):
