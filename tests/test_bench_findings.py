@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from relaxspec.acceptance import RULES
-from relaxspec.bench.commands import config_from_args, register
+from relaxspec.cli.bench import config_from_args, register
 from relaxspec.bench.config import BenchConfig, estimate_minutes, needs_classifier
 from relaxspec.study.findings import DEFAULT_MAX_DROP as FINDINGS_MAX_DROP
 from relaxspec.study.findings import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, check_findings, format_findings

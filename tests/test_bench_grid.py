@@ -74,7 +74,7 @@ def test_repeats_double_per_look_and_settings_are_checked():
 def test_toml_config_and_flag_override(tmp_path):
     import argparse
 
-    from relaxspec.bench.commands import config_from_args, register
+    from relaxspec.cli.bench import config_from_args, register
     (tmp_path / "b.toml").write_text('tasks = ["sorting"]\nmethods = ["ar", "cactus:delta=0.5"]\nlimit = 9\n'
                                      'draft_lengths = [4]\ntemperature = 0.0\nrepeats = 1\n')
     ap = argparse.ArgumentParser()

@@ -2,7 +2,7 @@ import json
 
 from relaxspec.acceptance import RULES
 from relaxspec.cli import main
-from relaxspec.engine.commands import parse_params, render_trace
+from relaxspec.cli.generate import parse_params, render_trace
 from relaxspec.engine import generate
 from relaxspec.tasks import synthetic
 

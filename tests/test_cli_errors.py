@@ -129,10 +129,10 @@ def test_version_stdin_and_help_defaults_in_real_subprocesses(tmp_path):
 
 
 def test_main_does_not_swallow_import_errors_of_its_own_modules(monkeypatch):
-    import relaxspec.pivot
+    import relaxspec.cli.pivot
 
     # As if the module failed to import (e.g. a syntax error or a missing dependency inside it).
-    monkeypatch.delattr(relaxspec.pivot, "commands")
-    monkeypatch.setitem(sys.modules, "relaxspec.pivot.commands", None)
+    monkeypatch.delattr(relaxspec.cli, "pivot")
+    monkeypatch.setitem(sys.modules, "relaxspec.cli.pivot", None)
     with pytest.raises(ImportError):
         main(["methods"])

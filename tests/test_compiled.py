@@ -157,7 +157,7 @@ def test_compile_flag_reaches_load_model_and_the_cell_key():
     from dataclasses import replace
 
     from relaxspec.bench.cell import CellSpec, cell_config, model_options
-    from relaxspec.bench.commands import config_from_args
+    from relaxspec.cli.bench import config_from_args
     from relaxspec.cli import build_parser
     from relaxspec.tune.run import TuneConfig
 

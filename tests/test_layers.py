@@ -16,11 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "relaxspec"
 DESIGN = ROOT / "docs" / "design.md"
-COMMANDS = "*/commands.py"  # each package's CLI module: the CLI layer, next to the package it drives
 
 
 def read_layers(text: str) -> list[list[str]]:
-    """The entries of each row of the "Layers" table, top row first: `pkg/`, `module.py` or `*/commands.py`."""
+    """The entries of each row of the "Layers" table, top row first: `pkg/` or `module.py`."""
     section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # after the header and |---|
     layers = [re.findall(r"`([^`]+)`", row.split("|")[1]) for row in rows]
@@ -32,9 +31,7 @@ def read_layers(text: str) -> list[list[str]]:
 def entry_of(path: Path, top: Path) -> str:
     """The layer-table entry a source file belongs to."""
     parts = path.relative_to(top).parts
-    if len(parts) == 1:
-        return parts[0]
-    return COMMANDS if len(parts) == 2 and parts[1] == "commands.py" else parts[0] + "/"
+    return parts[0] if len(parts) == 1 else parts[0] + "/"
 
 
 def _module_entry(module: str, top: Path) -> str | None:
@@ -44,10 +41,7 @@ def _module_entry(module: str, top: Path) -> str | None:
         return None
     if len(parts) == 1:
         return "__init__.py"
-    if (top / parts[1]).is_dir():
-        return COMMANDS if len(parts) > 2 and parts[2] == "commands" and (top / parts[1] / "commands.py").is_file() \
-            else parts[1] + "/"
-    return parts[1] + ".py"
+    return parts[1] + "/" if (top / parts[1]).is_dir() else parts[1] + ".py"
 
 
 def _is_module(top: Path, module: str) -> bool:
@@ -227,7 +221,7 @@ TABLE = """# design
 
 | layer | holds |
 |---|---|
-| `__init__.py`, `*/commands.py` | cli |
+| `__init__.py`, `cli/` | cli |
 | `high/` | top |
 | `low/` | bottom |
 | `base.py` | names |
@@ -237,7 +231,7 @@ TABLE = """# design
 
 
 def test_read_layers_takes_the_table_rows_top_first():
-    assert read_layers(TABLE) == [["__init__.py", "*/commands.py"], ["high/"], ["low/"], ["base.py"]]
+    assert read_layers(TABLE) == [["__init__.py", "cli/"], ["high/"], ["low/"], ["base.py"]]
     with pytest.raises(ValueError):
         read_layers("## Layers\n\nno table\n")
 
@@ -247,10 +241,11 @@ def test_downward_imports_pass(tmp_path):
         "base.py": "X = 1\n",
         "low/__init__.py": "from pkg.base import X\n",
         "high/__init__.py": "from pkg.low import X\n",
-        "high/commands.py": "def run():\n    from pkg.high import X\n",
+        "cli/__init__.py": "def run():\n    from pkg.high import X\n",
     })
     graph = import_graph(top)
     assert graph["high/"] == {"low/": ["pkg/high/__init__.py:1"]}
+    assert graph["cli/"] == {"high/": ["pkg/cli/__init__.py:2"]}
     assert violations(graph, read_layers(TABLE)) == []
 
 
@@ -275,18 +270,19 @@ def test_a_cycle_fails_even_within_one_row(tmp_path):
     assert violations(import_graph(top), read_layers(table)) == ["import cycle between high/ side/"]
 
 
-def test_a_command_module_belongs_to_the_cli_row_and_a_package_without_a_row_fails(tmp_path):
+def test_the_cli_may_import_any_row_but_no_package_imports_it_and_a_package_without_a_row_fails(tmp_path):
     top = _package(tmp_path, {
         "base.py": "",
         "low/__init__.py": "",
-        "low/commands.py": "import pkg.high\n",  # the CLI layer: may import any row
-        "high/__init__.py": "from pkg.low import commands\n",  # ... but no package may import it
+        "cli/__init__.py": "",
+        "cli/low.py": "import pkg.high\n",  # the CLI layer: may import any row
+        "high/__init__.py": "from pkg.cli import low\n",  # ... but no package may import it
         "extra/__init__.py": "",
     })
     assert violations(import_graph(top), read_layers(TABLE)) == [
         "extra/ is not in the layer table",
-        "upward import: high/ imports */commands.py (pkg/high/__init__.py:1)",
-        "import cycle between */commands.py high/"]
+        "upward import: high/ imports cli/ (pkg/high/__init__.py:1)",
+        "import cycle between cli/ high/"]
 
 
 def test_a_cycle_between_modules_inside_a_package_fails(tmp_path):
@@ -308,10 +304,9 @@ def test_an_import_past_a_package_s_public_api_fails(tmp_path):
         "base.py": "",
         "low/__init__.py": "from pkg.low.a import A, B\n__all__ = [\"A\"]\n",
         "low/a.py": "A = B = 1\n",
-        "low/commands.py": "",
         "high/__init__.py": "",
         "high/good.py": "from pkg.low import A\nimport pkg.low\n",
-        "high/commands.py": "from pkg.low import A\n",  # the CLI layer too: the public API only
+        "high/also_good.py": "def f():\n    from pkg.low import A\n",  # inside a function: the public API too
     })
     assert private_imports(top, "low", ("high",)) == []
     (top / "high" / "bad.py").write_text("from pkg.low import B\ndef f():\n    from ..low.a import A\n"

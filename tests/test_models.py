@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relaxspec.models import FAMILY, builtin_path, load_model
-from relaxspec.models.commands import task_accuracy
+from relaxspec.cli.models import task_accuracy
 
 
 PLAIN_LOAD = """
@@ -164,7 +164,7 @@ def test_training_script_runs_end_to_end_on_a_tiny_budget(tmp_path, capsys):
 
 
 def test_family_table_lists_each_kind_with_its_cost():
-    from relaxspec.models.commands import family_table
+    from relaxspec.cli.models import family_table
 
     table = family_table(tasks=("arithmetic",), n=2, temperatures=(0.0,))
     rows = {line.split()[0]: line.split() for line in table.splitlines()[2:] if line and not line.startswith("(")}

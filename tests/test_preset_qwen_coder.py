@@ -174,7 +174,7 @@ def test_interrupted_run_resumes_to_the_same_rows(tmp_path):
 def test_ctrl_c_and_sigterm_say_how_to_resume_with_the_shells_codes(capsys, tmp_path):
     """The line and exit status of an interrupted bench (the preset's stages included): Ctrl-C (KeyboardInterrupt)
     130, SIGTERM (Terminated, once on_sigterm ran) 143; a real signal: test_interrupted_run_resumes_to_the_same_rows."""
-    from relaxspec.bench.cli_args import Terminated, interrupted
+    from relaxspec.cli.options import Terminated, interrupted
     assert interrupted("bench", "finished cells are", tmp_path, KeyboardInterrupt()) == 130
     assert interrupted("bench", "finished cells are", tmp_path, Terminated()) == 143
     line = f"\nbench: interrupted; finished cells are stored in {tmp_path / 'results.sqlite'}; re-run the same " \

@@ -284,7 +284,7 @@ def test_phase_with_ar_is_refused(capsys):
 
 
 def test_failed_cells_say_whether_a_re_run_helps(capsys):
-    from relaxspec.bench.executors import print_failed
+    from relaxspec.cli.bench import print_failed
     transient = "cactus delta=1 N=3: RuntimeError: worker died"
     on_inputs = "typical N=3: ValueError: rule 'typical' reads q"
     print_failed([transient])

@@ -365,45 +365,10 @@ class RayExecutor(Executor):
             self.started = False
 
 
-def add_executor_arguments(parser) -> None:
-    """--executor, --ray-address, --cells-per-worker, --gpus-per-cell (bench and tune)."""
-    g = parser.add_argument_group("where cells run")
-    g.add_argument("--executor", choices=EXECUTORS, default="local",
-                   help="local: in this process; ray: on Ray workers (pip install 'relaxspec[ray]')")
-    g.add_argument("--ray-address", help="join this Ray cluster (auto or HOST:PORT; default: start a local instance "
-                                         "with this machine's CPUs)")
-    g.add_argument("--cells-per-worker", type=int, default=1,
-                   help="cells each Ray worker holds at a time, running + queued (default 1)")
-    g.add_argument("--gpus-per-cell", type=float, default=0.0, help="GPUs each Ray worker reserves (default 0)")
-
-
-def executor_options(args) -> ExecutorOptions:
-    """ExecutorOptions from the flags of add_executor_arguments; each Ray worker reserves --threads CPUs."""
-    options = ExecutorOptions(kind=args.executor, ray_address=args.ray_address,
-                              cells_per_worker=args.cells_per_worker, gpus_per_cell=args.gpus_per_cell,
-                              cpus_per_cell=float(getattr(args, "threads", None) or 1))
-    options.validate()
-    return options
-
-
-def print_failed(failed: list[str]) -> None:
-    """The cells (jobs) that raised, one line each, on stderr; whether a re-run can help: not for a cell that failed
-    on its inputs (a ValueError, or samples stored under another plan), which fails again until they change."""
-    import sys
-    if failed:
-        again = [line for line in failed if ": ValueError: " in line or line.endswith("use another --out")]
-        note = ("re-run to retry them" if not again else "each fails again until what it says is fixed"
-                if len(again) == len(failed) else
-                f"a re-run retries {len(failed) - len(again)}; the {len(again)} that failed on their inputs fail again")
-        print(f"{len(failed)} cells failed (not stored; {note}):", file=sys.stderr)
-        for line in failed:
-            print(f"  {line}", file=sys.stderr)
-
-
 def status_line(status: dict[str, str], width: int = 40) -> str:
     """Per-worker status for a progress bar: 'w0: <label> | w1: idle'."""
     return " | ".join(f"{w}: {label[:width] if label else 'idle'}" for w, label in status.items())
 
 
 __all__ = ["EXECUTORS", "ExecutorOptions", "Finished", "Executor", "LocalExecutor", "PoolExecutor", "RayExecutor",
-           "make_executor", "status_line", "import_ray", "add_executor_arguments", "executor_options", "print_failed"]
+           "make_executor", "status_line", "import_ray"]

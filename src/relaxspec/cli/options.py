@@ -1,11 +1,24 @@
-"""What the long-running commands share (bench, tune, models): list options, the thread count, and how a run
-stops on Ctrl-C or SIGTERM with what it stored kept."""
+"""What the commands share: the draft length (generate, bench, tune), list options, the thread count, where cells run
+(bench, tune), and how a long run stops on Ctrl-C or SIGTERM with what it stored kept."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from relaxspec.bench import ExecutorOptions
+from relaxspec.bench.executors import EXECUTORS
+
+
+def draft_length_arg(text: str):
+    """--draft-length: an integer, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def csv_list(cast):
@@ -21,11 +34,31 @@ def csv_list(cast):
     return parse
 
 
-
 def check_threads(threads: int) -> None:
     """--threads: ValueError (one line) unless a positive number of torch CPU threads."""
     if threads < 1:
         raise ValueError(f"--threads must be a positive integer, got {threads}")
+
+
+def add_executor_arguments(parser) -> None:
+    """--executor, --ray-address, --cells-per-worker, --gpus-per-cell (bench and tune)."""
+    g = parser.add_argument_group("where cells run")
+    g.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local: in this process; ray: on Ray workers (pip install 'relaxspec[ray]')")
+    g.add_argument("--ray-address", help="join this Ray cluster (auto or HOST:PORT; default: start a local instance "
+                                         "with this machine's CPUs)")
+    g.add_argument("--cells-per-worker", type=int, default=1,
+                   help="cells each Ray worker holds at a time, running + queued (default 1)")
+    g.add_argument("--gpus-per-cell", type=float, default=0.0, help="GPUs each Ray worker reserves (default 0)")
+
+
+def executor_options(args) -> ExecutorOptions:
+    """ExecutorOptions from the flags of add_executor_arguments; each Ray worker reserves --threads CPUs."""
+    options = ExecutorOptions(kind=args.executor, ray_address=args.ray_address,
+                              cells_per_worker=args.cells_per_worker, gpus_per_cell=args.gpus_per_cell,
+                              cpus_per_cell=float(getattr(args, "threads", None) or 1))
+    options.validate()
+    return options
 
 
 class Terminated(KeyboardInterrupt):

@@ -102,16 +102,6 @@ def apply_generate_config(args, defaults: dict) -> dict:
     return params
 
 
-def draft_length_arg(text: str):
-    """--draft-length: an integer, or 'auto'."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
-
-
 def cmd_generate(args) -> int:
     from relaxspec.acceptance import check_sampling_args
     from relaxspec.acceptance.random import check_seed
@@ -222,6 +212,7 @@ def render_trace(result, tokenizer, color: bool = False) -> str:
 
 def register(subparsers) -> None:
     from relaxspec.models.family import DEFAULT_DRAFTER, DEFAULT_VERIFIER
+    from relaxspec.cli.options import draft_length_arg
     from relaxspec.models.options import DefaultsHelpFormatter, add_compile_arg, add_device_args, add_prompt_args
 
     sub, defaults = subparsers, DefaultsHelpFormatter

@@ -1,8 +1,7 @@
 """`relaxspec models list / path / train / fetch`: the built-in family with sizes, latency, c_rel and task accuracy;
 registry models fetched by name into the user's cache (models/registry.py).
 
-A command module: it belongs to the CLI layer (it runs the engine on the tasks, and `models train` the
-training layer), next to the package it is about."""
+It runs the engine on the tasks, and `models train` the training layer: a CLI module, on the top layer."""
 
 from __future__ import annotations
 
@@ -79,7 +78,7 @@ def _head_row(path: Path, verifier, verifier_latency: float, accuracy_columns: i
 
 def cmd_fetch(args) -> int:
     """`relaxspec models fetch NAME...` (each file's path printed) or `--list`."""
-    from relaxspec.bench.cli_args import fetch_each
+    from relaxspec.cli.options import fetch_each
     from relaxspec.models import registry
 
     if args.list or not args.names:
@@ -111,7 +110,7 @@ def cmd_models(args) -> int:
                              f"{', '.join([*family.FAMILY, *family.BUILTIN_HEADS])}")
         print(family.builtin_path(args.name))
         return 0
-    from relaxspec.bench.cli_args import check_threads
+    from relaxspec.cli.options import check_threads
     from relaxspec.models.options import check_positive, device_kwargs
     from relaxspec.tasks import runs_code
     from relaxspec.tasks.sandbox import require_isolation

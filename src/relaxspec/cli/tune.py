@@ -6,6 +6,10 @@ import argparse
 import math
 from pathlib import Path
 
+from relaxspec.cli.options import (add_executor_arguments, check_threads, csv_list, draft_length_arg, executor_options,
+                                   interrupted, on_sigterm)
+from relaxspec.models.options import add_compile_arg, add_device_args
+
 TUNE_EPILOG = """\
 Searches strict at each N and every training-free rule over a range of strengths (its paper grid plus the
 points between; PAD when a classifier fits the pair) at each N, by successive halving on the coupled paired
@@ -35,8 +39,6 @@ def _positive_or_measured(text: str):
 
 
 def register(subparsers) -> None:
-    from relaxspec.bench import csv_list
-    from relaxspec.engine.commands import draft_length_arg
     from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
     from relaxspec.tune.objective import OBJECTIVES
     from relaxspec.tune.run import (DEFAULT_BUDGET_MINUTES, DEFAULT_HELDOUT_PROMPTS, DEFAULT_HELDOUT_REPEATS,
@@ -91,7 +93,6 @@ def register(subparsers) -> None:
                                    "or 'BEGIN..END' (as bench --phase)")
     t.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=f"output directory (default ./{DEFAULT_OUT})")
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    from relaxspec.models.options import add_compile_arg, add_device_args
     add_device_args(t)
     add_compile_arg(t)
     t.add_argument("--no-plots", action="store_true")
@@ -100,7 +101,6 @@ def register(subparsers) -> None:
                    help="run a pre-registered search / confirm protocol (see below)")
     t.add_argument("--plan", action="store_true", help="with --protocol: print its bands and price, run nothing")
     t.add_argument("--no-progress", action="store_true")
-    from relaxspec.bench import add_executor_arguments
     add_executor_arguments(t)
     t.set_defaults(func=cmd_tune, parser=t)
 
@@ -122,7 +122,6 @@ def cmd_tune(args) -> int:
         args.temperature = 0.7
     if runs_code(args.task):  # refused here, before any model loads, if unisolated
         require_isolation(args.unsafe_exec)
-    from relaxspec.bench import check_threads
     check_threads(args.threads)
     torch.set_num_threads(args.threads)
     config = TuneConfig(verifier=args.verifier, drafter=args.drafter, task=args.task, max_drop=args.max_drop,
@@ -136,10 +135,8 @@ def cmd_tune(args) -> int:
     for flag, name in (("draft_lengths", "draft_lengths"), ("rungs", "sizes"), ("caps", "caps")):
         if getattr(args, flag) is not None:
             setattr(config, name, tuple(getattr(args, flag)) if name != "draft_lengths" else getattr(args, flag))
-    from relaxspec.bench import interrupted, on_sigterm
     on_sigterm()
     try:
-        from relaxspec.bench import executor_options
         result = run_tune(config, progress=not args.no_progress, executor=executor_options(args))
     except KeyboardInterrupt as e:
         return interrupted("tune", "every finished sample is", args.out, e)
@@ -162,7 +159,6 @@ def cmd_protocol(args) -> int:
     each decision printed as it lands, the table in OUT/protocol.csv."""
     import torch
 
-    from relaxspec.bench import check_threads, interrupted, on_sigterm
     from relaxspec.tasks import runs_code
     from relaxspec.tasks.sandbox import require_isolation
     from relaxspec.tune.protocol import format_decision, format_plan, get_protocol, run_protocol
@@ -191,7 +187,6 @@ def cmd_protocol(args) -> int:
     check_threads(args.threads)
     torch.set_num_threads(args.threads)
     on_sigterm()
-    from relaxspec.bench import executor_options
     try:
         decisions = run_protocol(protocol, args.out, progress=not args.no_progress, drafters=drafters,
                                  temperatures=temperatures, executor=executor_options(args),
