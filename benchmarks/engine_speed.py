@@ -26,7 +26,7 @@ import torch
 from harness.options import add, parser
 from relaxspec.engine import generate
 from relaxspec.models import load_model, measure_step_latency
-from relaxspec.models.options import add_device_args, device_kwargs
+from relaxspec.cli.options import add_device_args, device_kwargs
 from relaxspec.tasks.synthetic import synthetic_task
 
 

@@ -7,9 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from relaxspec.cli.options import (add_executor_arguments, check_threads, csv_list, draft_length_arg, executor_options,
-                                   interrupted, on_sigterm)
-from relaxspec.models.options import add_compile_arg, add_device_args, add_prompt_args
+from relaxspec.cli.options import (add_compile_arg, add_device_args, add_executor_arguments, add_prompt_args,
+                                   check_threads, csv_list, draft_length_arg, executor_options, interrupted, on_sigterm)
 from relaxspec.study.findings import DEFAULT_MAX_DROP as FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,

@@ -18,7 +18,7 @@ def cmd_drafter(args) -> int:
     from relaxspec.models import load_model
     from relaxspec.drafters.mtp import HeadConfig
     from relaxspec.training.mtp import TrainConfig, train_head, training_prompts
-    from relaxspec.models.options import check_positive, device_kwargs
+    from relaxspec.cli.options import check_positive, device_kwargs
 
     if args.kind != "mtp":
         raise ValueError(f"drafter kind {args.kind!r} cannot be trained; trainable kinds: mtp")
@@ -43,7 +43,7 @@ def register(subparsers) -> None:
     from relaxspec.models.family import DEFAULT_VERIFIER
     from relaxspec.drafters.mtp import SAVE_DTYPES, HeadConfig
     from relaxspec.training.mtp import TrainConfig
-    from relaxspec.models.options import add_device_args
+    from relaxspec.cli.options import add_device_args
 
     d = subparsers.add_parser("drafter", help="train drafters for a verifier (MTP head)")
     dsub = d.add_subparsers(dest="drafter_cmd", required=True)

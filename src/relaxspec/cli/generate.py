@@ -110,7 +110,7 @@ def cmd_generate(args) -> int:
     from relaxspec.engine.phase import parse_phase
     from relaxspec.models import load_model
     from relaxspec.drafters import load_drafter
-    from relaxspec.models.options import check_positive, device_kwargs, prompt_kwargs
+    from relaxspec.cli.options import check_positive, device_kwargs, prompt_kwargs
 
     params = {}
     if args.config is not None:
@@ -212,8 +212,8 @@ def render_trace(result, tokenizer, color: bool = False) -> str:
 
 def register(subparsers) -> None:
     from relaxspec.models.family import DEFAULT_DRAFTER, DEFAULT_VERIFIER
-    from relaxspec.cli.options import draft_length_arg
-    from relaxspec.models.options import DefaultsHelpFormatter, add_compile_arg, add_device_args, add_prompt_args
+    from relaxspec.cli.options import (DefaultsHelpFormatter, add_compile_arg, add_device_args, add_prompt_args,
+                                       draft_length_arg)
 
     sub, defaults = subparsers, DefaultsHelpFormatter
     g = sub.add_parser("generate", help="speculative (or autoregressive) generation", formatter_class=defaults)

@@ -110,8 +110,7 @@ def cmd_models(args) -> int:
                              f"{', '.join([*family.FAMILY, *family.BUILTIN_HEADS])}")
         print(family.builtin_path(args.name))
         return 0
-    from relaxspec.cli.options import check_threads
-    from relaxspec.models.options import check_positive, device_kwargs
+    from relaxspec.cli.options import check_positive, check_threads, device_kwargs
     from relaxspec.tasks import runs_code
     from relaxspec.tasks.sandbox import require_isolation
 
@@ -139,7 +138,7 @@ def cmd_models(args) -> int:
 
 
 def register(subparsers) -> None:
-    from relaxspec.models.options import DefaultsHelpFormatter, add_device_args
+    from relaxspec.cli.options import DefaultsHelpFormatter, add_device_args
     from relaxspec.tasks.sandbox import UNSAFE_EXEC_HELP
 
     sub, defaults = subparsers, DefaultsHelpFormatter

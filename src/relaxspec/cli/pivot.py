@@ -42,7 +42,7 @@ def _label(args, out: Path) -> dict:
     import torch
 
     from relaxspec.models import load_model
-    from relaxspec.models.options import device_kwargs, prompt_kwargs
+    from relaxspec.cli.options import device_kwargs, prompt_kwargs
     from relaxspec.pivot.label import label_pivots
 
     if args.threads:
@@ -69,7 +69,7 @@ def _say_labelled(stats: dict, data: dict, out, n_prompts: int, file=None) -> No
 
 
 def cmd_label(args) -> int:
-    from relaxspec.models.options import check_positive
+    from relaxspec.cli.options import check_positive
     from relaxspec.pivot.label import label_stats
 
     check_positive(args, "prompts", "k", "max_new_tokens", "time_budget")
@@ -86,7 +86,7 @@ def cmd_label(args) -> int:
 def cmd_build(args) -> int:
     """Label (resumable, --time-budget a part), then train once every prompt is labelled: OUT/labels.pt,
     OUT/labels.pt.shards/, OUT/classifier.pt. Rerun the same command until it trains."""
-    from relaxspec.models.options import check_positive
+    from relaxspec.cli.options import check_positive
     from relaxspec.pivot import BUILTIN_DIR, shipped_name
     from relaxspec.pivot.label import label_stats
 
@@ -137,7 +137,7 @@ def cmd_train(args) -> int:
 
 
 def _label_args(lb, task: str, time_budget: float | None) -> None:
-    from relaxspec.models.options import add_device_args, add_prompt_args
+    from relaxspec.cli.options import add_device_args, add_prompt_args
 
     lb.add_argument("--task", default=task, choices=TASKS,
                     help="labelling problems, the task's 'pivot' split (word-problems: GSM8K-style, for chat models)")

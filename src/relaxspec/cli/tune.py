@@ -6,9 +6,8 @@ import argparse
 import math
 from pathlib import Path
 
-from relaxspec.cli.options import (add_executor_arguments, check_threads, csv_list, draft_length_arg, executor_options,
-                                   interrupted, on_sigterm)
-from relaxspec.models.options import add_compile_arg, add_device_args
+from relaxspec.cli.options import (add_compile_arg, add_device_args, add_executor_arguments, check_threads, csv_list,
+                                   draft_length_arg, executor_options, interrupted, on_sigterm)
 
 TUNE_EPILOG = """\
 Searches strict at each N and every training-free rule over a range of strengths (its paper grid plus the
