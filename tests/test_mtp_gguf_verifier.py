@@ -118,3 +118,19 @@ def test_the_command_trains_on_the_code_pool_with_a_gguf_verifier_in_int4(gguf, 
     for bar in ("verifier answers: 100%", "train mtp head: 100%"):
         assert bar in err and "<00:00" in err.split(bar)[1].split("\n")[0].split("\r")[0], err
     assert (out / "config.json").exists() and not (out / mtp.PARTS).exists()
+
+
+def test_a_head_for_a_gguf_verifier_drafts_for_its_file_in_any_dtype_and_for_no_other_file(gguf, verifier, tmp_path):
+    """The head's config names the verifier's file: loaded in float32 the same file has another LM head than its
+    int4 copy (re-quantized), and the head still serves it; another file with the same shapes is refused."""
+    from relaxspec.drafters.mtp import save_head, verifier_fingerprint
+    from relaxspec.models.gguf import gguf_fingerprint
+
+    save_head(MTPHead(HeadConfig(hidden=256, ffn=64)).eval(), verifier, tmp_path / "head", {})
+    float32 = load_model(str(gguf), dtype="float32", weight_cache=False)
+    assert verifier_fingerprint(float32) != verifier_fingerprint(verifier)  # the weights alone would refuse it
+    assert load_mtp_drafter(tmp_path / "head", float32).vocab_size == verifier.vocab_size
+    other = load_model(str(write_qwen2(tmp_path / "other-qwen2.gguf", {}, seed=1)), dtype="int4", weight_cache=False)
+    assert gguf_fingerprint(other) != gguf_fingerprint(verifier)
+    with pytest.raises(ValueError, match="was trained for verifier .*tiny-qwen2.gguf.* is a different model"):
+        load_mtp_drafter(tmp_path / "head", other)

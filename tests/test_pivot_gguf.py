@@ -14,7 +14,7 @@ import relaxspec.pivot as pivot
 from relaxspec.cli import main
 from relaxspec.models import load_model
 from relaxspec.pivot import classifier_for_pair, label_pivots, load_classifier
-from relaxspec.pivot.label import gguf_fingerprint
+from relaxspec.models.gguf import gguf_fingerprint
 from relaxspec.tasks.base import Example, Task
 
 torch.set_num_threads(1)

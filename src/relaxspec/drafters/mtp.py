@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from relaxspec.drafters.base import Drafter, Proposal
 from relaxspec.models.family import BUILTIN_HEADS, KIND, head_directory, is_mtp  # noqa: F401 - a head's file format
+from relaxspec.models.gguf import gguf_fingerprint
 from relaxspec.models.device import inference
 from relaxspec.models.fast_llama import DecoderLayers
 from relaxspec.models.hf import CausalLM
@@ -419,10 +420,19 @@ def save_head(head: MTPHead, verifier: CausalLM, out: Path, training: dict, dtyp
     config = {"relaxspec_kind": KIND, **asdict(head.cfg),
               "params": sum(p.numel() for p in head.parameters()), "dtype": dtype,
               "verifier": {"name": verifier.name, "fingerprint": verifier_fingerprint(verifier),
-                           "vocab_size": verifier.vocab_size},
+                           "file": gguf_fingerprint(verifier), "vocab_size": verifier.vocab_size},
               "lm_head": lm_head, "training": training}
     save_file(_saved_tensors(head, dtype), out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def trained_for(verifier: CausalLM, expected: dict) -> bool:
+    """Whether `verifier` is the one a head's config names: the same GGUF file, whatever --dtype it runs in (its
+    "file"), or the same embedding and LM head (`verifier_fingerprint`: an int4 copy's re-quantized LM head differs
+    from the file's own)."""
+    if expected.get("file") and expected["file"] == gguf_fingerprint(verifier):
+        return True
+    return verifier_fingerprint(verifier) == expected["fingerprint"]
 
 
 def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
@@ -432,7 +442,7 @@ def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
     path = head_directory(name)
     config = json.loads((path / "config.json").read_text())
     expected = config["verifier"]
-    if verifier_fingerprint(verifier) != expected["fingerprint"]:
+    if not trained_for(verifier, expected):
         raise ValueError(f"MTP drafter {str(name)!r} was trained for verifier {expected['name']!r} (fingerprint "
                          f"{expected['fingerprint']}); verifier {verifier.name!r} is a different model "
                          f"(fingerprint {verifier_fingerprint(verifier)}): train a head for it with "

@@ -52,6 +52,28 @@ def split_gguf(name_or_path) -> tuple[Path, str]:
     return path.parent, path.name
 
 
+def gguf_fingerprint(lm) -> str | None:
+    """`gguf-<16 hex of the file's SHA-256>` for a model loaded from a GGUF file (a registry name, FILE.gguf or
+    DIR::FILE.gguf), else None. The file decides the weights whatever --dtype it runs in, and its hash costs
+    nothing for a registry model (the fetch's marker vouches for it) and is remembered for other files (the
+    converted-weight cache's memo), where hashing a dequantized 1.5B model's state dict would take 6 GB."""
+    from relaxspec.models import weight_cache
+
+    name = getattr(lm, "name", None)
+    if not name or not is_gguf(name):
+        return None
+    try:
+        directory, file = split_gguf(name)
+        path = directory / file
+        if weight_cache.enabled():  # (remembered there; a registry model's marker vouches for its pinned hash)
+            return "gguf-" + weight_cache.file_sha256(path, weight_cache.directory())[:16]
+        from relaxspec import pinned
+
+        return "gguf-" + pinned.file_sha256(path, progress=False)[:16]
+    except (OSError, ValueError):
+        return None
+
+
 def check_gguf_packages(packages: tuple[str, ...] = REQUIRED_PACKAGES) -> None:
     missing = [name for name in packages if importlib.util.find_spec(name) is None]
     if missing:

@@ -63,10 +63,11 @@ class PivotClassifier(nn.Module):
 
     def check_models(self, verifier, drafter=None) -> list[str]:
         """Ways the given models differ from the ones this classifier was trained with (empty: same), by
-        the weight fingerprints it stores: a GGUF model's file hash in any dtype (`label.gguf_fingerprint`),
+        the weight fingerprints it stores: a GGUF model's file hash in any dtype (`models.gguf.gguf_fingerprint`),
         another model's float32 weights (by name for one loaded in another dtype than float32).
         The features depend on the verifier's hidden states and on both distributions."""
-        from relaxspec.pivot.label import gguf_fingerprint, model_fingerprint
+        from relaxspec.models.gguf import gguf_fingerprint
+        from relaxspec.pivot.label import model_fingerprint
 
         problems = []
         if verifier.model.config.hidden_size != self.hidden_mean.shape[0]:

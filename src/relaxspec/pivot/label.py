@@ -62,33 +62,13 @@ def _expand_cache(cache, n: int, device: torch.device):
     return rc
 
 
-def gguf_fingerprint(lm) -> str | None:
-    """`gguf-<16 hex of the file's SHA-256>` for a model loaded from a GGUF file (a registry name, FILE.gguf or
-    DIR::FILE.gguf), else None. The file decides the weights whatever --dtype it runs in, and its hash costs
-    nothing for a registry model (the fetch's marker vouches for it) and is remembered for other files (the
-    converted-weight cache's memo), where hashing a dequantized 1.5B model's state dict would take 6 GB."""
-    from relaxspec.models import gguf, weight_cache
-
-    name = getattr(lm, "name", None)
-    if not name or not gguf.is_gguf(name):
-        return None
-    try:
-        directory, file = gguf.split_gguf(name)
-        path = directory / file
-        if weight_cache.enabled():  # (remembered there; a registry model's marker vouches for its pinned hash)
-            return "gguf-" + weight_cache.file_sha256(path, weight_cache.directory())[:16]
-        from relaxspec import pinned
-
-        return "gguf-" + pinned.file_sha256(path, progress=False)[:16]
-    except (OSError, ValueError):
-        return None
-
-
 def model_fingerprint(lm) -> str:
     """A short hash of a model's weights, so labels, resumes and classifiers can tell retrained
     weights apart from the ones they were made with (names alone cannot): a GGUF model's file
     (`gguf_fingerprint`), else its state dict's float32 values."""
     import hashlib
+
+    from relaxspec.models.gguf import gguf_fingerprint
 
     from_file = gguf_fingerprint(lm)
     if from_file is not None:
