@@ -166,6 +166,34 @@ def test_temperature_zero_rule_and_strict_settings(method):
         verify(method, target, draft, x, temperature=0.0, greedy="argmax", **inputs)
 
 
+# points beyond the search grids where a rule's greedy_point changes: accept-every-draft settings
+GREEDY_POINTS_BEYOND_THE_GRID = {"fuzzy": [{"threshold": 1.0}], "r-fuzzy": [{"threshold": math.log(2)}],
+                                 "threshold": [{"single": 0.0}], "spec-casc-opt": [{"alpha": 3.0}]}
+
+
+@pytest.mark.parametrize("method", list(RULES))
+def test_greedy_point_names_the_tokens_a_point_emits_at_temperature_zero(method):
+    """tune searches a point at T = 0 as its rule's greedy_point (space.search_space): None must emit strict's
+    tokens (AR greedy's), another point the same tokens as the point it names."""
+    from relaxspec.tune.space import strength_points
+
+    target, draft, x = _greedy_block()
+    inputs = _inputs(method, tuple(x.shape))
+
+    def tokens(params):
+        return verify(method, target, draft, x, temperature=0.0, generator=torch.Generator().manual_seed(0),
+                      **params, **inputs).tokens
+    strict = verify("strict", target, draft, x, temperature=0.0).tokens
+    rule = RULES[method]
+    points = strength_points(method) + GREEDY_POINTS_BEYOND_THE_GRID.get(method, [])
+    for params in points:
+        point = rule.greedy_point(params)
+        assert torch.equal(tokens(params), strict if point is None else tokens(point)), (params, point)
+    relaxing = [p for p in points if rule.greedy_point(p) is not None]
+    assert bool(relaxing) == (method not in EXACTLY_STRICT_AT_GREEDY or method in GREEDY_POINTS_BEYOND_THE_GRID)
+    assert all(not torch.equal(tokens(p), strict) for p in relaxing), method
+
+
 def test_greedy_closed_form_rules_ignore_the_greedy_setting():
     target, draft, x = _greedy_block()
     for name, rule in RULES.items():

@@ -63,7 +63,8 @@ def test_estimate_prices_every_cell():
                       tau={"ngram": 1.6, "lm": 3.0})
     assert c.sample_s == pytest.approx(0.02 * 210)
     assert c.ratio(AR, 0, "ngram") == 1.0 == c.batch_ratio(AR)
-    assert c.batch_ratio("strict") == 1.5
+    assert c.batch_ratio("strict") == 1.5 == c.batch_ratio("strict", "qwen2.5-coder-0.5b")
+    assert c.batch_ratio("strict", "ngram") == c.batch_ratio("strict", "ngram:n=2") == pytest.approx((3 + 1) / 1.6)
     assert c.ratio("strict", 3, "ngram") == pytest.approx((1.3 + 3 * 0.003) / 1.6)
     assert c.ratio("strict", 3, "qwen2.5-coder-0.5b") == pytest.approx((1.3 + 3 * 0.39) / 3.0)
     assert c.ratio("strict", AUTO, "ngram") == c.ratio("strict", 5, "ngram")
@@ -76,6 +77,10 @@ def test_estimate_prices_every_cell():
     assert est["total"] == pytest.approx(4 * c.overhead_s + 10 * batched * c.sample_s + timing)
     assert presets.estimate(10, repeats=2, costs=c)["greedy"] == est["greedy"]  # greedy never repeats
     assert presets.estimate(10, repeats=2, costs=c)["sampled"] > est["sampled"]
+    # prompt lookup's cells at its own batched cost (the protocol's price uses the same)
+    ngram = presets.estimate(10, costs=c, drafter="ngram")
+    timing = sum(presets.timing_s(cells, c, "ngram") for cells in presets.grid("ngram").values())
+    assert ngram["total"] == pytest.approx(4 * c.overhead_s + 10 * (2 + 40 * 2.5) * c.sample_s + timing)
 
 
 def test_fit_problems_is_the_most_that_fits():

@@ -349,6 +349,9 @@ class Rule:
       proposal. `one_hot_q` says what the rule becomes then; a rule whose acceptance would no
       longer be controlled by the verifier is refused by `check_one_hot_q`.
     * `at_greedy`: what the rule does at temperature 0 (p and q one-hot), for the listing.
+    * `relaxes_at_greedy` / `greedy_point(params)`: whether a point of the rule can emit other tokens than strict's
+      (which are AR greedy's) at temperature 0, and which point stands for it there (a search at T = 0 runs only
+      those, once each: tune.space).
     * `draws_at_greedy`: at temperature 0 its test still keeps some drafts with a probability strictly between 0
       and 1 (ensemble's 1-w), so a caller must give it seeded uniforms there too (the engine does).
     * `reads_uniforms`: its test at a position reads the strict test's outcome at other positions of the row (FLy's
@@ -383,6 +386,7 @@ class Rule:
     one_hot_q: str = "accept min(1, p(x)): lossless for a deterministic drafter"
     at_greedy: str = "argmax matching: exactly strict"
     draws_at_greedy: bool = False
+    relaxes_at_greedy: bool = False
     trusts_q: bool = False
     accepts_at_least_strict: bool = False
 
@@ -449,6 +453,12 @@ class Rule:
             residual=normalize_or(self.residual(pos, **params), pos.p),
             bonus=normalize_or(self.bonus(ctx, **params), ctx.p[:, -1]),
         )
+
+    def greedy_point(self, params: dict) -> dict | None:
+        """At temperature 0: None where the point `params` emits strict's tokens (a rule that keeps no draft but the
+        verifier's argmax: AR greedy's tokens), else the parameters of the point that stands for every point of the
+        rule emitting the same tokens there (`params` itself unless a rule says more). Default: `relaxes_at_greedy`."""
+        return dict(params) if self.relaxes_at_greedy else None
 
     # --- parameters ---
 

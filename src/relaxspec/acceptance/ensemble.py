@@ -30,6 +30,7 @@ class EnsembleRule(Rule):
     valid_with_one_hot_q = False
     one_hot_q = ("the output law is w·p + (1-w)·δ_x: the draft is kept unchecked with probability 1-w, "
                  "even where p(x) = 0")
+    relaxes_at_greedy = True
     at_greedy = "a draft that is not the verifier's argmax is kept with probability 1-w"
     draws_at_greedy = True
 

@@ -52,6 +52,7 @@ class FlyRule(Rule):
     accepts_at_least_strict = True  # a deferral only keeps a draft the strict test rejected
     reads_uniforms = True
     one_hot_q = "the strict test becomes min(1, p(x)); the window reads those outcomes"
+    relaxes_at_greedy = True
     at_greedy = ("a mismatch where softmax(z_p)'s top-k entropy is >= the threshold is kept when the next W drafts "
                  "are the verifier's argmax (vLLM's greedy FLy)")
     params = {

@@ -28,6 +28,9 @@ class FuzzyRule(Rule):
                  "JSD(output, p) <= T per token still holds")
     at_greedy = "JSD is 0 (argmaxes agree) or ln 2: strict for 0 < T <= ln 2; T > ln 2 accepts every draft"
 
+    def greedy_point(self, params: dict) -> dict | None:
+        return None if params.get("threshold", self.params["threshold"].default) <= math.log(2) else dict(params)
+
     def accept_prob(self, pos: Positions, *, threshold: float) -> torch.Tensor:
         return (jsd(pos.p, pos.q) < threshold).to(pos.p.dtype)
 

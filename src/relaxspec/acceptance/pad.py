@@ -56,6 +56,7 @@ class PadRule(Rule):
         )
     }
     one_hot_q = "the strict test becomes min(1, p(x)); the classifier branch does not read q"
+    relaxes_at_greedy = True
     at_greedy = ("classifier floor: a mismatch is accepted when P(pivot) < threshold and p~(x) >= min_prob "
                  "(the PAD paper's greedy mode); authors floor: (match or P(pivot) <= threshold) and "
                  "p~(x)/q~(x) >= min_prob")

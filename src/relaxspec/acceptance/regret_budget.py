@@ -57,6 +57,7 @@ class RegretBudgetRule(Rule):
     accepts_at_least_strict = True  # the budget only keeps drafts the strict test rejected
     reads_uniforms = True
     one_hot_q = "the strict test becomes min(1, p(x)); the budget's branch does not read q"
+    relaxes_at_greedy = True
     at_greedy = ("a mismatch is kept while the request's regret max z_p - z_p(x) stays within the budget, under the "
                  "local gate and the cap (ASD)")
     params = {

@@ -29,6 +29,9 @@ class RFuzzyRule(Rule):
     one_hot_q = "accept if JSD(p, δ_x) <= T (p concentrated on x), else min(1, p(x))"
     at_greedy = "JSD is 0 (argmaxes agree) or ln 2: strict for T < ln 2; T >= ln 2 accepts every draft"
 
+    def greedy_point(self, params: dict) -> dict | None:
+        return None if params.get("threshold", self.params["threshold"].default) < math.log(2) else dict(params)
+
     def accept_prob(self, pos: Positions, *, threshold: float) -> torch.Tensor:
         return accept_or_strict(jsd(pos.p, pos.q) <= threshold, pos.p_x, pos.q_x)
 

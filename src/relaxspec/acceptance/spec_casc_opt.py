@@ -33,6 +33,9 @@ class SpecCascOptRule(Rule):
     one_hot_q = "max q = 1 passes the gate for every α >= 0: every draft is accepted, even where p(x) = 0"
     at_greedy = "max q = max p = 1, TV 0 or 1: every draft is accepted if α >= 0; strict if α < 0"
 
+    def greedy_point(self, params: dict) -> dict | None:  # every alpha >= 0 accepts every draft: 0 stands for them
+        return None if params.get("alpha", self.params["alpha"].default) < 0 else {"alpha": 0.0}
+
     def accept_prob(self, pos: Positions, *, alpha: float) -> torch.Tensor:
         slack = alpha * total_variation(pos.p, pos.q)
         gate = pos.q.amax(dim=-1) >= pos.p.amax(dim=-1) - slack

@@ -35,6 +35,9 @@ class SpecCascTokRule(Rule):
     one_hot_q = "π = δ_x if x is in the verifier's top set A, else p: accept x in A, else min(1, p(x))"
     at_greedy = "the drafter's argmax is accepted iff it is in A (from the untempered p̃), else strict"
 
+    def greedy_point(self, params: dict) -> dict | None:  # alpha = 0: A holds the argmax alone
+        return None if params.get("alpha", self.params["alpha"].default) == 0 else dict(params)
+
     def accept_prob(self, pos: Positions, *, alpha: float) -> torch.Tensor:
         # π(x) = q(x)·1[x∈A] + η·p(x): the same float operations as π's column x (residual).
         _, eta, floor = top_set(pos, alpha)

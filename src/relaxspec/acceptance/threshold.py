@@ -54,6 +54,9 @@ class ThresholdRule(Rule):
         ),
     }
 
+    def greedy_point(self, params: dict) -> dict | None:
+        return None if params.get("single", self.params["single"].default) > 0 else dict(params)
+
     def accept_prob(self, pos: Positions, *, single: float, acc: float) -> torch.Tensor:
         p_x = pos.p_x
         ratio = p_x / max(acc, ACC_FLOOR)

@@ -27,6 +27,7 @@ class TopkDeltaRule(Rule):
                    "p(x) >= p(top-1) - delta, else the strict test.")
     accepts_at_least_strict = True  # candidates accepted outright, the others get the strict test
     one_hot_q = "candidates accepted, any other draft with probability p(x)"
+    relaxes_at_greedy = True
     at_greedy = "a draft among the top-k of softmax(z_p) within delta of the top-1 is accepted (TensorRT-LLM's rule)"
     params = {
         "topk": ParamSpec(

@@ -23,6 +23,7 @@ class TopkRatioRule(Rule):
                    "p(x) >= ratio * p(top-1), else the strict test.")
     accepts_at_least_strict = True  # candidates accepted outright, the others get the strict test
     one_hot_q = "candidates accepted, any other draft with probability p(x)"
+    relaxes_at_greedy = True
     at_greedy = "a draft among the top-k of softmax(z_p) with p~(x) >= ratio * p~(top-1) is accepted (the PR's rule)"
     params = {
         "topk": ParamSpec(

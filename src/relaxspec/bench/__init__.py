@@ -7,7 +7,9 @@ The public API (`__all__`), which the layers above (tune, study, the CLI) use an
 * executors: `Executor` (local, process pool and Ray, one interface), `ExecutorOptions`, `make_executor`;
 * settings: the method grammar, the rules' declared costs, checks of the settings tune shares, `phase_for`;
 * statistics and speed models: `Interval` and the interval functions, `decision` and its states, `rounds` /
-  `round_cost`, `C_REL_GRID`; the report's rows (`build_rows`, `with_decisions`).
+  `round_cost`, `C_REL_GRID`; the report's rows (`build_rows`, `with_decisions`);
+* prices: `Costs` (what a sample costs on this project's 2-core machine, per drafter: the preset's and tune's
+  protocols' prices).
 Names shared by every layer (`AR`, `AUTO`, `STRICT`, `method_label`, `draft_length_order`) are relaxspec.names';
 everything else is internal, imported from its module.
 """
@@ -19,6 +21,7 @@ from relaxspec.bench.config import (BenchConfig, check_draft_confidence_setting,
 from relaxspec.bench.executors import Executor, ExecutorOptions, make_executor
 from relaxspec.bench.metrics import BEYOND, NO_STRICT, WITHIN, decision
 from relaxspec.bench.phase import check_phase_setting, phase_for
+from relaxspec.bench.presets import Costs
 from relaxspec.bench.report import build_rows, with_decisions
 from relaxspec.bench.runner import run_grid
 from relaxspec.bench.workbench import Workbench, Wanted
@@ -38,4 +41,6 @@ __all__ = [
     # statistics, speed models, the report's rows
     "Interval", "paired_diff_interval", "ratio", "ratio_interval", "decision", "WITHIN", "BEYOND", "NO_STRICT",
     "rounds", "round_cost", "C_REL_GRID", "build_rows", "with_decisions",
+    # prices
+    "Costs",
 ]

@@ -51,6 +51,7 @@ TASK = "humaneval-instruct"
 PROBLEMS = 164  # HumanEval
 BUDGET_S = 3 * 3600.0
 AUTO_AS = 5  # draft length that prices N = auto (the schedule starts at 5)
+TAU_N = 3  # the draft length Costs.tau was measured at
 WORKERS = 1  # cells in this process, on every core: a cell of 55 problems holds ~8-10 GB at its peak (the prompts'
 # prefill, then KV caches to 512 new tokens), and two worker processes beside the driver's models ran a 24 GB machine
 # out of memory
@@ -122,9 +123,16 @@ class Costs:
         """Seconds of one AR answer in a batch of the problems."""
         return self.batch_ar_s_per_token * self.tokens_per_answer
 
-    def batch_ratio(self, method: str) -> float:
-        """A cell's cost per batched sample relative to AR's."""
-        return 1.0 if method == AR else self.batch_spec_ratio
+    def batch_ratio(self, method: str, drafter: str = DRAFTER) -> float:
+        """A cell's cost per batched sample relative to AR's: the LM drafter's measured (batch_spec_ratio); prompt
+        lookup's from a batch's compute, which bounds a batch on this CPU: a round computes N + 1 verifier tokens
+        (N = 3, as tau) for tau tokens, its drafts free, so (3 + 1) / 1.6 = 2.5 (the same count gives the LM drafter
+        (4 + 3 x 0.32) / 3.7 = 1.34 with its 0.5B / 1.5B parameters, against 1.23-1.40 measured)."""
+        if method == AR:
+            return 1.0
+        if drafter_kind(drafter) == "ngram":
+            return (TAU_N + 1) / self.tau["ngram"]
+        return self.batch_spec_ratio
 
     def ratio(self, method: str, n, drafter: str) -> float:
         """A cell's cost per answer at batch 1 relative to AR's."""
@@ -171,7 +179,7 @@ def estimate(problems: int, repeats: int = 1, costs: Costs = Costs(), drafter: s
     out = {}
     for name, cells in grid(drafter).items():
         reps = 1 if STAGES[name]["temperature"] == 0 else repeats
-        out[name] = costs.overhead_s + sum(costs.batch_ratio(m) for m, _, _ in cells) * problems * reps * \
+        out[name] = costs.overhead_s + sum(costs.batch_ratio(m, drafter) for m, _, _ in cells) * problems * reps * \
             costs.sample_s + timing_s(cells, costs, drafter)
     out["total"] = sum(out.values())
     return out

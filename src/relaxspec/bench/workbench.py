@@ -154,13 +154,16 @@ class Workbench:
 
     # ------------------------------------------------------------------ ensure samples
 
+    def missing(self, wanted: Wanted) -> list:
+        """The samples of `wanted` its cell lacks in the store."""
+        have = self.store.utilities(self.key(wanted.spec, **wanted.overrides))
+        return [s for s in wanted.samples if s not in have]
+
     def _request(self, wanted: Wanted) -> tuple[CellRequest | None, dict]:
         """(the request of the samples the cell lacks, None if it has them all; its cell config)."""
         conf = self.cell_config(wanted.spec, **wanted.overrides)
-        key = cell_key(conf)
-        have = self.store.utilities(key)
-        todo = [s for s in wanted.samples if s not in have]
-        return (CellRequest(wanted.spec, key, todo, wanted.batch_size) if todo else None), conf
+        todo = self.missing(wanted)
+        return (CellRequest(wanted.spec, cell_key(conf), todo, wanted.batch_size) if todo else None), conf
 
     def ensure(self, wanted: Wanted, **extra) -> CellResult | None:
         """Run the samples the cell lacks in this process (an error raises) and store them (`store`); the result,

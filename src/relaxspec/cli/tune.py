@@ -21,7 +21,8 @@ and the search plot to OUT/tune.png. The default search takes about 12 minutes o
 --protocol NAME runs a pre-registered search / confirm protocol instead (relaxspec.tune.protocol): for each
 drafter, temperature and budget of the protocol, a search on one band of problems and the confirmation of its one
 choice on another band the search never reads, all into one store under --out (resumable); --plan prints its bands
-and price and stops; --drafter and --temperature run only that part of it.
+and price per arm (less what --out holds) and stops; --drafter and --temperature run only that arm; --hours H runs
+a part of at most H hours (the same command goes on).
 """
 
 
@@ -98,7 +99,10 @@ def register(subparsers) -> None:
     from relaxspec.tune.protocol import PROTOCOLS
     t.add_argument("--protocol", choices=list(PROTOCOLS),
                    help="run a pre-registered search / confirm protocol (see below)")
-    t.add_argument("--plan", action="store_true", help="with --protocol: print its bands and price, run nothing")
+    t.add_argument("--plan", action="store_true", help="with --protocol: print its bands and price (less what --out "
+                                                       "holds), run nothing")
+    t.add_argument("--hours", type=float, help="with --protocol: run a part of at most this long, stopping before a "
+                                               "cell that would not fit; the same command goes on")
     t.add_argument("--no-progress", action="store_true")
     add_executor_arguments(t)
     t.set_defaults(func=cmd_tune, parser=t)
@@ -115,7 +119,7 @@ def cmd_tune(args) -> int:
     from relaxspec.tune.run import TuneConfig, run_tune
 
     warnings.formatwarning = lambda message, category, *rest, **kw: f"warning: {message}\n"
-    if args.protocol is not None or args.plan:
+    if args.protocol is not None or args.plan or args.hours is not None:
         return cmd_protocol(args)
     if args.temperature is None:
         args.temperature = 0.7
@@ -148,27 +152,29 @@ def cmd_tune(args) -> int:
     return 0
 
 
-PROTOCOL_FLAGS = {"protocol", "plan", "drafter", "temperature", "out", "threads", "no_plots", "no_progress",
+PROTOCOL_FLAGS = {"protocol", "plan", "hours", "drafter", "temperature", "out", "threads", "no_plots", "no_progress",
                   "unsafe_exec", "func", "parser", "command", "executor", "ray_address", "cells_per_worker",
                   "gpus_per_cell"}
 
 
 def cmd_protocol(args) -> int:
-    """`tune --protocol NAME [--plan] [--drafter D] [--temperature T]`: the protocol's plan and price, then its runs,
-    each decision printed as it lands, the table in OUT/protocol.csv."""
+    """`tune --protocol NAME [--plan] [--drafter D] [--temperature T] [--hours H]`: the protocol's plan and price,
+    then its runs (or a part of them), each decision printed as it lands, the table in OUT/protocol.csv."""
     import torch
 
     from relaxspec.tasks import runs_code
     from relaxspec.tasks.sandbox import require_isolation
-    from relaxspec.tune.protocol import format_decision, format_plan, get_protocol, run_protocol
+    from relaxspec.tune.protocol import OutOfTime, format_decision, format_plan, get_protocol, run_protocol
 
     if args.protocol is None:
-        raise ValueError("tune: --plan prints a protocol's plan: name it with --protocol NAME")
+        raise ValueError(f"tune: --{'plan' if args.plan else 'hours'} is for a protocol: name it with --protocol NAME")
+    if args.hours is not None and not 0 < args.hours < math.inf:
+        raise ValueError(f"tune --protocol: --hours must be a finite number > 0, got {args.hours:g}")
     fixed = sorted(name for name, value in vars(args).items()
                    if name not in PROTOCOL_FLAGS and value != args.parser.get_default(name))
     if fixed:
         raise ValueError(f"tune --protocol {args.protocol}: the protocol fixes --{fixed[0].replace('_', '-')} (it "
-                         "takes --drafter, --temperature, --out, --threads and the executor's options)")
+                         "takes --drafter, --temperature, --hours, --out, --threads and the executor's options)")
     protocol = get_protocol(args.protocol)
     drafters = [args.drafter] if args.drafter else None
     temperatures = [args.temperature] if args.temperature is not None else None
@@ -178,7 +184,7 @@ def cmd_protocol(args) -> int:
     if temperatures and args.temperature not in protocol.temperatures:
         raise ValueError(f"tune --protocol {protocol.name}: temperature {args.temperature:g} is not one of its "
                          f"temperatures ({', '.join(f'{t:g}' for t in protocol.temperatures)})")
-    print(format_plan(protocol, drafters, temperatures), flush=True)
+    print(format_plan(protocol, drafters, temperatures, out=args.out), flush=True)
     if args.plan:
         return 0
     if runs_code(protocol.task):  # refused here, before any model loads, if unisolated
@@ -189,9 +195,12 @@ def cmd_protocol(args) -> int:
     try:
         decisions = run_protocol(protocol, args.out, progress=not args.no_progress, drafters=drafters,
                                  temperatures=temperatures, executor=executor_options(args),
-                                 on_decision=lambda d: print(format_decision(d), flush=True))
+                                 on_decision=lambda d: print(format_decision(d), flush=True), hours=args.hours)
     except KeyboardInterrupt as e:
         return interrupted("tune --protocol", "every finished sample is", args.out, e)
+    except OutOfTime as e:
+        print(f"tune --protocol {protocol.name}: this part is done: {e}")
+        return 0
     print(f"\n{len(decisions)} decisions: {args.out / 'protocol.csv'}; each run's choice and plot in "
           f"{args.out / 'choices'}")
     return 0

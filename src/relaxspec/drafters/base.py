@@ -68,12 +68,21 @@ class Drafter:
 
     def check(self, verifier: CausalLM, rule) -> None:
         """ValueError if this drafter cannot serve `verifier` under `rule`."""
-        if rule.extra_draft_passes > self.max_extra_passes:
-            raise ValueError(f"method {rule.name!r} needs the drafter's distribution at the bonus position, "
-                             f"which a {self.kind} drafter ({self.name!r}) cannot give")
-        if self.one_hot_q and not rule.valid_with_one_hot_q:  # the rule declares it (see `relaxspec methods`)
-            raise ValueError(f"method {rule.name!r} is meaningless with a {self.kind} drafter ({self.name!r}): "
-                             f"its q is one-hot, and then {rule.one_hot_q}")
+        refused = self.refusal(rule, self.name)
+        if refused:
+            raise ValueError(refused)
+
+    @classmethod
+    def refusal(cls, rule, name: str) -> str | None:
+        """Why a drafter of this class (named `name`) cannot serve `rule` whatever the verifier, or None: known before
+        any model loads."""
+        if rule.extra_draft_passes > cls.max_extra_passes:
+            return (f"method {rule.name!r} needs the drafter's distribution at the bonus position, which a "
+                    f"{cls.kind} drafter ({name!r}) cannot give")
+        if cls.one_hot_q and not rule.valid_with_one_hot_q:  # the rule declares it (see `relaxspec methods`)
+            return (f"method {rule.name!r} is meaningless with a {cls.kind} drafter ({name!r}): its q is one-hot, "
+                    f"and then {rule.one_hot_q}")
+        return None
 
     def hidden_layer(self, verifier: CausalLM, pivot_layer: int | None = None) -> int | tuple[int, ...] | None:
         """The verifier layer(s) whose hidden states a round reads: this drafter's `hidden_layers`, or a pivot

@@ -15,6 +15,14 @@ def _is_ngram(text: str) -> bool:
     return text == "ngram" or text.startswith("ngram:")
 
 
+def drafter_class(name: str | Path) -> type[Drafter]:
+    """The class of the drafter `load_drafter` builds from a name, known before any model loads."""
+    from relaxspec.drafters import mtp
+
+    text = str(name)
+    return NgramDrafter if _is_ngram(text) else mtp.MTPDrafter if is_mtp(text) else LMDrafter
+
+
 def load_drafter(name: str | Path, verifier: CausalLM) -> Drafter:
     """A drafter for `verifier` from a name: 'ngram[:n=3][,min=1]' (prompt lookup), a trained MTP head (the
     built-in 'drafter-mtp' or 'smollm2-drafter', or a `relaxspec drafter train` directory: it must have been

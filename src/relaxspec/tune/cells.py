@@ -6,21 +6,54 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from relaxspec.acceptance import RULES
+from relaxspec.acceptance import RULES, is_greedy
 from relaxspec.bench import CellSpec, Workbench, Wanted, classifier_cost, needs_classifier
 from relaxspec.names import AR
 from relaxspec.tune.objective import priced_round
 from relaxspec.tune.space import Config
 
 
+def cell_spec(tune, verifier: str, drafter: str, config: Config | None) -> CellSpec:
+    """The bench cell of a configuration (None: AR) in a tune run's settings (`tune`: a run.TuneConfig)."""
+    if config is None:
+        return CellSpec(verifier, None, tune.task, AR, {}, 0, tune.seed)
+    return CellSpec(verifier, drafter, tune.task, config.method, config.params_dict, config.draft_length, tune.seed)
+
+
+def reference(tune, config: Config) -> Config | None:
+    """The configuration whose samples `config`'s drop is measured against: strict at its N (a strict configuration
+    is its own); at temperature 0 AR (None), whose tokens strict's are (strict keeps only the verifier's argmax, and
+    its greedy path is tested token-identical to AR's), so there a relaxed configuration needs no strict cell."""
+    if config.is_strict:
+        return config
+    return None if is_greedy(tune.temperature) else config.strict
+
+
+def arm_cells(tune, config: Config) -> list:
+    """The cells a configuration's arm reads (Config, None: AR), each once: its own, its reference's, and AR's for
+    the length-adjusted objective."""
+    return list(dict.fromkeys([config, reference(tune, config), *([None] if tune.objective == "length-adjusted"
+                                                                    else [])]))
+
+
+def band(tune, heldout: bool) -> dict:
+    """What a cell's config says of its prompts: the search band's limit (its cells are the bench's own, with
+    --limit search_prompts), or the held-out band (prompts a bench's own cells, a prefix of the task, never see)."""
+    if heldout:
+        return {"prompts": f"held-out {tune.search_prompts}..{tune.search_prompts + tune.heldout_prompts - 1}"}
+    return {"limit": tune.search_prompts}
+
+
 class Cells:
     """Tune's cells in the bench store, through one workbench: run the samples a cell lacks, read what it has.
     `config`: the run's settings, a run.TuneConfig (run.py builds on this module, so it is not imported here);
-    `executor`: where `prefetch` runs a rung's cells (None: none, `ensure` runs each in this process)."""
+    `executor`: where `prefetch` runs a rung's cells (None: none, `ensure` runs each in this process); `pace`, if
+    given, is called with [(spec, samples it lacks)] before any cell runs, and may raise to stop the run there."""
 
-    def __init__(self, config, executor=None):
+    def __init__(self, config, executor=None, pace=None):
         config.resolve_bands()
         self.config = config
+        self.pace = pace
         self.prefetches = executor is not None
         self.remote_samples = 0  # samples run on the executor's workers
         # the settings every sample runs with (the search and held-out bands differ only in the prompts they key)
@@ -47,19 +80,10 @@ class Cells:
 
     def spec(self, config: Config | None) -> CellSpec:
         """The bench cell of a configuration (None: AR)."""
-        if config is None:
-            return CellSpec(self.verifier, None, self.config.task, AR, {}, 0, self.config.seed)
-        return CellSpec(self.verifier, self.drafter, self.config.task, config.method, config.params_dict,
-                        config.draft_length, self.config.seed)
+        return cell_spec(self.config, self.verifier, self.drafter, config)
 
     def band(self, heldout: bool) -> dict:
-        """What a cell's config says of its prompts: the search band's limit (its cells are the bench's own, with
-        --limit search_prompts), or the held-out band (prompts a bench's own cells, a prefix of the task, never
-        see)."""
-        c = self.config
-        if heldout:
-            return {"prompts": f"held-out {c.search_prompts}..{c.search_prompts + c.heldout_prompts - 1}"}
-        return {"limit": c.search_prompts}
+        return band(self.config, heldout)
 
     def key(self, spec: CellSpec, heldout: bool) -> str:
         return self.workbench.key(spec, **self.band(heldout))
@@ -73,7 +97,9 @@ class Cells:
     def ensure(self, spec: CellSpec, jobs: list[tuple[int, int]], heldout: bool = False) -> dict:
         """Run the jobs (prompt, repeat) the cell lacks in this process, store them; return all its rows
         {(prompt, repeat): Row}."""
-        result = self.workbench.ensure(self.wanted(spec, jobs, heldout), run_id=self.workbench.run_id, tune=True)
+        wanted = self.wanted(spec, jobs, heldout)
+        self._paced([wanted])
+        result = self.workbench.ensure(wanted, run_id=self.workbench.run_id, tune=True)
         if result is not None:
             self._count(result)
         return {(r.prompt_index, r.repeat): r for r in self.store.rows(self.key(spec, heldout))}
@@ -84,13 +110,20 @@ class Cells:
         executor, `ensure` runs them one cell at a time."""
         if not self.prefetches:
             return
-        done = self.workbench.ensure_all([self.wanted(spec, jobs, heldout) for spec, jobs, heldout in wanted],
-                                       run_id=self.workbench.run_id, tune=True)
+        wanted = [self.wanted(spec, jobs, heldout) for spec, jobs, heldout in wanted]
+        self._paced(wanted)
+        done = self.workbench.ensure_all(wanted, run_id=self.workbench.run_id, tune=True)
         for result, metrics in done:
             if metrics is None:
                 raise ValueError(f"tune: cell {result.request.spec.label} failed on a worker: {result.error}")
             self._count(result)
             self.remote_samples += len(result.rows)
+
+    def _paced(self, wanted: list) -> None:
+        if self.pace is not None:
+            lacking = [(w.spec, len(self.workbench.missing(w))) for w in wanted]
+            if any(n for _, n in lacking):
+                self.pace(lacking)
 
     def _count(self, result) -> None:
         self.sample_seconds += result.sample_wall_s
@@ -153,4 +186,4 @@ class Cells:
         self.workbench.close()
 
 
-__all__ = ["Cells"]
+__all__ = ["Cells", "cell_spec", "band", "reference", "arm_cells"]

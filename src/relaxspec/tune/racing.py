@@ -78,6 +78,11 @@ class Race:
         return [c for c, r in self.records.items() if r.dropped is None and r.rung == self.rungs_run - 1]
 
 
+def default_caps(sizes) -> tuple:
+    """One cap per rung but the last: DEFAULT_CAPS's first ones, its last repeated beyond them."""
+    return tuple(DEFAULT_CAPS[min(i, len(DEFAULT_CAPS) - 1)] for i in range(len(sizes) - 1))
+
+
 def validate_schedule(sizes, caps) -> None:
     if not sizes or any(not isinstance(n, int) or n < 1 for n in sizes) or list(sizes) != sorted(set(sizes)):
         raise ValueError(f"tune: rung sizes must be increasing positive integers, got {list(sizes)}")

@@ -7,7 +7,9 @@ seeded random stream of distinct problems, so both parts are random draws of the
 file is used in its order (shuffle it first if it is sorted).
 
 A configuration's sample j (the race's first n samples) is (prompt j mod L, repeat j div L), with the bench's
-coupled seed derive_seed(seed, prompt, repeat); strict at the same N and AR get the same samples. Each
+coupled seed derive_seed(seed, prompt, repeat); strict at the same N and AR get the same samples. A relaxed
+configuration's drop is measured against strict at its N, or at temperature 0 against AR, whose tokens strict's are
+(cells.reference; the space there holds only points that can differ from strict: space.search_space). Each
 evaluation stores what it ran in the bench store before the race goes on, so an interrupted tune resumes
 without re-running any stored sample.
 """
@@ -19,14 +21,15 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+from relaxspec.acceptance import is_greedy
 from relaxspec.acceptance.random import check_seed
 from relaxspec.bench import (BenchConfig, Interval, check_draft_confidence_setting, check_out_dir,
                              check_phase_setting, check_sampling_setting, check_settings_types, extra_draft_passes,
                              make_executor, paired_diff_interval)
 from relaxspec.names import AR
-from relaxspec.tune.cells import Cells
+from relaxspec.tune.cells import Cells, arm_cells, reference
 from relaxspec.tune.objective import OBJECTIVES, speed_interval
-from relaxspec.tune.racing import ALPHA, DEFAULT_CAPS, DEFAULT_SIZES, Race, race, validate_schedule
+from relaxspec.tune.racing import ALPHA, DEFAULT_SIZES, Race, default_caps, race, validate_schedule
 from relaxspec.tune.space import DEFAULT_DRAFT_LENGTHS, Config, make_config, search_space
 
 DEFAULT_OUT = "relaxspec-tune"
@@ -54,8 +57,7 @@ class TuneConfig:
     heldout_prompts: int | None = None  # None: DEFAULT_HELDOUT_PROMPTS, or the rest of the task (prompt_bands)
     heldout_repeats: int = DEFAULT_HELDOUT_REPEATS
     sizes: tuple = DEFAULT_SIZES  # samples per configuration at each rung
-    caps: tuple | None = None  # configurations going on after each rung but the last (None: the default caps,
-    # as many as the rungs need: DEFAULT_CAPS's first ones, its last repeated beyond them)
+    caps: tuple | None = None  # configurations going on after each rung but the last (None: racing.default_caps)
     seed: int = 0
     temperature: float = 0.7
     top_k: int | None = None
@@ -103,7 +105,7 @@ class TuneConfig:
         if self.budget_minutes is None or not self.budget_minutes > 0:
             raise ValueError(f"tune: budget must be > 0 minutes (inf: no budget), got {self.budget_minutes}")
         if self.caps is None:
-            self.caps = tuple(DEFAULT_CAPS[min(i, len(DEFAULT_CAPS) - 1)] for i in range(len(self.sizes) - 1))
+            self.caps = default_caps(self.sizes)
         validate_schedule(self.sizes, self.caps)
         if self.search_prompts is not None and self.search_prompts > max(self.sizes) and not self.fixed_bands:
             warnings.warn(f"tune: search prompts {self.search_prompts}: the race reads at most {max(self.sizes)} "
@@ -190,14 +192,10 @@ class CellArm:
     def __init__(self, cells: Cells, config: Config, jobs, heldout: bool = False):
         self.config = config
         tc = cells.config
-        self.rows = cells.ensure(cells.spec(config), jobs, heldout)
-        self.strict_rows = self.rows if config.is_strict else cells.ensure(cells.spec(config.strict), jobs, heldout)
-        self.ar_rows = cells.ensure(cells.spec(None), jobs, heldout) if tc.objective == "length-adjusted" else None
         wanted = set(jobs)
-        self.rows = {k: v for k, v in self.rows.items() if k in wanted}
-        self.strict_rows = {k: v for k, v in self.strict_rows.items() if k in wanted}
-        if self.ar_rows is not None:
-            self.ar_rows = {k: v for k, v in self.ar_rows.items() if k in wanted}
+        rows = {c: {k: v for k, v in cells.ensure(cells.spec(c), jobs, heldout).items() if k in wanted}
+                for c in arm_cells(tc, config)}
+        self.rows, self.strict_rows, self.ar_rows = rows[config], rows[reference(tc, config)], rows.get(None)
         self.draft_length, self.c_rel, self.c_block = cells.priced_round(config, heldout)
         self.c_pivot = cells.c_pivot(config)
         self.extra = extra_draft_passes(config.method)
@@ -253,24 +251,33 @@ class TuneResult:
         return self.race.choice
 
 
+def least_drop_bound(samples: int) -> float:
+    """The least upper 95 % bound of a drop vs the reference that `samples` paired samples can show: every output
+    identical, each on a prompt of its own. A budget below it at the last rung can choose no relaxed configuration."""
+    same = {(i, 0): 0.0 for i in range(samples)}
+    return -paired_diff_interval(same, same, 1 - ALPHA).low
+
+
 def best_strict(result: Race) -> Config | None:
     strict = [r for c, r in result.records.items() if c.is_strict and r.speed is not None
               and not math.isnan(r.speed.mean)]
     return max(strict, key=lambda r: r.speed.mean).config if strict else None
 
 
-def run_tune(config: TuneConfig, progress: bool = True, executor=None) -> TuneResult:
+def run_tune(config: TuneConfig, progress: bool = True, executor=None, pace=None) -> TuneResult:
     """Search, then confirm on held-out prompts (see the module doc). Interrupting it loses only the cell calls
     in flight; re-running the same command resumes from the store. `executor` (relaxspec.bench.ExecutorOptions,
-    kind "ray"): each rung's missing samples run on Ray workers at once, the driver storing them."""
+    kind "ray"): each rung's missing samples run on Ray workers at once, the driver storing them. `pace`: called
+    before any cell runs (cells.Cells), it may stop the run there by raising."""
     from tqdm import tqdm
 
     config.validate()
     t0 = time.perf_counter()
     pool = make_executor(executor) if executor is not None and executor.kind != "local" else None
-    cells = Cells(config, pool)
+    cells = Cells(config, pool, pace)
     try:
-        space = search_space(config.methods, config.draft_lengths, with_classifier=cells.pad_fits)
+        space = search_space(config.methods, config.draft_lengths, with_classifier=cells.pad_fits,
+                             greedy=is_greedy(config.temperature))
         if config.methods is None and not cells.pad_fits:
             warnings.warn("tune: pad left out (no PAD classifier fits this pair; pass --pad-classifier)",
                           stacklevel=2)
@@ -292,17 +299,14 @@ def run_tune(config: TuneConfig, progress: bool = True, executor=None) -> TuneRe
             per sample) fit the rest of the budget."""
             per_sample = cells.sample_seconds / max(1, cells.samples_run)
             previous = config.sizes[config.sizes.index(n) - 1]
-            cells_to_run = {*alive, *(c.strict for c in alive)}
-            new = (n - previous) * (len(cells_to_run) + 1)
+            new = (n - previous) * len(rung_cells(alive))
             return time.perf_counter() - t0 + per_sample * new <= budget_s
 
+        def rung_cells(alive: list) -> list:
+            return list(dict.fromkeys(cell for c in alive for cell in arm_cells(config, c)))
+
         def prefetch(alive: list, n: int) -> None:
-            jobs = search_jobs(n, L)
-            configs = list(dict.fromkeys([*alive, *(c.strict for c in alive if not c.is_strict)]))
-            wanted = [(cells.spec(c), jobs, False) for c in configs]
-            if config.objective == "length-adjusted":
-                wanted.append((cells.spec(None), jobs, False))
-            cells.prefetch(wanted)
+            cells.prefetch([(cells.spec(c), search_jobs(n, L), False) for c in rung_cells(alive)])
 
         def on_rung(rung: int, alive: list) -> None:
             if rung + 1 < len(config.sizes):
@@ -312,7 +316,8 @@ def run_tune(config: TuneConfig, progress: bool = True, executor=None) -> TuneRe
         bar.reset(total=len(space))
         bar.set_description(f"tune rung 1/{len(config.sizes)}")
         result = race(space, evaluate, config.max_drop, lambda c: c.is_strict, sizes=config.sizes, caps=config.caps,
-                      alpha=ALPHA, fits=fits, on_rung=on_rung, reference_of=lambda c: c.strict, prefetch=prefetch)
+                      alpha=ALPHA, fits=fits, on_rung=on_rung, reference_of=lambda c: reference(config, c),
+                      prefetch=prefetch)
         bar.close()
         search_samples, search_tokens = cells.samples_run, cells.tokens_run
         confirmation = confirm(cells, result, config) if result.choice is not None else None
@@ -329,11 +334,10 @@ def run_tune(config: TuneConfig, progress: bool = True, executor=None) -> TuneRe
 
 def search_cells_read(cells: Cells, result: Race, prompts: int) -> list:
     """[(spec, False, jobs)] of every search cell the race read: a configuration's samples at its last rung,
-    its strict reference's and AR's (length-adjusted objective) at the largest rung they were read with."""
+    its reference's and AR's (length-adjusted objective) at the largest rung they were read with (cells.arm_cells)."""
     need: dict = {}
-    ar = (None,) if cells.config.objective == "length-adjusted" else ()
     for c, rec in result.records.items():
-        for cell in (c, c.strict, *ar) if rec.samples else ():
+        for cell in arm_cells(cells.config, c) if rec.samples else ():
             need[cell] = max(need.get(cell, 0), rec.samples)
     return [(cells.spec(c), False, search_jobs(n, prompts)) for c, n in need.items()]
 
@@ -344,15 +348,13 @@ def confirmation_cells_read(cells: Cells, confirmation: Confirmation | None, con
         return []
     jobs = heldout_jobs(config.search_prompts, config.heldout_prompts, config.heldout_repeats)
     arms = [confirmation.choice] + ([confirmation.strict_best] if confirmation.strict_best else [])
-    configs = {c for arm in arms for c in (arm.config, arm.config.strict)}
-    if config.objective == "length-adjusted":
-        configs.add(None)
+    configs = {c for arm in arms for c in arm_cells(config, arm.config)}
     return [(cells.spec(c), True, jobs) for c in configs]
 
 
 def confirm(cells: Cells, result: Race, config: TuneConfig) -> Confirmation:
-    """Re-run the choice, strict at its N (the paired reference), strict at strict's best search N and AR on
-    the held-out prompts; say whether the drop and the speed-up held."""
+    """Re-run the choice, its reference (strict at its N; at T = 0 AR: cells.reference), strict at strict's best
+    search N and AR on the held-out prompts; say whether the drop and the speed-up held."""
     jobs = heldout_jobs(config.search_prompts, config.heldout_prompts, config.heldout_repeats)
     choice = result.choice
     arm = CellArm(cells, choice, jobs, heldout=True)
@@ -368,4 +370,5 @@ def confirm(cells: Cells, result: Race, config: TuneConfig) -> Confirmation:
         beats_strict=None if strict_arm is None else speed.mean > strict_arm.speed(1 - ALPHA).mean)
 
 
-__all__ = ["prompt_bands", "TuneConfig", "TuneResult", "Confirmation", "run_tune", "search_jobs", "heldout_jobs", "make_config"]
+__all__ = ["prompt_bands", "TuneConfig", "TuneResult", "Confirmation", "run_tune", "search_jobs", "heldout_jobs",
+           "make_config", "least_drop_bound"]

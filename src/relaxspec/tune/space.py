@@ -4,7 +4,9 @@ strengths at each N (N: 2..10 and "auto", the engine's per-sequence +2/-1 schedu
 A rule's strengths are its paper grid plus the point between each two neighbours: the geometric mean when the
 grid is positive and spans a factor of 10 or more (e.g. CACTUS delta 0.1 .. 10, log-spaced), the arithmetic
 mean otherwise. A rule with several gridded parameters (typical) is run at the product of its paper grids.
-Rules that need a pivot classifier (PAD) enter only when one fits the pair (the caller says so).
+Rules that need a pivot classifier (PAD) enter only when one fits the pair (the caller says so). At temperature 0
+a point enters only where it can emit other tokens than strict's, once for the points that emit the same tokens
+(each rule's `greedy_point`): strict's tokens there are AR greedy's.
 """
 
 from __future__ import annotations
@@ -91,11 +93,11 @@ def default_rules(with_classifier: bool) -> list[str]:
 
 
 def search_space(methods: list[str] | None, draft_lengths=DEFAULT_DRAFT_LENGTHS,
-                 with_classifier: bool = False) -> list[Config]:
+                 with_classifier: bool = False, greedy: bool = False) -> list[Config]:
     """Strict at each N first, then every (rule, strength) at each N. `methods`: rule names (their range as
     above) or the bench grammar NAME:PARAM=V1/V2 (exactly those points); None: every rule (PAD only when
     `with_classifier`). 'ar' and 'strict' in `methods` are ignored: strict is always searched, AR is the
-    speed baseline."""
+    speed baseline. `greedy` (temperature 0): each point as its rule's `greedy_point`, those strict there left out."""
     if not draft_lengths:
         raise ValueError("tune: draft lengths must not be empty")
     for n in draft_lengths:
@@ -111,6 +113,9 @@ def search_space(methods: list[str] | None, draft_lengths=DEFAULT_DRAFT_LENGTHS,
         else:
             parse_method(name)  # raises on an unknown rule
             points += [(name, p) for p in strength_points(name)]
+    if greedy:
+        from relaxspec.acceptance import get_rule
+        points = [(m, q) for m, q in ((m, get_rule(m).greedy_point(p)) for m, p in points) if q is not None]
     configs = [make_config(STRICT, {}, n) for n in draft_lengths]
     configs += [make_config(m, p, n) for n in draft_lengths for m, p in points]
     return list(dict.fromkeys(configs))
