@@ -50,6 +50,8 @@ RUNS = {  # script: (tiny arguments, a line its output must hold)
     "round_identity": (["--quick", "--out", "/dev/null"], "settings in"),
     "preset_costs": (["--verifier", "verifier", "--drafter", "drafter-weak", "--dtype", "float32", "--batch", "2",
                       "--b1-prompts", "1", "--max-new-tokens", "8", "--threads", "1"], "| strict N=3, T=0.7 |"),
+    "start_time": (["--verifier", "verifier", "--drafter", "drafter-weak", "--dtype", "float32", "--max-new-tokens",
+                    "4", "--calls", "1"], " | - | "),  # (a fresh process a call; "-": its cache column, no failure)
     "round_ops": (["--prompts", "2", "--max-new-tokens", "24", "--top", "3"], "ops per round outside the forwards"),
     "round_parts": (["--prompts", "2", "--cells", "strict:3", "pad:3"], "x b1 / S_blk"),
     "sampler_speed": (["--vocab", "714", "--rows", "1", "--calls", "20", "--rounds", "3"], "714"),

@@ -67,9 +67,9 @@ def add_byte_tokenizer(w: GGUFWriter, pre: str, reserved: int = 0) -> int:
 
 
 def write_qwen2(path, kinds: dict, layers: int = 2, hidden: int = 256, ffn: int = 512, heads: int = 4,
-                kv_heads: int = 2, seed: int = 0):
-    """A small Qwen2 GGUF file (random weights in the given quant types, a byte-level tokenizer) at `path`; the same
-    file for the same arguments, whichever tests ran before."""
+                kv_heads: int = 2, seed: int = 0, chat_template: str | None = None):
+    """A small Qwen2 GGUF file (random weights in the given quant types, a byte-level tokenizer, optionally a chat
+    template) at `path`; the same file for the same arguments, whichever tests ran before."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), "qwen2")
     w.add_context_length(512)
@@ -81,6 +81,8 @@ def write_qwen2(path, kinds: dict, layers: int = 2, hidden: int = 256, ffn: int 
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
     vocab = add_byte_tokenizer(w, "qwen2")
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     def matrix(name, rows, cols, kind):
         if kind in BLOCK_BYTES:

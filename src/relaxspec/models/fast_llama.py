@@ -268,9 +268,8 @@ class FastLlama(DecoderLayers):
         weights keep their dtype. The transformers model's linear weights are copied (its own stay usable:
         `release_weights` drops them, `linear_weights` reads them back). `source(name)`: the weight of that
         transformers state_dict name (a tensor, a quant.Int4Codes or a gguf_block.BlockCodes), read one at a time (a
-        GGUF file's tensors, models/gguf_weights.py); default: the model's own parameters. A source with a `built`
-        attribute (a converted-weight cache's entry, models/weight_cache.py) gives its `layers` (BuiltLayer each) and
-        `lm_head` (a quant.Linear) already in the format: only the embedding and final norm are asked of it."""
+        GGUF file's tensors, models/gguf_weights.py); default: the model's own parameters. (A converted-weight cache's
+        entry is read by `from_stored`, without a model.)"""
         cfg = model.config
         inner = model.model
         rotary = inner.rotary_emb
@@ -294,19 +293,30 @@ class FastLlama(DecoderLayers):
                              if getattr(layer.self_attn, f"{n}_proj").bias is not None else None for n in "qkv")
                 yield (*w, bias if bias[0] is not None else None)
 
-        built = getattr(source, "built", None)  # layers and LM head already in the format (models/weight_cache.py)
-        super().__init__(built.layers if built is not None else weights(), cfg.num_attention_heads,
-                         cfg.num_key_value_heads,
+        self._assemble(cfg, weights(), rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)), source,
+                       weight_format)
+        tied = getattr(cfg, "tie_word_embeddings", False) and not getattr(source, "tied_head", False)
+        head = self.embed if tied else source("lm_head.weight")  # (`tied_head`: the source gives a tied head)
+        self.lm_head = self._linear(head)
+
+    @classmethod
+    def from_stored(cls, config, weight_format: str, source) -> "FastLlama":
+        """A FastLlama over a converted-weight cache entry, with no transformers model (`config`: the model's).
+        `source` (models/weight_cache.py's StoredWeights) gives the layers (BuiltLayer each) and LM head already in
+        the format, the RoPE frequencies and scale, the parameter count, and the embedding and final norm by name."""
+        fast = cls.__new__(cls)
+        fast.embed = source("model.embed_tokens.weight")
+        fast.num_parameters = source.num_parameters
+        fast._assemble(config, source.built.layers, source.inv_freq, source.rope_scale, source, weight_format)
+        fast.lm_head = source.built.lm_head
+        return fast
+
+    def _assemble(self, cfg, layers, inv_freq: torch.Tensor, rope_scale: float, source, weight_format: str) -> None:
+        """The decoder layers in `cfg`'s shape and the final norm, on the embedding's device (read first)."""
+        super().__init__(layers, cfg.num_attention_heads, cfg.num_key_value_heads,
                          getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-                         cfg.rms_norm_eps, rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)),
-                         self.embed.device, self.embed.dtype, weight_format)
+                         cfg.rms_norm_eps, inv_freq, rope_scale, self.embed.device, self.embed.dtype, weight_format)
         self.final_norm = source("model.norm.weight").detach().to(self.dtype)
-        if built is not None:
-            self.lm_head = built.lm_head
-        else:
-            tied = getattr(cfg, "tie_word_embeddings", False) and not getattr(source, "tied_head", False)
-            head = self.embed if tied else source("lm_head.weight")  # (`tied_head`: the source gives a tied head)
-            self.lm_head = self._linear(head)
 
     _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                 "mlp.up_proj", "mlp.down_proj")

@@ -33,8 +33,10 @@ weight_cache.VERSION, so that entries written before are rebuilt.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -295,12 +297,23 @@ class GGUFWeights:
         return f"relaxspec: {self.path.name}: 4-bit tensors keep the file's codes; the other matrices ({kinds}) {how}"
 
 
+class Loaded(NamedTuple):
+    """A GGUF file read natively: hf.CausalLM's fields. A converted-weight cache hit has no transformers model yet
+    (`model` None): `build_model()` builds it (transformers' model class, seconds to import, for what reads it)."""
+    model: torch.nn.Module | None
+    tokenizer: object
+    fast: FastLlama
+    config: object
+    build_model: Callable[[], torch.nn.Module] | None = None
+
+
 def load(name: str, path, weight_format: str, device: torch.device, tokenizer_source=None,
-         cache: bool | None = None):
-    """(transformers model on the meta device but for its small tensors, tokenizer, FastLlama) for a GGUF file of
-    a SUPPORTED architecture on a CPU, or None (another architecture or device: transformers' loader serves).
-    `cache` (None: unless RELAXSPEC_WEIGHT_CACHE=0): read the converted-weight cache's entry of the file in this
-    format when it has one (memory-mapped; models/weight_cache.py), else convert and write it."""
+         cache: bool | None = None) -> Loaded | None:
+    """The model of a GGUF file of a SUPPORTED architecture on a CPU (FastLlama over its weights, the tokenizer, the
+    config, the transformers model on the meta device but for its small tensors), or None (another architecture or
+    device: transformers' loader serves). `cache` (None: unless RELAXSPEC_WEIGHT_CACHE=0): read the converted-weight
+    cache's entries of the file (its weights in this format, memory-mapped, and its tokenizer; models/weight_cache.py)
+    when it has them, else convert (or build the tokenizer) and write them."""
     from relaxspec.models import weight_cache
 
     path = Path(path)
@@ -318,8 +331,9 @@ def load(name: str, path, weight_format: str, device: torch.device, tokenizer_so
             if loaded is not None:
                 return loaded
     source = GGUFWeights(path, open_reader(path), weight_format)  # (the reader is dropped: its keys are large)
+    tokenizer = _tokenizer(path, entry)
     try:
-        config, tokenizer = _config_and_tokenizer(path.parent, gguf_file=path.name)
+        config = _config(path.parent, gguf_file=path.name)
     except Exception as e:  # noqa: BLE001 - damaged metadata: one line
         raise _corrupt(path, e) from None
     config.tie_word_embeddings = "output.weight" not in source.tensors
@@ -330,16 +344,44 @@ def load(name: str, path, weight_format: str, device: torch.device, tokenizer_so
         print(note, file=sys.stderr)
     _materialize(model, fast, source)
     if entry is not None:
-        entry.write(model, tokenizer, fast, note)
-    return model.eval(), tokenizer, fast
+        entry.write(model, fast, note)
+    return Loaded(model.eval(), tokenizer, fast, config)
 
 
-def _config_and_tokenizer(folder, **extra):
-    from transformers import AutoConfig, AutoTokenizer
+def _tokenizer(path: Path, entry):
+    """The file's tokenizer: from its tokenizer cache entry when `entry` (the file's weight cache entry, None: the
+    cache is off) is given and it holds one, else built from the file's vocabulary (seconds: transformers parses
+    every metadata key) and written there."""
+    from relaxspec.models import weight_cache
+
+    tokenizer_entry = weight_cache.TokenizerEntry(path, entry.sha256) if entry is not None else None
+    tokenizer = tokenizer_entry.read() if tokenizer_entry is not None else None
+    if tokenizer is not None:
+        return tokenizer
+    tokenizer = gguf_tokenizer(path)
+    if tokenizer_entry is not None:
+        tokenizer_entry.write(tokenizer)
+    return tokenizer
+
+
+def gguf_tokenizer(path: Path):
+    """The tokenizer transformers builds from the GGUF file's vocabulary (a damaged file: one line)."""
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    return AutoConfig.from_pretrained(folder, **extra), AutoTokenizer.from_pretrained(folder, **extra)
+    try:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as e:  # noqa: BLE001 - damaged metadata: one line
+        raise _corrupt(path, e) from None
+
+
+def _config(folder, **extra):
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return AutoConfig.from_pretrained(folder, **extra)
 
 
 def _meta_model(config, device: torch.device):
@@ -355,21 +397,27 @@ def _meta_model(config, device: torch.device):
     return model
 
 
-def _load_stored(entry, stored, weight_format: str, device: torch.device):
-    """The model of a cache hit (its config and tokenizer from the entry, the weights mapped), or None with one
-    stderr line when the entry turns out unusable (it is then rebuilt)."""
+def _load_stored(entry, stored, weight_format: str, device: torch.device) -> Loaded | None:
+    """The model of a cache hit (its config from the entry, the weights mapped, FastLlama run without a transformers
+    model: that is built from the same tensors when something reads it), or None with one stderr line when the
+    entry turns out unusable (it is then rebuilt)."""
     try:
-        config, tokenizer = _config_and_tokenizer(stored.folder)
-        stored.keep_vocab_key(tokenizer)
-        model = _meta_model(config, device)
-        fast = FastLlama(model, weight_format, source=stored.source)
-        _materialize(model, fast, stored.source)
+        config = _config(stored.folder)
+        fast = FastLlama.from_stored(config, weight_format, stored.source)
     except Exception as e:  # noqa: BLE001 - whatever a damaged entry makes fail: rebuilt, never used
         entry.refuse(e)
         return None
     if stored.note:
         print(stored.note, file=sys.stderr)
-    return model.eval(), tokenizer, fast
+    return Loaded(None, _tokenizer(entry.gguf, entry), fast, config,
+                  functools.partial(_stored_model, config, fast, stored.source, device))
+
+
+def _stored_model(config, fast: FastLlama, source, device: torch.device) -> torch.nn.Module:
+    """The transformers model of a cache hit: on the meta device but for the entry's small tensors (`_materialize`)."""
+    model = _meta_model(config, device)
+    _materialize(model, fast, source)
+    return model.eval()
 
 
 def _materialize(model, fast, source: GGUFWeights) -> None:

@@ -18,8 +18,9 @@ import re
 import statistics
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -36,15 +37,33 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 @dataclass
 class CausalLM:
     name: str
-    model: torch.nn.Module
+    # the transformers model; None with `build_model`: built from it on first use (a GGUF file mapped from the
+    # converted-weight cache runs through FastLlama alone, and transformers' model class takes seconds to import)
+    model: torch.nn.Module | None = field(repr=False, compare=False)
     tokenizer: object
     fast: object = None  # a FastLlama over the same weights, where the architecture allows
     weight_format: str = ""  # what the weights run in (float32, bfloat16, float16, int4; models/quant.py)
+    config: object = None  # the transformers config (default: the model's)
+    build_model: Callable[[], torch.nn.Module] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
+        if self.model is None:
+            if self.build_model is None:
+                raise ValueError(f"model {self.name!r}: no model and nothing to build it")
+            del self.model  # (`__getattr__` builds it when it is read)
+        if self.config is None:
+            self.config = self.model.config
         if not self.weight_format:
             self.weight_format = (self.fast.weight_format if self.fast is not None
                                   else str(self.model.get_input_embeddings().weight.dtype).removeprefix("torch."))
+
+    def __getattr__(self, name: str):
+        """`model`, built by `build_model` the first time it is read (then an attribute like any other)."""
+        build = self.__dict__.get("build_model")
+        if name != "model" or build is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.model = build()
+        return self.model
 
     @property
     def backend(self) -> str:
@@ -57,29 +76,31 @@ class CausalLM:
 
     @property
     def device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
+        return self.fast.device if self.fast is not None else self.model.get_input_embeddings().weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        """The weights' dtype: bfloat16 in that format, torch.quint4x2 for int4, else the LM head's."""
+        """The weights' dtype: bfloat16 in that format, torch.quint4x2 for int4, else the embedding's."""
         if self.weight_format == "int4":
             return torch.quint4x2
         if self.weight_format == "bfloat16":
             return torch.bfloat16
-        return self.model.get_input_embeddings().weight.dtype
+        return self.fast.embed.dtype if self.fast is not None else self.model.get_input_embeddings().weight.dtype
 
     @functools.cached_property  # read on every feed; a transformers config's attribute access is slow
     def max_position_embeddings(self) -> int | None:
         """The context length the model was made for (prompt + generated tokens), None when unknown."""
-        return getattr(self.model.config, "max_position_embeddings", None)
+        return getattr(self.config, "max_position_embeddings", None)
 
     @property
     def vocab_size(self) -> int:
+        if self.fast is not None:
+            return self.fast.lm_head.shape[0]
         return self.model.get_output_embeddings().out_features  # (an nn.Linear, or one in a format)
 
     @functools.cached_property
     def num_layers(self) -> int:
-        return self.model.config.num_hidden_layers
+        return self.config.num_hidden_layers
 
     @property
     def eos_token_id(self) -> int | None:
@@ -251,9 +272,8 @@ def load_model(name_or_path: str | os.PathLike, device=None, dtype=None, backend
 
             loaded = gguf_weights.load(name, directory / gguf_file, weight_format, device, cache=weight_cache)
             if loaded is not None:
-                model, tokenizer, fast = loaded
                 _return_freed_memory()
-                return CausalLM(name=name, model=model, tokenizer=tokenizer, fast=fast, weight_format=weight_format)
+                return CausalLM(name=name, weight_format=weight_format, **loaded._asdict())
         check_gguf_packages()  # (transformers' loader)
         if weight_format == "auto":  # (transformers' loader: the file's class as a whole)
             weight_format = gguf_format(directory / gguf_file)

@@ -1,46 +1,60 @@
-"""The converted-weight cache: a GGUF file's weights, once converted for FastLlama (models/gguf_weights.py), kept
-on disk and memory-mapped by later loads, which then neither read nor convert the file.
+"""The converted-weight cache: a GGUF file's weights, once converted for FastLlama (models/gguf_weights.py), and its
+tokenizer, kept on disk and read back by later loads, which then neither read nor convert the file.
 
 Reading a qwen2 GGUF costs seconds to minutes: the `gguf` package parses every metadata key (the 151,936 tokenizer
 strings) once for the tensor table, transformers parses them twice more for the config and the tokenizer, and each
 tensor is converted (Q4_K to the int4 form and packed into the int4 kernel's layout; other types dequantized). The
-first load of a file in a format writes what that produced; a later load maps it: milliseconds for the weights,
-well under a second for the config and tokenizer (transformers' own loading of a tokenizer.json).
+first load of a file in a format writes what that produced; a later load maps it: milliseconds for the weights, a
+few hundred milliseconds for the tokenizer (its `tokenizer.json` parsed by the `tokenizers` package).
 
-Key: the GGUF file's SHA-256, the format (int4, auto, file, bfloat16, float32) and, for int4 and auto, the int4
-layout this process runs (quant.int4_layout: the block kernel's "vnni" or "bf16", or "aten" with torch's version),
-for file its own (quant.file_layout: "blocks", the GGUF block kernel's layout, the same on both of its paths, or
-"float32" where that kernel cannot run). A
-registry model's hash is its pinned one (the fetch's marker vouches for the file); another file is hashed once and
+Two kinds of entry, each a folder under the cache's folder named by the GGUF file's SHA-256:
+
+* the weights of one format, `<sha256>-<format>[-<layout>]`: the format (int4, auto, file, bfloat16, float32) and,
+  for int4 and auto, the int4 layout this process runs (quant.int4_layout: the block kernel's "vnni" or "bf16", or
+  "aten" with torch's version), for file its own (quant.file_layout: "blocks", the GGUF block kernel's layout, the
+  same on both of its paths, or "float32" where that kernel cannot run). It holds `weights.bin` and the model's
+  `config.json`; the conversion code's version (`VERSION`, raised whenever what a load produces changes) is inside
+  `weights.bin`;
+* the tokenizer, `<sha256>-tokenizer` (one for every format): `tokenizer.json`, the backend transformers built from
+  the file's vocabulary, serialized as it is (read back with `tokenizers.Tokenizer`, not rebuilt by a tokenizer
+  class: the same tokenizer as the converting load's), and `entry.json`: its version (`TOKENIZER_VERSION`), the
+  file's SHA-256, tokenizer.json's size and SHA-256, the settings transformers wraps it with (special tokens, chat
+  template, ...) and the vocabulary's digest (prompts.vocab_key, which generate compares a pair by).
+
+A registry model's hash is its pinned one (the fetch's marker vouches for the file); another file is hashed once and
 its hash remembered under `hashes/` by (resolved path, size, mtime_ns, ctime_ns, inode): a file changed in place
-(ctime moves even when a tool restores mtime) is hashed again. The conversion code's version (`VERSION`, raised
-whenever what a load produces changes) is inside the entry: an entry of another version is stale.
+(ctime moves even when a tool restores mtime) is hashed again.
 
 Where: `$RELAXSPEC_WEIGHT_CACHE_DIR`, else `relaxspec.pinned.cache_root() / "weights"` (`~/.cache/relaxspec/weights`
-or `$RELAXSPEC_CACHE/weights`). An entry is a folder `<sha256>-<format>[-<layout>]` holding `weights.bin`, the
-config and the tokenizer files (transformers' `save_pretrained`). In int4 about 1.3x the GGUF file (the embedding
-table is kept in bfloat16: the Qwen2.5-Coder pair, 1.6 GB of files, takes 2.0 GB), more in bfloat16 and float32.
+or `$RELAXSPEC_CACHE/weights`). In int4 about 1.3x the GGUF file (the embedding table is kept in bfloat16: the
+Qwen2.5-Coder pair, 1.6 GB of files, takes 2.0 GB), more in bfloat16 and float32; a tokenizer about 11 MB.
 `rm -r ~/.cache/relaxspec/weights` clears it; `RELAXSPEC_WEIGHT_CACHE=0` (or `load_model(..., weight_cache=False)`)
 turns it off.
 
 `weights.bin`: 8 bytes magic, a little-endian uint64 n, n bytes of JSON (version, key, the data's size, each
 tensor's dtype, shape and offset from the data's start (the first multiple of 64 after the JSON), each linear
-layer's kind, the files beside it and their sizes, the format's note line, the tokenizer's vocabulary digest),
-then the tensors' bytes, each at an offset that is a multiple of 64. A hit maps the file once (`torch.from_file`,
-MAP_PRIVATE: nothing is copied, pages are read as the kernels touch them and count in the resident memory as
-file pages) and every tensor is a view of it in the dtype and layout the kernels read (the int4 block kernel's
-packed codes and scale / zero words, the GGUF block kernel's records, bfloat16 matrices, the bfloat16 embedding
-(float32 in float32 and file), float32 norms and biases);
-float32's matrices alone are laid out again for oneDNN (a copy).
+layer's kind, the files beside it and their sizes, the format's note line, the model's parameter count and RoPE
+scale), then the tensors' bytes, each at an offset that is a multiple of 64. A hit maps the file once
+(`torch.from_file`, MAP_PRIVATE: nothing is copied, pages are read as the kernels touch them and count in the
+resident memory as file pages) and every tensor is a view of it in the dtype and layout the kernels read (the int4
+block kernel's packed codes and scale / zero words, the GGUF block kernel's records, bfloat16 matrices, the bfloat16
+embedding (float32 in float32 and file), float32 norms, biases and RoPE frequencies); float32's matrices alone are
+laid out again for oneDNN (a copy). A hit needs no transformers model: FastLlama runs from the entry alone, and the
+model (on the meta device, with the entry's small tensors) is built only when something reads it (hf.CausalLM).
 
-Safety: an entry is written into a temporary folder (`.fetch-<pid>-weights-...`, removed by a later write once its
-process is gone), its weights file flushed to disk, and renamed into place whole: an interrupted first load leaves
-no entry. A stale entry (another version) or a damaged one (bad magic or header, a size other than its header
-says, a missing or short file beside it, an unreadable file, a layer this process cannot run, a config or tokenizer
-transformers cannot read) is never used: one stderr line says so and the load converts and writes it again. A
-cache folder that cannot be written (read only, not a folder, full) leaves the load as without the cache, with one
-stderr line. The tensors' bytes are not checksummed (a flipped bit inside a right-sized file goes unnoticed, as
-with any mapped weights file).
+Tokenizers: the tokenizers of two files with the same tokenizer.json and settings (a chat template aside) share one
+parsed backend in a process (the Qwen2.5-Coder pair's: parsed once for the verifier and its drafter).
+
+Safety: an entry is written into a temporary folder (`.fetch-<pid>-weights-...`, `.fetch-<pid>-tokenizer-...`,
+removed by a later write once its process is gone), its weights file flushed to disk, and renamed into place whole:
+an interrupted first load leaves no entry. A stale entry (another version) or a damaged one (weights: bad magic or
+header, a size other than its header says, a missing or short file beside it, an unreadable file, a layer this
+process cannot run, a config transformers cannot read; tokenizer: an unreadable or malformed entry.json, a
+tokenizer.json of another size or SHA-256, one the `tokenizers` package or transformers cannot read) is never used:
+one stderr line says so and the load converts (or builds the tokenizer) and writes it again. A cache folder that
+cannot be written (read only, not a folder, full) leaves the load as without the cache, with one stderr line per
+entry. The weights' bytes are not checksummed (a flipped bit inside a right-sized file goes unnoticed, as with any
+mapped weights file); the tokenizer's are.
 """
 
 from __future__ import annotations
@@ -52,6 +66,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,10 +75,12 @@ import torch
 from relaxspec import pinned
 from relaxspec.models.prompts import vocab_key
 
-VERSION = 1  # of the conversion (gguf_weights, quant.Linear's layouts, FastLlama's layer order): raise on any change
+VERSION = 2  # of the conversion (gguf_weights, quant.Linear's layouts, FastLlama's layer order): raise on any change
+TOKENIZER_VERSION = 1  # of the tokenizer's entry (what is stored, how it is read back): raise on any change
 MAGIC = b"RXSWCACH"
 ALIGN = 64
 WEIGHTS = "weights.bin"
+TOKENIZER, TOKENIZER_ENTRY = "tokenizer.json", "entry.json"
 _DTYPES = {name: getattr(torch, name) for name in ("uint8", "int8", "int16", "int32", "int64", "bfloat16",
                                                   "float16", "float32")}
 
@@ -86,6 +103,10 @@ def _say(line: str) -> None:
 
 class Damaged(Exception):
     """An entry that must not be used (the message says why)."""
+
+
+class Stale(Damaged):
+    """An entry written by another version of its code (the message: "<what> version N, now M")."""
 
 
 # ------------------------------------------------------------------ the key
@@ -143,29 +164,95 @@ def runtime_tag(weight_format: str) -> str:
 # ------------------------------------------------------------------ an entry
 
 
+class _Entry:
+    """What both kinds of entry share: the folder `<SHA-256 of the GGUF file>-<suffix>` under the cache's folder, the
+    read (a subclass's `_read` raises Stale or Damaged for an entry it must not use), the lines a stale, damaged or
+    unwritable one prints, and the atomic write (a temporary folder renamed into place)."""
+
+    kind = ""  # "weight" or "tokenizer": the lines name the "<kind> cache"
+    work_name = ""  # the temporary folder's name: .fetch-<pid>-<work_name>-...
+    unwritten = ""  # what the line of an unwritable cache says happens instead
+
+    def __init__(self, gguf_path: Path, suffix: str, sha256: str | None = None):
+        self.root = directory()
+        self.gguf = Path(gguf_path)
+        self.sha256 = sha256 or file_sha256(self.gguf, self.root)
+        self.folder = self.root / f"{self.sha256}-{suffix}"
+
+    def read(self):
+        """What the entry holds (`_read`), or None: a miss, or a stale or damaged entry, never used (one stderr line
+        says it is rebuilt)."""
+        if not self.folder.exists():
+            return None
+        try:
+            return self._read()
+        except Damaged as e:
+            self.refuse(e)
+            return None
+
+    def refuse(self, error: BaseException) -> None:
+        """The one line for an entry that is not used, stale or damaged (it is built and written again)."""
+        why = str(error) if isinstance(error, Damaged) else _first_line(error)
+        state = "stale" if isinstance(error, Stale) else "damaged"
+        _say(f"{self.kind} cache entry {pinned.shown(self.folder)} is {state} ({why}): rebuilding it")
+
+    def _store(self, fill) -> int | None:
+        """`fill(work folder)` (it returns the entry's size) into a temporary folder renamed into place; the size, or
+        None with one stderr line where the cache folder cannot be written."""
+        work = None
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            pinned.remove_stale_work(self.root)
+            work = Path(tempfile.mkdtemp(prefix=pinned.work_prefix(self.work_name), dir=self.root))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(work, 0o777 & ~umask)  # (mkdtemp's folder is private)
+            size = fill(work)
+            self._place(work)
+            work = None
+            return size
+        except OSError as e:
+            _say(f"cannot write the {self.kind} cache in {pinned.shown(self.root)} ({e.strerror or _first_line(e)}): "
+                 f"{self.unwritten}")
+            return None
+        finally:
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+
+    def _place(self, work: Path) -> None:
+        """Rename the written folder into place, an old entry (stale or damaged) moved aside first and removed."""
+        old = None
+        if self.folder.exists():
+            old = Path(tempfile.mkdtemp(prefix=pinned.work_prefix("old"), dir=self.root)) / "entry"
+            os.rename(self.folder, old)
+        try:
+            os.rename(work, self.folder)
+        except OSError:
+            if not self.folder.is_dir():
+                raise
+            shutil.rmtree(work, ignore_errors=True)  # (another load placed the entry first)
+        finally:
+            if old is not None:
+                shutil.rmtree(old.parent, ignore_errors=True)
+
+
 @dataclass
 class Stored:
-    """A hit: the entry's folder (config and tokenizer), the note line, and the FastLlama source."""
+    """A hit: the entry's folder (config), the note line, and the FastLlama source."""
     folder: Path
     note: str | None
     source: "StoredWeights"
-    vocab_key: tuple | None = None  # (vocabulary size, digest): prompts.vocab_key's, computed when it was written
-
-    def keep_vocab_key(self, tokenizer) -> None:
-        """Give the tokenizer its vocabulary digest (generate compares a pair's vocabularies: ~0.3 s a tokenizer)."""
-        if self.vocab_key is not None and self.vocab_key[0] == len(tokenizer):
-            try:
-                tokenizer._relaxspec_vocab_key = self.vocab_key
-            except AttributeError:
-                pass
 
 
 class StoredWeights:
-    """FastLlama's source on a hit: `built` (layers, LM head already in the format) and the small tensors by
-    transformers name (embedding, norms, biases), all views of the mapped file."""
+    """FastLlama's source on a hit (FastLlama.from_stored): `built` (layers, LM head already in the format), the RoPE
+    frequencies and scale, the model's parameter count, and the small tensors by transformers name (embedding, norms,
+    biases), all views of the mapped file."""
 
-    def __init__(self, params: dict[str, torch.Tensor], built):
+    def __init__(self, params: dict[str, torch.Tensor], built, inv_freq: torch.Tensor, rope_scale: float,
+                 num_parameters: int):
         self.params, self.built = params, built
+        self.inv_freq, self.rope_scale, self.num_parameters = inv_freq, rope_scale, num_parameters
 
     def __call__(self, hf_name: str) -> torch.Tensor:
         if hf_name not in self.params:
@@ -179,39 +266,21 @@ class _Built:
     lm_head: object
 
 
-class Entry:
-    """The cache entry of one GGUF file in one format."""
+class Entry(_Entry):
+    """The weight cache entry of one GGUF file in one format."""
+
+    kind, work_name, unwritten = "weight", "weights", "the weights stay converted in memory only"
 
     def __init__(self, gguf_path: Path, weight_format: str):
-        self.root = directory()
-        self.gguf = Path(gguf_path)
         self.format = weight_format
-        self.sha256 = file_sha256(self.gguf, self.root)
         self.tag = runtime_tag(weight_format)
-        self.folder = self.root / "-".join(filter(None, (self.sha256, weight_format, self.tag)))
+        super().__init__(gguf_path, "-".join(filter(None, (weight_format, self.tag))))
 
     # ---------------------------------------------------------------- read
 
-    def read(self) -> Stored | None:
-        """The entry mapped (None on a miss; on a stale or damaged entry, with one stderr line saying it is
-        rebuilt)."""
-        if not self.folder.exists():
-            return None
-        try:
-            header, base = self._open()
-            if header.get("version") != VERSION:
-                _say(f"weight cache entry {pinned.shown(self.folder)} is stale (conversion version "
-                     f"{header.get('version')}, now {VERSION}): rebuilding it")
-                return None
-            return self._stored(header, base)
-        except Damaged as e:
-            self.refuse(e)
-            return None
-
-    def refuse(self, error: BaseException) -> None:
-        """The one line for a damaged entry (it is converted and written again)."""
-        why = str(error) if isinstance(error, Damaged) else _first_line(error)
-        _say(f"weight cache entry {pinned.shown(self.folder)} is damaged ({why}): rebuilding it")
+    def _read(self) -> Stored:
+        """The entry mapped."""
+        return self._stored(*self._open())
 
     def _open(self) -> tuple[dict, torch.Tensor]:
         path = self.folder / WEIGHTS
@@ -230,8 +299,8 @@ class Entry:
             header = json.loads(text)
             if not isinstance(header, dict) or not isinstance(header.get("data_bytes"), int):
                 raise Damaged(f"{WEIGHTS}'s header is not an entry's")
-            if "version" in header and header["version"] != VERSION:
-                return header, None
+            if header.get("version") != VERSION:
+                raise Stale(f"conversion version {header.get('version')}, now {VERSION}")
             header["data_start"] = _data_start(n)
             expected = header["data_start"] + header["data_bytes"]
             if size != expected:
@@ -276,66 +345,39 @@ class Entry:
                       for i in range(header["layers"])]
             built = _Built(layers, linear("lm_head"))
             params = {name.removeprefix("params."): t for name, t in tensors.items() if name.startswith("params.")}
+            source = StoredWeights(params, built, tensors["rope.inv_freq"], float(header["rope_scale"]),
+                                   int(header["num_parameters"]))
         except Damaged:
             raise
         except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
             raise Damaged(_first_line(e)) from None
-        vocab_key = header.get("vocab_key")
-        return Stored(self.folder, header.get("note"), StoredWeights(params, built),
-                      tuple(vocab_key) if isinstance(vocab_key, list) and len(vocab_key) == 2 else None)
+        return Stored(self.folder, header.get("note"), source)
 
     # ---------------------------------------------------------------- write
 
-    def write(self, model, tokenizer, fast, note: str | None) -> None:
-        """Store what a conversion produced (the meta model's config and small tensors, the tokenizer, FastLlama's
-        layers and LM head) as this entry, atomically; a folder that cannot be written: one stderr line."""
+    def write(self, model, fast, note: str | None) -> None:
+        """Store what a conversion produced (the meta model's config and small tensors, FastLlama's layers, LM head
+        and RoPE frequencies) as this entry, atomically; a folder that cannot be written: one stderr line."""
         tensors, linears = _collect(model, fast)
-        work = None
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            pinned.remove_stale_work(self.root)
-            work = Path(tempfile.mkdtemp(prefix=pinned.work_prefix("weights"), dir=self.root))
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(work, 0o777 & ~umask)  # (mkdtemp's folder is private)
+
+        def fill(work: Path) -> int:
             model.config.save_pretrained(work)
-            tokenizer.save_pretrained(work)
             files = {p.name: p.stat().st_size for p in sorted(work.iterdir())}
             header = {"version": VERSION, "sha256": self.sha256, "format": self.format, "tag": self.tag,
                       "gguf": self.gguf.name, "note": note, "layers": len(fast.layers), "files": files,
-                      "linears": linears, "vocab_key": [len(tokenizer), vocab_key(tokenizer)]}
-            size = _write_weights(work / WEIGHTS, header, tensors)
-            self._place(work)
-            work = None
+                      "linears": linears, "num_parameters": fast.num_parameters, "rope_scale": fast.rope_scale}
+            return _write_weights(work / WEIGHTS, header, tensors)
+
+        size = self._store(fill)
+        if size is not None:
             _say(f"{self.gguf.name}: converted weights ({pinned.human_size(size)}) cached in "
                  f"{pinned.shown(self.folder)}; later loads map them")
-        except OSError as e:
-            _say(f"cannot write the weight cache in {pinned.shown(self.root)} ({e.strerror or _first_line(e)}): "
-                 f"the weights stay converted in memory only")
-        finally:
-            if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
-
-    def _place(self, work: Path) -> None:
-        """Rename the written folder into place, an old entry (stale or damaged) moved aside first and removed."""
-        old = None
-        if self.folder.exists():
-            old = Path(tempfile.mkdtemp(prefix=pinned.work_prefix("old"), dir=self.root)) / "entry"
-            os.rename(self.folder, old)
-        try:
-            os.rename(work, self.folder)
-        except OSError:
-            if not self.folder.is_dir():
-                raise
-            shutil.rmtree(work, ignore_errors=True)  # (another load placed the entry first)
-        finally:
-            if old is not None:
-                shutil.rmtree(old.parent, ignore_errors=True)
 
 
 def _collect(model, fast) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
     """(tensors by entry name, linear layers' meta by prefix) of a converted model."""
-    tensors: dict[str, torch.Tensor] = {"params.model.embed_tokens.weight": fast.embed}
+    tensors: dict[str, torch.Tensor] = {"params.model.embed_tokens.weight": fast.embed,
+                                        "rope.inv_freq": fast.inv_freq}
     for name, param in model.named_parameters():
         if param.numel() and name != "model.embed_tokens.weight":
             tensors[f"params.{name}"] = param.detach()
@@ -354,6 +396,91 @@ def _collect(model, fast) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
             linear(f"layers.{i}.{part}", layer)
     linear("lm_head", fast.lm_head)
     return tensors, linears
+
+
+# ------------------------------------------------------------------ the tokenizer's entry
+
+
+class TokenizerEntry(_Entry):
+    """The tokenizer cache entry of one GGUF file (the same for every format)."""
+
+    kind, work_name, unwritten = "tokenizer", "tokenizer", "the tokenizer is built from the GGUF file on every load"
+
+    def __init__(self, gguf_path: Path, sha256: str | None = None):
+        super().__init__(gguf_path, "tokenizer", sha256)
+
+    def _read(self):
+        """The stored tokenizer: a transformers PreTrainedTokenizerFast over the stored backend."""
+        try:
+            manifest = json.loads((self.folder / TOKENIZER_ENTRY).read_text())
+            if not isinstance(manifest, dict) or not isinstance(manifest.get("version"), int):
+                raise Damaged(f"{TOKENIZER_ENTRY} is not an entry's")
+            if manifest["version"] != TOKENIZER_VERSION:
+                raise Stale(f"tokenizer version {manifest['version']}, now {TOKENIZER_VERSION}")
+            if manifest["sha256"] != self.sha256:
+                raise Damaged(f"{TOKENIZER_ENTRY} names another file")
+            data = (self.folder / TOKENIZER).read_bytes()
+            expected = manifest["tokenizer_json"]
+            if len(data) != expected["size"]:
+                raise Damaged(f"{TOKENIZER} has {len(data):,} bytes, not {expected['size']:,}")
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != expected["sha256"]:
+                raise Damaged(f"{TOKENIZER}'s SHA-256 is not the one written")
+            tokenizer = _wrap(data, digest, manifest["settings"])
+            known = manifest["vocab_key"]
+            if isinstance(known, list) and len(known) == 2 and known[0] == len(tokenizer):
+                tokenizer._relaxspec_vocab_key = tuple(known)  # (prompts.vocab_key's, computed when it was written)
+            return tokenizer
+        except Damaged:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever a damaged entry makes fail: rebuilt, never used
+            raise Damaged(_first_line(e)) from None
+
+    def write(self, tokenizer) -> None:
+        """Store `tokenizer` (built from the GGUF file) as this entry, atomically; a folder that cannot be written:
+        one stderr line."""
+
+        def fill(work: Path) -> int:
+            saved = work / "saved"
+            tokenizer.save_pretrained(saved)  # (transformers' own serialization of the settings)
+            settings = {k: v for k, v in json.loads((saved / "tokenizer_config.json").read_text()).items()
+                        if k not in _NOT_SETTINGS}
+            template = saved / "chat_template.jinja"
+            if template.is_file():
+                settings["chat_template"] = template.read_text()
+            shutil.rmtree(saved)
+            tokenizer.backend_tokenizer.save(str(work / TOKENIZER))  # the backend as it runs, not rebuilt
+            data = (work / TOKENIZER).read_bytes()
+            manifest = {"version": TOKENIZER_VERSION, "sha256": self.sha256, "gguf": self.gguf.name,
+                        "tokenizer_json": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()},
+                        "settings": settings, "vocab_key": [len(tokenizer), vocab_key(tokenizer)]}
+            (work / TOKENIZER_ENTRY).write_text(json.dumps(manifest))
+            return len(data)
+
+        self._store(fill)
+
+
+# tokenizer_config.json's keys that are not the wrapper's settings (the class, where it was read from)
+_NOT_SETTINGS = ("tokenizer_class", "backend", "is_local", "local_files_only", "name_or_path", "auto_map",
+                 "added_tokens_decoder", "tokenizer_file", "vocab_file", "merges_file")
+_shared = weakref.WeakValueDictionary()  # (tokenizer.json's SHA-256, settings but the chat template) -> a tokenizer
+
+
+def _wrap(data: bytes, digest: str, settings: dict):
+    """A PreTrainedTokenizerFast with `settings` over the backend serialized in `data` (tokenizer.json's bytes, of
+    SHA-256 `digest`): parsed, or the backend of a tokenizer read before from the same bytes with the same settings
+    (a chat template aside), which its wrappers share."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    key = (digest, json.dumps({k: v for k, v in settings.items() if k != "chat_template"}, sort_keys=True))
+    other = _shared.get(key)
+    tokenizer = PreTrainedTokenizerFast.__new__(PreTrainedTokenizerFast)
+    # (its __init__ wraps a backend already set, as a tokenizer class that builds its own backend does)
+    tokenizer._tokenizer = other._tokenizer if other is not None else tokenizers.Tokenizer.from_buffer(data)
+    tokenizer.__init__(**settings)
+    _shared[key] = tokenizer
+    return tokenizer
 
 
 def _data_start(header_bytes: int) -> int:
