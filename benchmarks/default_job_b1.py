@@ -26,7 +26,8 @@ import torch
 from harness.options import add, parser
 from relaxspec.acceptance import get_rule
 from relaxspec.bench.cell import CellSpec, generate_samples, speed_constants, time_batch1_cells
-from relaxspec.bench.config import BenchConfig, needs_classifier, parse_method
+from relaxspec.bench.config import BenchConfig
+from relaxspec.bench.methods import needs_classifier, parse_method
 from relaxspec.bench.speedup import block_aware_speedup
 from relaxspec.engine import derive_seed
 from relaxspec.models import DEFAULT_DRAFTER, DEFAULT_VERIFIER, load_model

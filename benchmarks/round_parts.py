@@ -39,7 +39,8 @@ def main():
     from relaxspec.acceptance.random import SequenceSeeds
     from relaxspec.acceptance.verify import VerifyStep
     from relaxspec.bench.cell import CellSpec, generate_samples, speed_constants
-    from relaxspec.bench.config import BenchConfig, needs_classifier
+    from relaxspec.bench.config import BenchConfig
+    from relaxspec.bench.methods import needs_classifier
     from relaxspec.bench.speedup import block_aware_speedup
     from relaxspec.drafters.base import LMDrafter
     from relaxspec.engine import derive_seed

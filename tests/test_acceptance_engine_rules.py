@@ -261,7 +261,7 @@ def test_acceptance_grows_as_the_rule_relaxes(method, temperature):
 
 
 def test_the_new_rules_are_registered_with_their_grids():
-    from relaxspec.bench.config import default_methods
+    from relaxspec.bench.methods import default_methods
     from relaxspec.tune.space import search_space
     grid = [(m, p) for m, p in default_methods() if m in ("threshold", "topk-delta", "topk-ratio")]
     assert grid == [("threshold", {"single": s}) for s in (0.01, 1.0)] + \

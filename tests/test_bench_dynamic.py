@@ -104,7 +104,7 @@ def test_tune_searches_auto_with_the_confidence_stop_and_writes_both(tmp_path, c
     import json
 
     import relaxspec
-    from relaxspec.bench.config import load_toml
+    from relaxspec.bench.settings import load_toml
     from relaxspec.tune.space import DEFAULT_DRAFT_LENGTHS, search_space
 
     assert "auto" in DEFAULT_DRAFT_LENGTHS

@@ -13,7 +13,8 @@ import pytest
 
 from relaxspec.acceptance import RULES
 from relaxspec.cli.bench import config_from_args, register
-from relaxspec.bench.config import BenchConfig, estimate_minutes, needs_classifier
+from relaxspec.bench.config import BenchConfig, estimate_minutes
+from relaxspec.bench.methods import needs_classifier
 from relaxspec.study.findings import DEFAULT_MAX_DROP as FINDINGS_MAX_DROP
 from relaxspec.study.findings import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, check_findings, format_findings
 from relaxspec.bench.report import build_rows

@@ -2,8 +2,8 @@ import pytest
 
 from relaxspec.acceptance import RULES
 from relaxspec.acceptance import get_rule
-from relaxspec.bench.config import (BenchConfig, default_methods, extra_draft_passes, needs_classifier,
-                                    parse_method)
+from relaxspec.bench.config import BenchConfig
+from relaxspec.bench.methods import default_methods, extra_draft_passes, needs_classifier, parse_method
 from relaxspec.bench.runner import plan
 from relaxspec.bench.store import cell_key
 

@@ -3,10 +3,10 @@ import random
 
 import pytest
 
-from relaxspec.bench.metrics import (BEYOND, NO_STRICT, PRECISE, STRADDLES, WITHIN, decision, decision_confidence,
-                                     identical_fraction, samples_needed)
+from relaxspec.bench.metrics import decision_confidence, identical_fraction
 from relaxspec.bench.speedup import block_aware_speedup, length_adjusted_speedup, modelled_speedup
-from relaxspec.bench.stats import Interval, paired_diff_interval, utility_interval, z_value
+from relaxspec.bench.stats import (BEYOND, NO_STRICT, PRECISE, STRADDLES, WITHIN, Interval, decision,
+                                   paired_diff_interval, samples_needed, utility_interval, z_value)
 
 from conftest import benchmark_module
 

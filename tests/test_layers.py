@@ -173,9 +173,44 @@ def public_names(init: Path) -> set[str]:
     return set()
 
 
+def _binds(function, name: str) -> bool:
+    """Whether a function (or lambda) binds `name` itself: an argument of that name, or one assigned in it."""
+    args = function.args
+    arguments = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a]
+    return name in arguments or any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+                                    for n in ast.walk(function))
+
+
+def _attributes(scope, name: str):
+    """The `name.attr` nodes under `scope`, less those in functions that bind `name` themselves."""
+    for child in ast.iter_child_nodes(scope):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and _binds(child, name):
+            continue
+        if isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name) and child.value.id == name:
+            yield child
+        yield from _attributes(child, name)
+
+
+def _modules_imported(tree, path: Path, top: Path, package: str):
+    """(scope, bound name, module) of each `from package import module [as bound]` in a file's tree (relative
+    imports resolved): scope is the module, or the function the import is in; module is any name it imports."""
+    base = list(path.relative_to(top.parent).parts[:-1])
+
+    def walk(node, scope):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ImportFrom):
+                start = ".".join(base[:len(base) - child.level + 1]) if child.level else ""
+                if ".".join(x for x in (start, child.module or "") if x) == package:
+                    yield from ((scope, a.asname or a.name, a.name) for a in child.names)
+            yield from walk(child, child if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else scope)
+    yield from walk(tree, tree)
+
+
 def private_imports(top: Path, package: str, users: tuple[str, ...]) -> list[str]:
     """Imports of `package` (a package under `top`) by the modules of `users` (packages under `top`) that go past
-    its public API: a module inside it, or a name its __init__.py does not list in `__all__`; one line each."""
+    its public API: a module inside it, or a name its __init__.py does not list in `__all__`; and, of a module
+    of it that `__all__` lists (`from package import module`, then `module.name`), a name that module's own
+    `__all__` does not list; one line each."""
     name, public = f"{top.name}.{package}", public_names(top / package / "__init__.py")
     problems = []
     for path in sorted(p for user in users for p in (top / user).rglob("*.py")):
@@ -185,6 +220,14 @@ def private_imports(top: Path, package: str, users: tuple[str, ...]) -> list[str
                 problems += [f"{where}: {n} is not in {name}.__all__" for n in names or () if n not in public]
             elif module.startswith(name + "."):
                 problems.append(f"{where}: imports {module}, inside {name} (use its public API)")
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for scope, bound, module in _modules_imported(tree, path, top, name):
+            source = top / package / f"{module}.py"
+            if module not in public or not source.is_file():
+                continue
+            offered = public_names(source)
+            problems += [f"{path.relative_to(top.parent)}:{node.lineno}: {bound}.{node.attr} is not in "
+                         f"{name}.{module}.__all__" for node in _attributes(scope, bound) if node.attr not in offered]
     return problems
 
 
@@ -316,3 +359,19 @@ def test_an_import_past_a_package_s_public_api_fails(tmp_path):
         "pkg/high/bad.py:3: imports pkg.low.a, inside pkg.low (use its public API)",
         "pkg/high/bad.py:4: imports pkg.low.a, inside pkg.low (use its public API)",
         "pkg/high/bad.py:5: a is not in pkg.low.__all__"]
+
+
+def test_a_public_module_offers_only_the_names_of_its_own_all(tmp_path):
+    top = _package(tmp_path, {
+        "base.py": "",
+        "low/__init__.py": "from pkg.low import ns\n__all__ = [\"ns\"]\n",
+        "low/ns.py": "A = B = 1\n__all__ = [\"A\"]\n",
+        "high/__init__.py": "",
+        "high/good.py": "from pkg.low import ns\nX = ns.A\ndef f(ns):\n    return ns.B\n",  # f's ns: not the module
+        "high/local.py": "def f():\n    from ..low import ns as n\n    return n.A\n",
+    })
+    assert private_imports(top, "low", ("high",)) == []
+    (top / "high" / "bad.py").write_text("from pkg.low import ns\nX = ns.B\ndef f():\n    from pkg.low import ns as n\n"
+                                         "    return n.B\n")
+    assert private_imports(top, "low", ("high",)) == ["pkg/high/bad.py:2: ns.B is not in pkg.low.ns.__all__",
+                                                      "pkg/high/bad.py:5: n.B is not in pkg.low.ns.__all__"]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from relaxspec.bench.stats import t_value
-from relaxspec.tune.objective import ratio_interval, speed_interval
+from relaxspec.bench.stats import ratio_interval, t_value
+from relaxspec.tune.objective import speed_interval
 from relaxspec.tune.run import TuneConfig, heldout_jobs, run_tune, search_jobs
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -52,7 +52,8 @@ def test_tune_writes_a_toml_that_generate_and_bench_read(tuned, forker):
     result, out = tuned
     assert result.choice is not None and Path(result.toml_path).is_file() and Path(result.plot_path).is_file()
     toml = Path(result.toml_path)
-    from relaxspec.bench.config import BenchConfig, load_toml
+    from relaxspec.bench.config import BenchConfig
+    from relaxspec.bench.settings import load_toml
     bench = BenchConfig.from_dict(load_toml(toml))
     bench.validate()
     assert bench.method_specs() == [(result.choice.method, result.choice.params_dict)]

@@ -143,8 +143,7 @@ def test_search_space_has_strict_at_each_n_and_every_rule_between_its_grid():
 
 import numpy as np  # noqa: E402
 
-from relaxspec.bench.stats import diff_interval  # noqa: E402
-from relaxspec.tune.objective import ratio_interval  # noqa: E402
+from relaxspec.bench.stats import diff_interval, ratio_interval  # noqa: E402
 from relaxspec.tune.racing import SLOWER  # noqa: E402
 
 NESTED_SIZES, NESTED_CAPS, STREAM = (6, 24, 72, 240), (24, 12, 4), 240

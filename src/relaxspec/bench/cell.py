@@ -14,10 +14,11 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from relaxspec.bench.config import BenchConfig, needs_classifier
+from relaxspec.bench.config import BenchConfig
+from relaxspec.bench.methods import needs_classifier
 from relaxspec.bench.names import AR, AUTO, STRICT, method_label
 from relaxspec.bench.sampling import prompts_needed, samples_at
-from relaxspec.bench.phase import phase_options
+from relaxspec.bench.settings import phase_options
 from relaxspec.bench.store import Row, token_hash
 from relaxspec.bench.versions import code_version, file_version, model_version
 

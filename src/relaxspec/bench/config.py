@@ -1,4 +1,4 @@
-"""Bench configuration and the method grammar.
+"""Bench configuration: its settings, their defaults and presets, and the time estimate.
 
 A bench is a grid verifier x drafter x task x (method, params) x draft length N x seed. Every cell draws
 its samples (prompt i, repeat r) with the per-sequence seed derive_seed(seed, i, r), the same for every
@@ -6,23 +6,22 @@ method, so cells are coupled sample by sample (see docs/design.md, "Coupled rand
 
 Sampling is adaptive with a fixed maximum number of looks: look 1 runs `repeats` repeats of `limit` prompts
 in every cell; each later look doubles the samples of the relaxed cells (and of strict at their N) whose
-interval of the utility difference vs strict is still undecided (see metrics.decision), as long as the
+interval of the utility difference vs strict is still undecided (see stats.decision), as long as the
 time budget allows: new prompts while the task has them, then repeats (bench.sampling).
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import warnings
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 from relaxspec.acceptance.random import check_seed
-from relaxspec.bench.names import AR, AUTO
+from relaxspec.bench.methods import DEFAULT_PAD_THRESHOLDS, method_specs
+from relaxspec.bench.names import AUTO
+from relaxspec.bench.settings import (check_draft_confidence_setting, check_out_dir, check_phase_setting,
+                                      check_sampling_setting, check_settings_types)
 
 DEFAULT_OUT = "relaxspec-results"
-DEFAULT_PAD_THRESHOLDS = (0.3, 0.5, 0.7)
 DEFAULT_LIMIT = 160  # independent prompts: 160 x 1 costs what 80 x 2 did, and counts for more
 DEFAULT_REPEATS = 1
 DEFAULT_LOOKS = 3
@@ -57,7 +56,6 @@ SECONDS_PER_TIMED_PROMPT = 0.1  # (2026-12-05, the lean loop: 74 cells x 32 prom
 # ar,strict --draft-lengths 3 [--compile]`: 151 s compiled vs 13 s eager beside other work (42 s compiled on a
 # quiet machine): about 40 s a model (the verifier and the drafter).
 SECONDS_TO_COMPILE_A_MODEL = 40.0
-CLASSIFIER_INPUT = "pivot_prob"  # a rule with this tensor input needs a pivot classifier (pivot_fn)
 
 
 @dataclass
@@ -65,7 +63,7 @@ class BenchConfig:
     verifiers: list[str] = field(default_factory=lambda: [_default_model("DEFAULT_VERIFIER")])
     drafters: list[str] = field(default_factory=lambda: [_default_model("DEFAULT_DRAFTER")])
     tasks: list[str] = field(default_factory=lambda: ["arithmetic"])
-    methods: list[str] | None = None  # None: the default grid (see default_methods)
+    methods: list[str] | None = None  # None: the default grid (see methods.default_methods)
     draft_lengths: list[int | str] = field(default_factory=lambda: [3, 5])  # "auto": the engine's +2/-1 schedule
     # a sequence stops drafting after a draft its drafter gave probability < this (None: off; engine.generate)
     draft_confidence: float | None = None
@@ -92,7 +90,7 @@ class BenchConfig:
     system: str | None = None  # system prompt, passed to generate
     pad_thresholds: list[float] = field(default_factory=lambda: list(DEFAULT_PAD_THRESHOLDS))
     pad_classifier: str | None = None  # None: the built-in classifier, if one ships
-    phase: str | None = None  # relax only inside a span (bench.phase): None, "task", "think" or "BEGIN..END"
+    phase: str | None = None  # relax only inside a span (bench.settings): None, "task", "think" or "BEGIN..END"
     out: str = DEFAULT_OUT
 
     def validate(self) -> None:
@@ -135,16 +133,10 @@ class BenchConfig:
             warnings.warn("bench: repeats > 1 at temperature 0 (greedy) repeat the same responses", stacklevel=2)
         self.method_specs()  # parsing raises on unknown rules / parameters
         check_out_dir(self.out, "--out")
-        from relaxspec.bench.phase import check_phase_setting
         check_phase_setting(self.phase, self.tasks)
 
     def method_specs(self) -> list[tuple[str, dict]]:
-        if self.methods is None:
-            return default_methods(self.pad_thresholds)
-        out = []
-        for item in self.methods:
-            out.extend(parse_method(item, self.pad_thresholds))
-        return _unique(out)
+        return method_specs(self.methods, self.pad_thresholds)
 
     @classmethod
     def from_dict(cls, data: dict) -> "BenchConfig":
@@ -166,50 +158,6 @@ class BenchConfig:
                 value = [value]
             kwargs[name] = value
         return cls(**kwargs)
-
-
-def check_sampling_setting(config, who: str) -> None:
-    """ValueError '<who>: temperature must be a finite number >= 0, got nan' (and top_k's, top_p's) before any
-    work, rather than when the first cell samples."""
-    from relaxspec.acceptance.processing import check_sampling_args
-    try:
-        check_sampling_args(config.temperature, config.top_k, config.top_p)
-    except ValueError as e:
-        raise ValueError(f"{who}: {e}") from None
-
-
-def check_settings_types(config, who: str, lists: dict, scalars: dict | None = None) -> None:
-    """ValueError '<who>: <name> must be a list of <kind>' for a list setting (None allowed) of the wrong kind
-    (e.g. `methods = 3` in a TOML file), and '<who>: <name> must be <kind>' for a scalar one."""
-    def kind_ok(value, kind) -> bool:
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if isinstance(value, bool):
-            return bool in kinds
-        return isinstance(value, tuple(k for k in kinds if k is not float)) or (
-            float in kinds and isinstance(value, (int, float)))
-
-    def kind_name(kind, plural: bool) -> str:
-        names = {str: ("a string", "strings"), int: ("an integer", "integers"), float: ("a number", "numbers")}
-        return " or ".join(names[k][plural] for k in (kind if isinstance(kind, tuple) else (kind,)))
-
-    for name, kind in lists.items():
-        value = getattr(config, name)
-        if value is not None and (not isinstance(value, (list, tuple)) or not all(kind_ok(v, kind) for v in value)):
-            raise ValueError(f"{who}: {name.replace('_', ' ')} must be a list of {kind_name(kind, True)}, got {value!r}")
-    for name, kind in (scalars or {}).items():
-        value = getattr(config, name)
-        if value is not None and not kind_ok(value, kind):
-            raise ValueError(f"{who}: {name.replace('_', ' ')} must be {kind_name(kind, False)}, got {value!r}")
-
-
-def check_draft_confidence_setting(value, who: str) -> None:
-    """ValueError '<who>: draft_confidence must be ...' unless value is None or a threshold the engine takes."""
-    if value is not None:
-        from relaxspec.engine.generate import check_draft_confidence
-        try:
-            check_draft_confidence(value)
-        except ValueError as e:
-            raise ValueError(f"{who}: {e}") from None
 
 
 def sampling_preset(name: str) -> dict:
@@ -244,135 +192,3 @@ def estimate_text(minutes: float) -> str:
 def _default_model(attr: str) -> str:
     import relaxspec.models.family as family
     return getattr(family, attr)
-
-
-def check_out_dir(out, flag: str) -> None:
-    """ValueError unless `out` is a directory or can be created as one (no file in its way), and this user can
-    write it and its results store: checked before any work, not when the first cell is stored."""
-    import os
-    from relaxspec.bench.store import DB_NAME
-    for path in [Path(out), *Path(out).parents]:
-        if path.exists():
-            if not path.is_dir():
-                raise ValueError(f"{flag} {out}: {path} is a file, not a directory")
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise ValueError(f"{flag} {out}: {path} is not writable")
-            store = Path(out) / DB_NAME
-            if store.is_dir():
-                raise ValueError(f"{flag} {out}: {store} is a directory, not a relaxspec results store")
-            if store.exists() and not os.access(store, os.R_OK | os.W_OK):
-                raise ValueError(f"{flag} {out}: the results store {store} is not writable")
-            return
-
-
-def load_toml(path: str | Path, what: str = "bench config") -> dict:
-    import tomllib
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"{what} {str(path)!r} does not exist") from None
-    except IsADirectoryError:
-        raise ValueError(f"{what} {str(path)!r} is a directory, not a TOML file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{what} {path}: invalid TOML ({e})") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{what} {path}: not UTF-8 text (byte {e.start}), as TOML must be") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# Methods
-
-def _rules():
-    from relaxspec.acceptance import RULES
-    return RULES
-
-
-def needs_classifier(method: str) -> bool:
-    """Whether the rule reads a pivot classifier's output (it declares the tensor input)."""
-    rule = _rules().get(method)  # AR and an unknown name (refused elsewhere, with the known ones) read none
-    return rule is not None and CLASSIFIER_INPUT in rule.inputs
-
-
-def classifier_cost(method: str, c_pivot: float | None) -> float:
-    """What a round of `method` pays for the pivot classifier, in verifier steps: the measured c_pivot (None: not
-    measured, 0) for a rule that reads one, 0 for the others (the speed constants store c_pivot per (verifier,
-    drafter, N), which cells of other rules share)."""
-    return (c_pivot or 0.0) if needs_classifier(method) else 0.0
-
-
-def extra_draft_passes(method: str) -> int:
-    """Drafter forward passes a round of this rule costs beyond N, as the rule declares (AR: 0)."""
-    return 0 if method == AR else int(_rules()[method].extra_draft_passes)
-
-
-def _paper_points(name: str, pad_thresholds) -> list[dict]:
-    """The rule's paper grid: the product of each parameter's grid (parameters without one stay default).
-    A rule that needs a classifier is run at `pad_thresholds`."""
-    rule = _rules()[name]
-    if needs_classifier(name):
-        return [{"threshold": float(t)} for t in pad_thresholds]
-    axes = [(p, list(spec.grid)) for p, spec in rule.params.items() if spec.grid]
-    if not axes:
-        return [{}]
-    return [dict(zip([a for a, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
-
-
-def default_methods(pad_thresholds=DEFAULT_PAD_THRESHOLDS) -> list[tuple[str, dict]]:
-    """AR; every rule at each point of its paper grid (in the registry's order, strict first; classifier
-    rules last, at `pad_thresholds`)."""
-    rules = sorted(_rules(), key=needs_classifier)
-    out = [(AR, {})]
-    for name in rules:
-        out.extend((name, p) for p in _paper_points(name, pad_thresholds))
-    return _unique(out)
-
-
-def _unique(specs: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
-    seen, unique = set(), []
-    for name, params in specs:
-        sig = (name, json.dumps(params, sort_keys=True))
-        if sig not in seen:
-            seen.add(sig)
-            unique.append((name, params))
-    return unique
-
-
-def parse_method(item: str, pad_thresholds=DEFAULT_PAD_THRESHOLDS) -> list[tuple[str, dict]]:
-    """'NAME' (its paper grid), or 'NAME:PARAM=V1/V2[;PARAM=V...]' (the product of the values given;
-    parameters not given stay at the rule's default)."""
-    item = item.strip()
-    name, _, rest = item.partition(":")
-    name = name.strip()
-    rules = _rules()
-    if name == AR:
-        if rest:
-            raise ValueError(f"method 'ar' takes no parameters, got {rest!r}")
-        return [(AR, {})]
-    if name not in rules:
-        raise ValueError(f"unknown method {name!r}; known: ar, {', '.join(rules)}")
-    if not rest:
-        return [(name, p) for p in _paper_points(name, pad_thresholds)]
-    rule = rules[name]
-    axes = []
-    for part in rest.split(";"):
-        pname, eq, values = part.partition("=")
-        pname = pname.strip()
-        if not eq or not values.strip():
-            raise ValueError(f"method {item!r}: expected PARAM=VALUE[/VALUE...], got {part!r}")
-        if pname not in rule.params:
-            raise ValueError(f"method {item!r}: rule {name!r} has no parameter {pname!r}; "
-                             f"it has: {', '.join(rule.params) or 'none'}")
-        try:
-            vals = [float(v) for v in values.split("/")]
-        except ValueError:
-            raise ValueError(f"method {item!r}: values of {pname!r} must be numbers, got {values!r}") from None
-        axes.append((pname, vals))
-    points = [(name, dict(zip([a for a, _ in axes], combo))) for combo in itertools.product(*[v for _, v in axes])]
-    for pname, vals in axes:  # out-of-range values fail here, before any work (not in every cell)
-        for v in vals:
-            try:
-                rule.params[pname].check(v, name)
-            except ValueError as e:
-                raise ValueError(f"method {item!r}: {e}") from None
-    return points

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from relaxspec.bench.config import classifier_cost
+from relaxspec.bench.methods import classifier_cost
 from relaxspec.bench.names import AR, AUTO
 from relaxspec.bench.speedup import C_REL_GRID, block_aware_speedup, modelled_speedup
 from relaxspec.bench.stats import Interval, paired_diff_interval, utility_interval
@@ -91,33 +91,3 @@ def identical_fraction(method_hashes: dict, base_hashes: dict) -> float:
     if not usable:
         return math.nan
     return sum(method_hashes[k] == base_hashes[k] for k in usable) / len(usable)
-
-
-WITHIN, BEYOND, PRECISE, STRADDLES, NO_STRICT = ("within budget", "beyond budget", "half-width <= budget",
-                                                  "straddles the budget", "no strict cell to compare with")
-
-
-def decision(diff: Interval, max_drop: float) -> str:
-    """The state of a relaxed cell's interval of (utility - strict's) against the budget -max_drop:
-    wholly within, wholly beyond, narrow enough (half-width <= max_drop), or still straddling it."""
-    if diff.n == 0 or math.isnan(diff.low):
-        return NO_STRICT
-    if diff.low >= -max_drop:
-        return WITHIN
-    if diff.high < -max_drop:
-        return BEYOND
-    if diff.half_width <= max_drop:
-        return PRECISE
-    return STRADDLES
-
-
-def is_decided(state: str) -> bool:
-    return state in (WITHIN, BEYOND, PRECISE)
-
-
-def samples_needed(diff: Interval, max_drop: float) -> int:
-    """Independent samples (one per new prompt) for the interval's half-width to shrink to max_drop (width ~
-    1/sqrt(n) at the effective sample size n / design effect the interval used)."""
-    if diff.n == 0 or max_drop <= 0 or diff.half_width <= max_drop:
-        return diff.n
-    return math.ceil(diff.n / diff.design_effect * (diff.half_width / max_drop) ** 2)

@@ -145,7 +145,7 @@ class Costs:
 
 def stage_cells(stage: dict, drafter: str = DRAFTER) -> list[tuple[str, dict, object]]:
     """(method, params, N) of a stage's cells (N 0 for AR), as the bench plans them."""
-    from relaxspec.bench.config import parse_method
+    from relaxspec.bench.methods import parse_method
     specs = [spec for item in stage["methods"] for spec in parse_method(item)]
     cells = [(AR, {}, 0)] if any(m == AR for m, _ in specs) else []
     return cells + [(m, p, n) for n in stage["draft_lengths"] for m, p in specs if m != AR]

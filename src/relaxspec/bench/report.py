@@ -13,11 +13,11 @@ import math
 import statistics
 from pathlib import Path
 
-from relaxspec.bench.metrics import (ALPHA, BEYOND, NO_STRICT, WITHIN, compare, decision, decision_confidence,
-                                     identical_fraction, is_decided, samples_needed)
+from relaxspec.bench.metrics import ALPHA, compare, decision_confidence, identical_fraction
 from relaxspec.bench.names import AR, STRICT, draft_length_order, method_label
 from relaxspec.bench.speedup import C_REL_GRID, length_adjusted_speedup
-from relaxspec.bench.stats import METHOD, Interval, ratio
+from relaxspec.bench.stats import (BEYOND, METHOD, NO_STRICT, WITHIN, Interval, decision, is_decided, ratio,
+                                   samples_needed)
 from relaxspec.bench.store import Store
 
 _SPEED = ["measured_c_rel", *[f"c{c:g}" for c in C_REL_GRID]]
@@ -151,7 +151,7 @@ def _vs_strict(store: Store, cell, ref, looks: int) -> dict:
 
 
 def with_decisions(rows: list[dict], max_drop: float) -> list[dict]:
-    """Each relaxed row's decision vs the budget (see metrics.decision) and the samples it would need."""
+    """Each relaxed row's decision vs the budget (see stats.decision) and the samples it would need."""
     for r in rows:
         if r.get("vs_strict") is not None:
             r["vs_strict_decision"] = decision(r["vs_strict"], max_drop)

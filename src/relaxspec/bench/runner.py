@@ -25,9 +25,10 @@ from typing import Callable
 from relaxspec.bench.cell import CellSpec
 from relaxspec.bench.config import BenchConfig
 from relaxspec.bench.executors import make_executor, status_line
-from relaxspec.bench.metrics import compare, decision, decision_confidence, is_decided
+from relaxspec.bench.metrics import compare, decision_confidence
 from relaxspec.bench.names import AR, STRICT
 from relaxspec.bench.sampling import looks_done
+from relaxspec.bench.stats import decision, is_decided
 from relaxspec.bench.workbench import Workbench, Wanted
 
 

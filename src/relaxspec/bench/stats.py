@@ -32,6 +32,10 @@ is measured by tests/test_bench_stats.py (benchmarks/interval_coverage.py prints
   and a t quantile on clusters - 1 degrees of freedom (ratio_interval).
 
 Keys: a (prompt, repeat) tuple is clustered by its prompt (key[0]); any other key is its own cluster.
+
+A relaxed cell's decision: its interval of (utility - strict's) against the budget -max_drop, wholly within it
+(WITHIN), wholly beyond it (BEYOND), narrow enough, still straddling it, or no strict cell to compare with
+(NO_STRICT) (decision, samples_needed).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ METHOD = ("score intervals (utility: continuity-corrected Wilson; differences: T
           "sample size n / deff, prompts as clusters: deff = CR1 variance / the independent-samples one, times "
           "(t_df / z)^2 (df: prompts carrying the variance), within [1, samples per prompt]; deff = 1 with one "
           "sample per prompt")
+
+# what the layers above use (relaxspec.bench.stats)
+__all__ = ["Interval", "paired_diff_interval", "ratio", "ratio_interval", "decision", "WITHIN", "BEYOND", "NO_STRICT"]
 
 
 @dataclass(frozen=True)
@@ -263,3 +270,36 @@ def ratio_interval(a: list[float], b: list[float], confidence: float, clusters=N
         return Interval(ratio, 0.0, math.inf, n, confidence, g)
     root = math.sqrt(max(0.0, qb * qb - qa * qc))  # >= 0 up to rounding: the estimate is always inside
     return Interval(ratio, max(0.0, (qb - root) / qa), (qb + root) / qa, n, confidence, g)
+
+
+# ---------------------------------------------------------------------------------------------
+# A relaxed cell's interval of (utility - strict's) against the budget
+
+WITHIN, BEYOND, PRECISE, STRADDLES, NO_STRICT = ("within budget", "beyond budget", "half-width <= budget",
+                                                  "straddles the budget", "no strict cell to compare with")
+
+
+def decision(diff: Interval, max_drop: float) -> str:
+    """The state of a relaxed cell's interval of (utility - strict's) against the budget -max_drop:
+    wholly within, wholly beyond, narrow enough (half-width <= max_drop), or still straddling it."""
+    if diff.n == 0 or math.isnan(diff.low):
+        return NO_STRICT
+    if diff.low >= -max_drop:
+        return WITHIN
+    if diff.high < -max_drop:
+        return BEYOND
+    if diff.half_width <= max_drop:
+        return PRECISE
+    return STRADDLES
+
+
+def is_decided(state: str) -> bool:
+    return state in (WITHIN, BEYOND, PRECISE)
+
+
+def samples_needed(diff: Interval, max_drop: float) -> int:
+    """Independent samples (one per new prompt) for the interval's half-width to shrink to max_drop (width ~
+    1/sqrt(n) at the effective sample size n / design effect the interval used)."""
+    if diff.n == 0 or max_drop <= 0 or diff.half_width <= max_drop:
+        return diff.n
+    return math.ceil(diff.n / diff.design_effect * (diff.half_width / max_drop) ** 2)

@@ -19,8 +19,9 @@ from typing import Callable, Iterable, Iterator
 from relaxspec.bench.cell import (CellRequest, CellResult, CellRunner, CellSpec, cell_config, pad_applies,
                                   pad_classifier, runner_key, speed_constants)
 from relaxspec.bench.cell_job import CellJob
-from relaxspec.bench.config import BenchConfig, extra_draft_passes, needs_classifier
+from relaxspec.bench.config import BenchConfig
 from relaxspec.bench.executors import Executor, LocalExecutor, PoolExecutor
+from relaxspec.bench.methods import extra_draft_passes, needs_classifier
 from relaxspec.bench.metrics import cell_metrics, merge_engine_stats
 from relaxspec.bench.names import AR
 from relaxspec.bench.store import Store, cell_key

@@ -13,7 +13,8 @@ from relaxspec.study.findings import DEFAULT_MAX_DROP as FINDINGS_MAX_DROP
 from relaxspec.bench.config import (DEFAULT_BATCH_SIZE, DEFAULT_LIMIT, DEFAULT_LOOKS, DEFAULT_MAX_DROP,
                                     DEFAULT_MAX_NEW_TOKENS, DEFAULT_OUT, DEFAULT_REPEATS, DEFAULT_SPEED_PROMPTS,
                                     DEFAULT_TIME_BUDGET_S, DEFAULT_WORKERS, RUN_PRESETS, SAMPLING_PRESETS, BenchConfig,
-                                    SLOW_MACHINE, estimate_minutes, estimate_text, load_toml, sampling_preset)
+                                    SLOW_MACHINE, estimate_minutes, estimate_text, sampling_preset)
+from relaxspec.bench.settings import load_toml
 
 BENCH_EPILOG = f"""\
 Default grid (no --methods / config): ar; strict; every training-free rule at each value of its paper

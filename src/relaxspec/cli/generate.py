@@ -72,7 +72,9 @@ KIND_NAMES = {(str,): "a string", (int,): "an integer", (int, float): "a number"
 def apply_generate_config(args, defaults: dict) -> dict:
     """Fill the generate options left at their defaults from args.config; the method's parameters, given in the
     bench's grammar 'NAME:PARAM=V;PARAM=V', come back as a dict (explicit --param wins)."""
-    from relaxspec.bench.config import BenchConfig, load_toml, parse_method
+    from relaxspec.bench.config import BenchConfig
+    from relaxspec.bench.methods import parse_method
+    from relaxspec.bench.settings import load_toml
 
     data = load_toml(args.config, "generate config")
     known = set(BenchConfig.__dataclass_fields__) | {"verifier", "drafter", "task", "method", "draft_length", "seed",
@@ -131,7 +133,7 @@ def cmd_generate(args) -> int:
     verifier = load_model(args.verifier, **device_kwargs(args), compile=bool(args.compile))
     drafter = None if args.method == AR else load_drafter(args.drafter, verifier)
     pivot_fn = None
-    from relaxspec.bench.config import needs_classifier
+    from relaxspec.bench.methods import needs_classifier
 
     if needs_classifier(args.method):
         from relaxspec.pivot import classifier_for_pair, load_classifier

@@ -37,8 +37,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from relaxspec.bench import (BEYOND, C_REL_GRID, NO_STRICT, WITHIN, Interval, build_rows, decision, needs_classifier,
-                             paired_diff_interval, ratio, ratio_interval, rounds, with_decisions)
+from relaxspec.bench import build_rows, methods, speedup, stats, with_decisions
 from relaxspec.names import AR, STRICT, method_label
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
@@ -74,9 +73,9 @@ def speed_column(c_rel: float | None) -> str:
     of the grid's values."""
     if c_rel is None:
         return "length_adjusted_speedup_measured_c_rel"
-    if c_rel not in C_REL_GRID:
-        raise ValueError(f"--c-rel must be one of {', '.join(f'{c:g}' for c in C_REL_GRID)} (the bench's grid), "
-                         f"got {c_rel:g}")
+    if c_rel not in speedup.C_REL_GRID:
+        grid = ", ".join(f"{c:g}" for c in speedup.C_REL_GRID)
+        raise ValueError(f"--c-rel must be one of {grid} (the bench's grid), got {c_rel:g}")
     return f"length_adjusted_speedup_c{c_rel:g}"
 
 
@@ -92,7 +91,7 @@ def _rules():
 
 
 def is_classifier_rule(method: str) -> bool:
-    return needs_classifier(method)
+    return methods.needs_classifier(method)
 
 
 def trusts_q(method: str) -> bool:
@@ -131,7 +130,7 @@ def drafter_roles(rows: list[dict]) -> dict:
 def _state(r: dict) -> str:
     """within / beyond / undecided against the budget (the report's decisions, with_decisions)."""
     d = r["vs_strict_decision"]
-    return d if d in (WITHIN, BEYOND, NO_STRICT) else "undecided"
+    return d if d in (stats.WITHIN, stats.BEYOND, stats.NO_STRICT) else "undecided"
 
 
 def _label(r: dict) -> str:
@@ -139,7 +138,7 @@ def _label(r: dict) -> str:
     return f"{r['task']} / {r['drafter']} {method_label(r['method'], json.loads(r['params']))}{n}"
 
 
-def _ci(i: Interval | None) -> str:
+def _ci(i: stats.Interval | None) -> str:
     if i is None or math.isnan(i.mean):
         return "-"
     return f"{i.mean:+.3f} [{i.low:+.3f}, {i.high:+.3f}]"
@@ -161,11 +160,11 @@ def _both_ways(against: bool, favour: bool, missing: str = "") -> tuple[str, str
 
 def _count(rows: list[dict]) -> dict:
     states = [_state(r) for r in rows]
-    return {s: states.count(s) for s in (WITHIN, BEYOND, "undecided")}
+    return {s: states.count(s) for s in (stats.WITHIN, stats.BEYOND, "undecided")}
 
 
 def _fmt_count(c: dict, total: int) -> str:
-    return f"{c[BEYOND]} of {total} beyond, {c[WITHIN]} within, {c['undecided']} undecided"
+    return f"{c[stats.BEYOND]} of {total} beyond, {c[stats.WITHIN]} within, {c['undecided']} undecided"
 
 
 def _s(r: dict | None, column: str) -> float:
@@ -209,15 +208,15 @@ def restated(store, rows: list[dict], used, confidence: float, max_drop: float) 
     for r in rows:
         ref = strict.get((r["verifier"], r["drafter"], r["task"], r["draft_length"], r["seed"]))
         if r["key"] in used and _relaxed(r) and ref is not None:
-            i = paired_diff_interval(store.utilities(r["key"]), store.utilities(ref["key"]), confidence)
-            r = {**r, "vs_strict": i, "vs_strict_decision": decision(i, max_drop), "utility_diff_vs_strict": i.mean,
-                 "utility_diff_vs_strict_ci_low": i.low, "utility_diff_vs_strict_ci_high": i.high,
+            i = stats.paired_diff_interval(store.utilities(r["key"]), store.utilities(ref["key"]), confidence)
+            r = {**r, "vs_strict": i, "vs_strict_decision": stats.decision(i, max_drop),
+                 "utility_diff_vs_strict": i.mean, "utility_diff_vs_strict_ci_low": i.low, "utility_diff_vs_strict_ci_high": i.high,
                  "vs_strict_confidence": confidence}
         out.append(r)
     return out
 
 
-def speed_ratio(store, a: dict, b: dict, c_rel: float | None, confidence: float) -> Interval:
+def speed_ratio(store, a: dict, b: dict, c_rel: float | None, confidence: float) -> stats.Interval:
     """S(a) / S(b): the ratio of two speculative cells' length-adjusted modelled speed-ups on the same task and
     seed, paired by (prompt, repeat). AR's tokens cancel, so it is mean(rounds_b * cost_b) / mean(rounds_a *
     cost_a), cost = 1 + (N + extra) c_rel (Leviathan's model at the column's c_rel: the given one, or each
@@ -226,10 +225,10 @@ def speed_ratio(store, a: dict, b: dict, c_rel: float | None, confidence: float)
     def costs(r):
         c = r["c_rel_measured"] if c_rel is None else c_rel
         per_round = 1 + (r["model_draft_length"] + r["extra_draft_passes"]) * c
-        return {(x.prompt_index, x.repeat): rounds(x) * per_round for x in store.rows(r["key"])}
+        return {(x.prompt_index, x.repeat): speedup.rounds(x) * per_round for x in store.rows(r["key"])}
     ca, cb = costs(a), costs(b)
     keys = sorted(set(ca) & set(cb))
-    return ratio_interval([cb[k] for k in keys], [ca[k] for k in keys], confidence, [k[0] for k in keys])
+    return stats.ratio_interval([cb[k] for k in keys], [ca[k] for k in keys], confidence, [k[0] for k in keys])
 
 
 # ---------------------------------------------------------------- the findings
@@ -250,9 +249,9 @@ def finding_capability(store, rows: list[dict], looks: int, max_drop: float) -> 
     for cells in families.values():
         if len(cells) >= 2:
             weakest, strongest = min(cells, key=lambda r: r["acceptance_rate"]), max(cells, key=lambda r: r["acceptance_rate"])
-            moves.append((weakest, strongest, paired_diff_interval(store.utilities(strongest["key"]), store.utilities(weakest["key"]),
-                                                      confidence)))
-    relaxed = [r for r in rows if _training_free(r) and _state(r) != NO_STRICT]
+            moves.append((weakest, strongest, stats.paired_diff_interval(
+                store.utilities(strongest["key"]), store.utilities(weakest["key"]), confidence)))
+    relaxed = [r for r in rows if _training_free(r) and _state(r) != stats.NO_STRICT]
     c = _count(relaxed)
     f.evidence.append(f"training-free relaxed cells vs strict: {_fmt_count(c, len(relaxed))}")
     dropping = [m for m in moves if m[2].high < 0]
@@ -265,14 +264,15 @@ def finding_capability(store, rows: list[dict], looks: int, max_drop: float) -> 
     if not moves or not relaxed:
         f.verdict, f.reason = _both_ways(False, False, "relaxed cells with a strict reference (two settings of a rule)")
         return f
-    against = bool(dropping) and c[WITHIN] > 0 and c[BEYOND] > 0
-    favour = any(m[2].low < 0 for m in moves) and c[WITHIN] + c["undecided"] > 0 and c[BEYOND] + c["undecided"] > 0
+    against = bool(dropping) and c[stats.WITHIN] > 0 and c[stats.BEYOND] > 0
+    favour = any(m[2].low < 0 for m in moves) and c[stats.WITHIN] + c["undecided"] > 0 \
+        and c[stats.BEYOND] + c["undecided"] > 0
     f.verdict, f.reason = _both_ways(against, favour)
     return f
 
 
 def _group_shares(rows: list[dict], drafter: str) -> tuple[list, list]:
-    mine = [r for r in rows if r["drafter"] == drafter and _training_free(r) and _state(r) != NO_STRICT]
+    mine = [r for r in rows if r["drafter"] == drafter and _training_free(r) and _state(r) != stats.NO_STRICT]
     return [r for r in mine if trusts_q(r["method"])], [r for r in mine if verifier_bounded(r["method"])]
 
 
@@ -305,8 +305,8 @@ def finding_mtp(store, rows: list[dict], roles: dict, looks: int, max_drop: floa
     def holds(trust_beyond: int, bound_beyond: int) -> bool:
         return trust_beyond >= SHARE_LOSES * len(trusting) and bound_beyond <= SHARE_CLOSE * len(bounded)
 
-    f.verdict, f.reason = _both_ways(holds(ct[BEYOND], cb[BEYOND] + cb["undecided"]),
-                                     holds(ct[BEYOND] + ct["undecided"], cb[BEYOND]))
+    f.verdict, f.reason = _both_ways(holds(ct[stats.BEYOND], cb[stats.BEYOND] + cb["undecided"]),
+                                     holds(ct[stats.BEYOND] + ct["undecided"], cb[stats.BEYOND]))
     return f
 
 
@@ -316,11 +316,11 @@ def _best(cells: list[dict], column: str, eligible) -> dict | None:
 
 
 def _within(r: dict) -> bool:
-    return _state(r) == WITHIN
+    return _state(r) == stats.WITHIN
 
 
 def _not_beyond(r: dict) -> bool:
-    return _state(r) in (WITHIN, "undecided")
+    return _state(r) in (stats.WITHIN, "undecided")
 
 
 def _speculative(rows: list[dict], drafter: str, task: str) -> list[dict]:
@@ -429,7 +429,7 @@ def length_changes(store, rows: list[dict], drafter: str, confidence: float):
             continue
         scale = float(r["max_new_tokens"])
         lengths = lambda key: {(x.prompt_index, x.repeat): min(1.0, x.tokens / scale) for x in store.rows(key)}  # noqa: E731
-        i = paired_diff_interval(lengths(r["key"]), lengths(ref["key"]), confidence)
+        i = stats.paired_diff_interval(lengths(r["key"]), lengths(ref["key"]), confidence)
         (longer if i.low > 0 else not_longer if i.high <= LENGTH_MARGIN else undecided).append((r, i))
         if i.high < 0:
             shorter.append((r, i))
@@ -525,7 +525,7 @@ def finding_transfer(store, rows: list[dict], column: str, c_rel: float | None, 
     return f
 
 
-def matched_kind(i: Interval, max_drop: float) -> str:
+def matched_kind(i: stats.Interval, max_drop: float) -> str:
     """A matched comparison's interval of (utility - the other's): better, worse, equivalent or undecided."""
     return "better" if i.low > 0 else "worse" if i.high < 0 else \
         "equivalent" if -max_drop <= i.low and i.high <= max_drop else "undecided"
@@ -553,10 +553,10 @@ def finding_pad(store, rows: list[dict], column: str, looks: int, max_drop: floa
                for r in rows
                if (r["drafter"], r["task"], r["draft_length"], r["seed"]) == (p["drafter"], p["task"], p["draft_length"],
                                                                              p["seed"]) and _training_free(r)
-               and not math.isnan(r[column]) and abs(ratio(r[column], p[column]) - 1) <= MATCH]
+               and not math.isnan(r[column]) and abs(stats.ratio(r[column], p[column]) - 1) <= MATCH]
     f.intervals, f.confidence = len(matched), simultaneous(looks, len(matched))
     for p, r in matched:
-        i = paired_diff_interval(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
+        i = stats.paired_diff_interval(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
         found[matched_kind(i, max_drop)].append((p, r, i))
     total = sum(len(v) for v in found.values())
     if not total:
@@ -609,7 +609,7 @@ def finding_phase(store, rows: list[dict], looks: int, max_drop: float) -> Findi
     f.intervals, f.confidence = len(pairs), simultaneous(looks, len(pairs))
     found = {"better": [], "worse": [], "equivalent": [], "undecided": []}
     for p, r in pairs:
-        i = paired_diff_interval(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
+        i = stats.paired_diff_interval(store.utilities(p["key"]), store.utilities(r["key"]), f.confidence)
         found[matched_kind(i, max_drop)].append((p, r, i))
     total = sum(len(v) for v in found.values())
     if not total:

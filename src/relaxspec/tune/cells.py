@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from relaxspec.acceptance import RULES, is_greedy
-from relaxspec.bench import CellSpec, Workbench, Wanted, classifier_cost, needs_classifier
+from relaxspec.bench import CellSpec, Workbench, Wanted, methods
 from relaxspec.names import AR
 from relaxspec.tune.objective import priced_round
 from relaxspec.tune.space import Config
@@ -64,7 +64,7 @@ class Cells:
         try:
             # the rules that read a pivot classifier (declared), in the space searched
             names = list(RULES) if config.methods is None else [m.split(":")[0].strip() for m in config.methods]
-            classifier_rules = [m for m in names if m in RULES and needs_classifier(m)]
+            classifier_rules = [m for m in names if m in RULES and methods.needs_classifier(m)]
             probe = [CellSpec(self.verifier, self.drafter, config.task, classifier_rules[0], {}, 1, config.seed)] \
                 if classifier_rules else []
             self.pad_fits = bool(self.workbench.runnable(probe)[0])  # the classifier loads once, when a rule reads it
@@ -158,7 +158,7 @@ class Cells:
     def c_pivot(self, config: Config) -> float:
         """The pivot classifier's call per round / verifier step at the configuration's N, measured with the
         other constants, for a rule that reads a classifier; 0 for the others."""
-        return classifier_cost(config.method, self.speed(self.spec(config)).get("c_pivot_measured"))
+        return methods.classifier_cost(config.method, self.speed(self.spec(config)).get("c_pivot_measured"))
 
     def priced_round(self, config: Config, heldout: bool) -> tuple[float, float, float]:
         """(drafts, c_rel, c_block) the speed objectives price a round of the configuration at (objective.priced_round:

@@ -16,8 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relaxspec.bench import (Interval, Store, classifier_cost, extra_draft_passes, needs_classifier,
-                             paired_diff_interval, parse_method)
+from relaxspec.bench import Store, methods, stats
 from relaxspec.names import AR, STRICT, draft_length_order
 from relaxspec.tune.objective import priced_round, speed_interval
 from relaxspec.tune.report import TOML_NAME
@@ -40,8 +39,8 @@ class StoreCell:
 @dataclass
 class Scored:
     config: Config
-    speed: Interval
-    diff: Interval
+    speed: stats.Interval
+    diff: stats.Interval
 
     @property
     def feasible_at(self) -> float:
@@ -94,7 +93,8 @@ def stored_pivot(cells: list[StoreCell]) -> dict[int, float]:
     """{N: c_pivot} the store measured for the rules that read a pivot classifier: at each N, the median over
     their cells (bench.cell.speed_constants; absent in stores written before it was measured)."""
     found = _medians_per_n(cells, lambda cell: (cell.metrics["c_pivot_measured"],)
-                           if needs_classifier(cell.config.method) and cell.metrics.get("c_pivot_measured") else None)
+                           if methods.needs_classifier(cell.config.method) and cell.metrics.get("c_pivot_measured")
+                           else None)
     return {n: v[0] for n, v in found.items()}
 
 
@@ -115,15 +115,15 @@ def score(cells: list[StoreCell], constants: dict[int, tuple[float, float]],
         if strict is None or n not in constants:
             continue  # no reference or no speed constants: cannot be judged
         c_rel, c_block = constants[n]
-        c_pivot = classifier_cost(config.method, (pivot or {}).get(n))
+        c_pivot = methods.classifier_cost(config.method, (pivot or {}).get(n))
         n, c_block = priced_round(n, cell.metrics, c_block, cell.settings.get("draft_confidence") is not None)
-        speed = speed_interval("length-adjusted", cell.rows, ar_rows, n, extra_draft_passes(config.method), c_rel,
-                               c_block, CONFIDENCE, c_pivot=c_pivot)
+        speed = speed_interval("length-adjusted", cell.rows, ar_rows, n, methods.extra_draft_passes(config.method),
+                               c_rel, c_block, CONFIDENCE, c_pivot=c_pivot)
         if config.is_strict:
-            diff = Interval(0.0, 0.0, 0.0, len(cell.rows), CONFIDENCE)
+            diff = stats.Interval(0.0, 0.0, 0.0, len(cell.rows), CONFIDENCE)
         else:
-            diff = paired_diff_interval({k: r.utility for k, r in cell.rows.items()},
-                                        {k: r.utility for k, r in strict.rows.items()}, CONFIDENCE)
+            diff = stats.paired_diff_interval({k: r.utility for k, r in cell.rows.items()},
+                                              {k: r.utility for k, r in strict.rows.items()}, CONFIDENCE)
         out[config] = Scored(config, speed, diff)
     return out
 
@@ -135,12 +135,12 @@ def best_feasible(scored: dict[Config, Scored], max_drop: float) -> Scored | Non
 
 def tune_choice(tune_dir: str | Path) -> Config:
     """The configuration tune chose (its TOML)."""
-    from relaxspec.bench import load_toml
+    from relaxspec.bench import settings
     path = Path(tune_dir) / TOML_NAME
     if not path.is_file():
         raise ValueError(f"tune vs grid: {path} does not exist (no choice: run relaxspec tune first)")
-    data = load_toml(path, "tune choice")
-    [(method, params)] = parse_method(data["method"])
+    data = settings.load_toml(path, "tune choice")
+    [(method, params)] = methods.parse_method(data["method"])
     return make_config(method, params, data.get("draft_length", 0) if method != AR else 0)
 
 
@@ -236,7 +236,7 @@ def compare(grid_dir: str | Path, tune_dir: str | Path, max_drop: float = 0.02, 
                       grid_scored.get(choice), tune_scored.get(best.config) if best else None, pivot)
 
 
-def _ci(iv: Interval) -> str:
+def _ci(iv: stats.Interval) -> str:
     if math.isnan(iv.mean):
         return "n/a"
     return f"{iv.mean:.3f} [{iv.low:.3f}, {iv.high:.3f}] (n={iv.n})"

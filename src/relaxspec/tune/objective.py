@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from relaxspec.bench import Interval, ratio_interval, round_cost, rounds
+from relaxspec.bench import speedup, stats
 from relaxspec.names import AUTO
 
 OBJECTIVES = ("length-adjusted", "modelled", "measured-bs1")
@@ -34,19 +34,20 @@ def priced_round(draft_length, metrics: dict, c_block: float, dynamic: bool = Fa
 
 
 def speed_interval(objective: str, rows: dict, ar_rows: dict | None, draft_length: int, extra: int, c_rel: float,
-                   c_block: float, confidence: float, batch1: float | None = None, c_pivot: float = 0.0) -> Interval:
+                   c_block: float, confidence: float, batch1: float | None = None,
+                   c_pivot: float = 0.0) -> stats.Interval:
     """The objective of one configuration from its rows ({(prompt, repeat): Row}); AR's rows for the
     length-adjusted objective (only the samples both have count); `batch1` the measured batch-1 speed-up."""
     if objective == "measured-bs1":
         value = math.nan if batch1 is None else batch1
-        return Interval(value, math.nan, math.nan, len(rows), confidence)
-    cost = round_cost(draft_length, c_rel, c_block, extra, c_pivot)
+        return stats.Interval(value, math.nan, math.nan, len(rows), confidence)
+    cost = speedup.round_cost(draft_length, c_rel, c_block, extra, c_pivot)
     if objective == "modelled":
         keys = sorted(rows)
-        return ratio_interval([rows[k].tokens for k in keys], [rounds(rows[k]) * cost for k in keys], confidence,
-                              [prompt for prompt, _ in keys])
+        return stats.ratio_interval([rows[k].tokens for k in keys], [speedup.rounds(rows[k]) * cost for k in keys],
+                                    confidence, [prompt for prompt, _ in keys])
     if objective == "length-adjusted":
         keys = sorted(set(rows) & set(ar_rows or {}))
-        return ratio_interval([ar_rows[k].tokens for k in keys], [rounds(rows[k]) * cost for k in keys], confidence,
-                              [prompt for prompt, _ in keys])
+        return stats.ratio_interval([ar_rows[k].tokens for k in keys], [speedup.rounds(rows[k]) * cost for k in keys],
+                                    confidence, [prompt for prompt, _ in keys])
     raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")

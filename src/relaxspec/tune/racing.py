@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Hashable, Protocol
 
-from relaxspec.bench import Interval
+from relaxspec.bench import stats
 
 ALPHA = 0.05
 DEFAULT_SIZES = (6, 24, 72, 240)
@@ -47,10 +47,10 @@ LOSSY, SLOWER, HALVED = "clearly lossy", "clearly slower", "halving"
 class Arm(Protocol):
     """What the race knows of a configuration after sampling it."""
 
-    def diff(self, confidence: float) -> Interval:
+    def diff(self, confidence: float) -> stats.Interval:
         """Utility minus strict's at the same N, paired; strict itself: exactly 0."""
 
-    def speed(self, confidence: float) -> Interval:
+    def speed(self, confidence: float) -> stats.Interval:
         """The objective, with its interval."""
 
 
@@ -59,8 +59,8 @@ class Record:
     config: Hashable
     samples: int = 0
     rung: int = -1  # last rung reached
-    diff: Interval | None = None  # at 1 - alpha, after its last rung
-    speed: Interval | None = None
+    diff: stats.Interval | None = None  # at 1 - alpha, after its last rung
+    speed: stats.Interval | None = None
     dropped: str | None = None  # LOSSY / SLOWER / HALVED, None while alive
     feasible: bool = False  # 95% difference interval within the budget at its last rung (strict: True)
 

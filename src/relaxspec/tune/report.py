@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from relaxspec.bench import phase_for
+from relaxspec.bench import settings
 from relaxspec.tune.racing import ALPHA
 
 TOML_NAME = "tune.toml"
@@ -97,7 +97,7 @@ def toml_text(result) -> str:
               "method": choice.method_spec,
               "draft_length": choice.draft_length, "temperature": cfg.temperature, "top_k": cfg.top_k,
               "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
-              "phase": phase_for(cfg.phase, cfg.task), "draft_confidence": cfg.draft_confidence}
+              "phase": settings.phase_for(cfg.phase, cfg.task), "draft_confidence": cfg.draft_confidence}
     for k, v in values.items():
         if v is not None:
             out.append(f"{k} = {_toml_value(v)}")

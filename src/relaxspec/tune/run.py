@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 
 from relaxspec.acceptance import is_greedy
 from relaxspec.acceptance.random import check_seed
-from relaxspec.bench import (BenchConfig, Interval, check_draft_confidence_setting, check_out_dir,
-                             check_phase_setting, check_sampling_setting, check_settings_types, extra_draft_passes,
-                             make_executor, paired_diff_interval)
+from relaxspec.bench import BenchConfig, make_executor, methods, settings, stats
 from relaxspec.names import AR
 from relaxspec.tune.cells import Cells, arm_cells, reference
 from relaxspec.tune.objective import OBJECTIVES, speed_interval
@@ -76,17 +74,18 @@ class TuneConfig:
     # (a protocol's bands: tune.protocol), instead of right after the prompts the race reads
 
     def validate(self) -> None:
-        check_settings_types(self, "tune", {"methods": str, "draft_lengths": (int, str)},
-                             {**{name: float for name in ("max_drop", "c_rel", "c_block", "budget_minutes",
-                                                          "temperature", "top_p", "draft_confidence")},
-                              **{name: int for name in ("seed", "top_k", "max_new_tokens", "speed_prompts")},
-                              **{name: str for name in ("verifier", "drafter", "task", "objective", "out", "phase",
-                                                        "pad_classifier", "device", "dtype")}})
+        settings.check_settings_types(
+            self, "tune", {"methods": str, "draft_lengths": (int, str)},
+            {**{name: float for name in ("max_drop", "c_rel", "c_block", "budget_minutes", "temperature", "top_p",
+                                         "draft_confidence")},
+             **{name: int for name in ("seed", "top_k", "max_new_tokens", "speed_prompts")},
+             **{name: str for name in ("verifier", "drafter", "task", "objective", "out", "phase", "pad_classifier",
+                                       "device", "dtype")}})
         if self.methods is not None and not [m for m in self.methods if m.split(":", 1)[0].strip() != AR]:
             raise ValueError("tune: methods name nothing to search (ar is the speed reference, not searched; "
                              "strict is always searched: name rules, or strict alone to pick its N)")
-        check_out_dir(self.out, "--out")
-        check_sampling_setting(self, "tune")
+        settings.check_out_dir(self.out, "--out")
+        settings.check_sampling_setting(self, "tune")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"tune: unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
         if not 0 <= self.max_drop < 1:
@@ -112,8 +111,8 @@ class TuneConfig:
                           f"samples of a configuration (its last rung), so the first {max(self.sizes)} prompts are "
                           "searched and the held-out prompts follow them", stacklevel=2)
             self.search_prompts = max(self.sizes)
-        check_phase_setting(self.phase, [self.task])
-        check_draft_confidence_setting(self.draft_confidence, "tune")
+        settings.check_phase_setting(self.phase, [self.task])
+        settings.check_draft_confidence_setting(self.draft_confidence, "tune")
 
     def resolve_bands(self) -> None:
         """Fix the search and held-out bands not given to the task's size (prompt_bands); loads the task."""
@@ -198,18 +197,18 @@ class CellArm:
         self.rows, self.strict_rows, self.ar_rows = rows[config], rows[reference(tc, config)], rows.get(None)
         self.draft_length, self.c_rel, self.c_block = cells.priced_round(config, heldout)
         self.c_pivot = cells.c_pivot(config)
-        self.extra = extra_draft_passes(config.method)
+        self.extra = methods.extra_draft_passes(config.method)
         self.objective = tc.objective
         timed = tc.objective == "measured-bs1" or (heldout and tc.confirm_timing)
         self.batch1 = cells.batch1_speedup(cells.spec(config), heldout) if timed else None
 
-    def diff(self, confidence: float) -> Interval:
+    def diff(self, confidence: float) -> stats.Interval:
         if self.config.is_strict:
-            return Interval(0.0, 0.0, 0.0, len(self.rows), confidence)
-        return paired_diff_interval({k: r.utility for k, r in self.rows.items()},
-                                    {k: r.utility for k, r in self.strict_rows.items()}, confidence)
+            return stats.Interval(0.0, 0.0, 0.0, len(self.rows), confidence)
+        return stats.paired_diff_interval({k: r.utility for k, r in self.rows.items()},
+                                          {k: r.utility for k, r in self.strict_rows.items()}, confidence)
 
-    def speed(self, confidence: float) -> Interval:
+    def speed(self, confidence: float) -> stats.Interval:
         return speed_interval(self.objective, self.rows, self.ar_rows, self.draft_length, self.extra,
                               self.c_rel, self.c_block, confidence, self.batch1, self.c_pivot)
 
@@ -255,7 +254,7 @@ def least_drop_bound(samples: int) -> float:
     """The least upper 95 % bound of a drop vs the reference that `samples` paired samples can show: every output
     identical, each on a prompt of its own. A budget below it at the last rung can choose no relaxed configuration."""
     same = {(i, 0): 0.0 for i in range(samples)}
-    return -paired_diff_interval(same, same, 1 - ALPHA).low
+    return -stats.paired_diff_interval(same, same, 1 - ALPHA).low
 
 
 def best_strict(result: Race) -> Config | None:

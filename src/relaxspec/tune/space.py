@@ -15,7 +15,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from relaxspec.bench import needs_classifier, parse_method
+from relaxspec.bench import methods as bench_methods  # (`methods`: search_space's argument)
 from relaxspec.names import AR, AUTO, STRICT, method_label
 
 DEFAULT_DRAFT_LENGTHS = (*range(2, 11), AUTO)
@@ -76,7 +76,7 @@ def between(grid) -> list[float]:
 def strength_points(name: str) -> list[dict]:
     """Parameter points of one rule (see the module doc); [{}] for a rule without a gridded parameter."""
     from relaxspec.acceptance import RULES
-    if needs_classifier(name):
+    if bench_methods.needs_classifier(name):
         return [{"threshold": t} for t in PAD_THRESHOLDS]
     rule = RULES[name]
     axes = [(p, list(spec.grid)) for p, spec in rule.params.items() if spec.grid]
@@ -89,7 +89,7 @@ def strength_points(name: str) -> list[dict]:
 
 def default_rules(with_classifier: bool) -> list[str]:
     from relaxspec.acceptance import RULES
-    return [name for name in RULES if with_classifier or not needs_classifier(name)]
+    return [name for name in RULES if with_classifier or not bench_methods.needs_classifier(name)]
 
 
 def search_space(methods: list[str] | None, draft_lengths=DEFAULT_DRAFT_LENGTHS,
@@ -109,9 +109,9 @@ def search_space(methods: list[str] | None, draft_lengths=DEFAULT_DRAFT_LENGTHS,
         if name in (AR, STRICT):
             continue
         if ":" in item:
-            points += parse_method(item)
+            points += bench_methods.parse_method(item)
         else:
-            parse_method(name)  # raises on an unknown rule
+            bench_methods.parse_method(name)  # raises on an unknown rule
             points += [(name, p) for p in strength_points(name)]
     if greedy:
         from relaxspec.acceptance import get_rule
