@@ -224,7 +224,7 @@ def register(subparsers) -> None:
     g.add_argument("--verifier", default=DEFAULT_VERIFIER,
                    help="built-in model name, HF model directory, FILE.gguf, DIR::FILE.gguf or smollm2")
     g.add_argument("--drafter", default=DEFAULT_DRAFTER, help="LM (same forms as --verifier), MTP head "
-                   "(drafter-mtp, smollm2-drafter or a `drafter train` directory) or ngram[:n=3][,min=1] (prompt lookup)")
+                   "(drafter-mtp, smollm2-drafter, qwen2.5-coder-1.5b-head or a `drafter train` directory) or ngram[:n=3][,min=1] (prompt lookup)")
     g.add_argument("--method", default="strict", help="'ar' (no drafter) or an acceptance rule (see `relaxspec methods`)")
     g.add_argument("--param", action="append", metavar="KEY=VALUE", help="rule parameter (repeatable)")
     src = g.add_mutually_exclusive_group(required=True)

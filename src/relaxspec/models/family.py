@@ -65,7 +65,7 @@ def is_builtin(name: str) -> bool:
 
 # MTP drafter heads (relaxspec.drafters.mtp): built-in ones by name, or directories saved by `drafter train`
 KIND = "mtp"
-BUILTIN_HEADS = ("drafter-mtp", "smollm2-drafter")
+BUILTIN_HEADS = ("drafter-mtp", "smollm2-drafter", "qwen2.5-coder-1.5b-head")
 
 
 def head_directory(name: str | Path) -> Path:
