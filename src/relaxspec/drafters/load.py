@@ -25,8 +25,8 @@ def drafter_class(name: str | Path) -> type[Drafter]:
 
 def load_drafter(name: str | Path, verifier: CausalLM) -> Drafter:
     """A drafter for `verifier` from a name: 'ngram[:n=3][,min=1]' (prompt lookup), a trained MTP head (the
-    built-in 'drafter-mtp', 'smollm2-drafter' or 'qwen2.5-coder-1.5b-head', or a `relaxspec drafter train` directory: it must have been
-    trained for this verifier), or a causal LM (built-in name or Hugging Face directory)."""
+    built-in 'drafter-mtp', 'smollm2-drafter' or 'qwen2.5-coder-1.5b-head', or a `relaxspec drafter train`
+    directory: it must have been trained for this verifier), or a causal LM (built-in name or Hugging Face directory)."""
     from relaxspec.drafters import mtp
 
     text = str(name)

@@ -49,9 +49,9 @@ import torch.nn.functional as F
 
 from relaxspec.drafters.base import Drafter, Proposal
 from relaxspec.models.family import BUILTIN_HEADS, KIND, head_directory, is_mtp  # noqa: F401 - a head's file format
-from relaxspec.models.gguf import gguf_fingerprint
 from relaxspec.models.device import inference
 from relaxspec.models.fast_llama import DecoderLayers
+from relaxspec.models.gguf import gguf_fingerprint
 from relaxspec.models.hf import CausalLM
 from relaxspec.models.quant import (Linear, check_format, convert_linears, dequantize_int4, int4_problem,
                                     quantize_int4)
