@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -8,6 +9,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
+
+# A suite started in the background of a non-interactive shell (`nohup pytest &`) inherits SIGINT ignored, and so
+# would every process it starts: the tests that press Ctrl-C in a child would see it ignored. Python's own handler
+# here is reset to the default in each child at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def benchmark_module(name: str):

@@ -4,13 +4,15 @@ head from FastLlama (the transformers model keeps an empty one), training lowers
 agreement with the verifier, the data set and the training resume in parts to the same head, and the command shows
 its progress bars with the time left."""
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
 from test_gguf_quants import write_qwen2
 
 from relaxspec.cli import main
-from relaxspec.drafters.mtp import HeadConfig, MTPHead, head_rows, load_mtp_drafter, verifier_weights
+from relaxspec.drafters.mtp import HeadConfig, MTPHead, head_rows, load_mtp_drafter, read_head, verifier_weights
 from relaxspec.models import load_model
 from relaxspec.tasks import code_pool
 from relaxspec.training import mtp
@@ -134,3 +136,37 @@ def test_a_head_for_a_gguf_verifier_drafts_for_its_file_in_any_dtype_and_for_no_
     assert gguf_fingerprint(other) != gguf_fingerprint(verifier)
     with pytest.raises(ValueError, match="was trained for verifier .*tiny-qwen2.gguf.* is a different model"):
         load_mtp_drafter(tmp_path / "head", other)
+
+
+def test_training_continues_from_a_saved_head_and_refuses_one_of_other_settings(gguf, verifier, tmp_path, capsys):
+    """`init_from` starts from a saved head's weights and draft vocabulary: two steps at a vanishing learning rate
+    end where that head was (a seeded head, ignoring it, is far from there); the new config records what it
+    continued; a head of other settings is a one-line error, before any work."""
+    prompts = short_code_prompts(6)
+    cfg = TrainConfig(steps=12, batch_size=4, max_new_tokens=16, lr=3e-3, gen_batch=3, seed=0)
+    head_cfg = HeadConfig(hidden=256, ffn=64, draft_vocab=64)
+    train_head(verifier, prompts, tmp_path / "first", head_cfg, cfg, **QUIET)
+    still = TrainConfig(**{**cfg.__dict__, "steps": 2, "lr": 1e-9, "seed": 1})
+    train_head(verifier, prompts, tmp_path / "more", head_cfg, still, init_from=tmp_path / "first", **QUIET)
+    data = torch.load(tmp_path / "first" / mtp.DATA)
+    embed, lm_head = (w.detach().float() for w in verifier_weights(verifier))
+    torch.manual_seed(cfg.seed)
+    heads = {"seeded": MTPHead(head_cfg).eval(), "first": MTPHead(head_cfg).eval(), "more": MTPHead(head_cfg).eval()}
+    for d in ("first", "more"):
+        heads[d].load_state_dict(read_head(tmp_path / d)[2])
+    assert torch.equal(heads["first"].draft_vocab, heads["more"].draft_vocab)
+    heads["seeded"].draft_vocab.copy_(heads["first"].draft_vocab)  # (the trainer's seeded head, over the same rows)
+    rows = list(range(len(data["tokens"])))
+    with torch.no_grad():
+        loss = {k: float(head_loss(h, data, rows, embed, head_rows(h, lm_head), 2)) for k, h in heads.items()}
+    assert abs(loss["more"] - loss["first"]) < 0.01 * loss["first"] and loss["seeded"] > 3 * loss["first"], loss
+    record = json.loads((tmp_path / "more" / "config.json").read_text())["training"]["continued_from"]
+    assert record["training"]["steps"] == 12 and len(record["sha256"]) == 16
+    capsys.readouterr()
+    args = ["drafter", "train", "--kind", "mtp", "--verifier", str(gguf), "--dtype", "int4", "--task", "code",
+            "--n", "2", "--ffn", "128", "--draft-vocab", "64", "--out", str(tmp_path / "x"),
+            "--init-from", str(tmp_path / "first")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("that head has other settings: ffn 64 (asked 128)"), err
+    assert not (tmp_path / "x").exists()

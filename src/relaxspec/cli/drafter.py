@@ -35,7 +35,7 @@ def cmd_drafter(args) -> int:
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                       save_dtype=args.save_dtype, gen_batch=args.gen_batch)
-    train_head(verifier, prompts, args.out, head, cfg, stop_after=args.stop_after)
+    train_head(verifier, prompts, args.out, head, cfg, stop_after=args.stop_after, init_from=args.init_from)
     return 0
 
 
@@ -88,4 +88,7 @@ def register(subparsers) -> None:
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--stop-after", type=int, help="stop after this many steps (resume later; 0: make the verifier's "
                                                    "answers, the data set, and stop before training)")
+    t.add_argument("--init-from", metavar="HEAD", help="continue training a saved head (a directory or a registry "
+                                                       "name, trained for this verifier with the same head settings) "
+                                                       "instead of starting from a seeded one")
     d.set_defaults(func=cmd_drafter)

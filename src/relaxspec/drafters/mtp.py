@@ -435,12 +435,18 @@ def trained_for(verifier: CausalLM, expected: dict) -> bool:
     return verifier_fingerprint(verifier) == expected["fingerprint"]
 
 
-def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
-    """The head saved under `name`, for `verifier`: ValueError if it was trained for another one."""
+def read_head(name: str | Path) -> tuple[Path, dict, dict[str, torch.Tensor]]:
+    """(directory, config, state dict) of the head saved under `name` (a directory or a registry name)."""
     from safetensors.torch import load_file
 
     path = head_directory(name)
     config = json.loads((path / "config.json").read_text())
+    return path, config, _loaded_tensors(load_file(path / "model.safetensors"))
+
+
+def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
+    """The head saved under `name`, for `verifier`: ValueError if it was trained for another one."""
+    _, config, state = read_head(name)
     expected = config["verifier"]
     if not trained_for(verifier, expected):
         raise ValueError(f"MTP drafter {str(name)!r} was trained for verifier {expected['name']!r} (fingerprint "
@@ -448,5 +454,5 @@ def load_mtp_drafter(name: str | Path, verifier: CausalLM) -> MTPDrafter:
                          f"(fingerprint {verifier_fingerprint(verifier)}): train a head for it with "
                          f"`relaxspec drafter train --verifier {verifier.name} --kind mtp`")
     head = MTPHead(HeadConfig(**{k: config[k] for k in HeadConfig.__dataclass_fields__ if k in config}))
-    head.load_state_dict(_loaded_tensors(load_file(path / "model.safetensors")))
+    head.load_state_dict(state)
     return MTPDrafter(head, verifier, name=str(name))

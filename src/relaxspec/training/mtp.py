@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from relaxspec.drafters.mtp import HeadConfig, MTPHead, head_rows, save_head, verifier_fingerprint, verifier_weights
+from relaxspec.drafters.mtp import (HeadConfig, MTPHead, head_rows, read_head, save_head, trained_for,
+                                   verifier_fingerprint, verifier_weights)
 from relaxspec.models.hf import CausalLM, hidden_blocks
 
 CHECKPOINT, DATA, PARTS = "checkpoint.pt", "train_data.pt", "train_data.parts"
@@ -204,14 +205,16 @@ def final_features(features, hidden: int):
 
 
 def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: HeadConfig | None = None,
-               cfg: TrainConfig = TrainConfig(), stop_after: int | None = None, log=print) -> Path:
+               cfg: TrainConfig = TrainConfig(), stop_after: int | None = None, init_from: str | Path | None = None,
+               log=print) -> Path:
     """Train an MTP head for `verifier` on its own answers to `prompts` and save it under `out`.
     Resumes from `out/checkpoint.pt` (and reuses `out/train_data.pt`) when present and made with
-    the same settings; `stop_after` ends the run early after that many steps (checkpoint kept)."""
+    the same settings; `stop_after` ends the run early after that many steps (checkpoint kept).
+    `init_from` (a saved head's directory or registry name, of the same settings) starts from its weights and draft
+    vocabulary instead of a seeded head: training continued, with its own learning-rate schedule."""
     from tqdm import tqdm
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     embed, lm_head = (w.detach().float() for w in verifier_weights(verifier))
     head_cfg = head_cfg or HeadConfig(hidden=embed.shape[1])
     if head_cfg.hidden != embed.shape[1]:
@@ -220,6 +223,10 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     identity = {"verifier": verifier_fingerprint(verifier), "prompts": hashlib.sha256("\n".join(prompts).encode())
                 .hexdigest()[:16], "head": asdict(head_cfg),
                 "train": {k: v for k, v in asdict(cfg).items() if k != "save_dtype"}}  # (how it is saved: not trained)
+    init = _initial_head(init_from, verifier, head_cfg) if init_from is not None else None
+    if init is not None:
+        identity["init"] = init["sha256"]
+    out.mkdir(parents=True, exist_ok=True)
     data_identity = {k: identity[k] for k in ("verifier", "prompts")} | {
         k: identity["train"][k] for k in ("max_new_tokens", "temperature", "seed", "gen_batch")} | {
         "feature_layers": list(head_cfg.feature_layers)}
@@ -239,7 +246,11 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     torch.manual_seed(cfg.seed)
     with torch.device("cpu"):  # made on the CPU, then moved: a seed gives the same initial head on every device
         head = MTPHead(head_cfg)
-    if head_cfg.draft_vocab:
+    if init is not None:
+        head.load_state_dict(init["state"])
+        log(f"starting from the head in {init['path']} (trained {init['training'].get('steps')} steps, "
+            f"KL {init['training'].get('final_kl')})")
+    elif head_cfg.draft_vocab:
         if head_cfg.draft_vocab > embed.shape[0]:
             raise ValueError(f"draft vocabulary {head_cfg.draft_vocab} > the verifier's {embed.shape[0]} tokens")
         head.draft_vocab.copy_(frequent_tokens(data, head_cfg.draft_vocab, embed.shape[0]))
@@ -293,6 +304,8 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
     training = {"prompts": len(prompts), "tokens": sum(map(len, data["tokens"])), **asdict(cfg),
                 "train_seconds": round(seconds, 1), "data_seconds": round(t_start - t0, 1),
                 "final_kl": None if loss_ema is None else round(loss_ema, 4)}
+    if init is not None:
+        training["continued_from"] = {"sha256": init["sha256"], "training": init["training"]}
     save_head(head.eval(), verifier, out, training, dtype=cfg.save_dtype)
     checkpoint.unlink()
     log(f"mtp head: {sum(p.numel() for p in head.parameters()):,} params, {cfg.steps} steps in {seconds:.0f}s "
@@ -300,6 +313,22 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
         f"{data_file.stat().st_size / 1e6:.0f} MB: another head for this verifier and these prompts trains on it "
         "without remaking it; delete it when done)")
     return out
+
+
+def _initial_head(name: str | Path, verifier: CausalLM, head_cfg: HeadConfig) -> dict:
+    """A saved head to continue training: {path, sha256 of its weights file, state dict, its training record};
+    ValueError (one line) if it was trained for another verifier or with other head settings."""
+    path, config, state = read_head(name)
+    if not trained_for(verifier, config["verifier"]):
+        raise ValueError(f"--init-from {str(name)!r}: that head was trained for verifier "
+                         f"{config['verifier']['name']!r}, not {verifier.name!r}")
+    saved = {k: config[k] for k in HeadConfig.__dataclass_fields__ if k in config}
+    mine = {k: v for k, v in asdict(head_cfg).items() if k in saved}
+    if json.loads(json.dumps(mine)) != saved:
+        differ = ", ".join(f"{k} {saved[k]} (asked {mine[k]})" for k in saved if json.loads(json.dumps(mine[k])) != saved[k])
+        raise ValueError(f"--init-from {str(name)!r}: that head has other settings: {differ}")
+    return {"path": path, "sha256": hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:16],
+            "state": state, "training": config.get("training", {})}
 
 
 def training_prompts(tasks: list[str], n: int, prompts_file: str | None = None) -> list[str]:
