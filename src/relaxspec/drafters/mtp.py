@@ -197,7 +197,12 @@ class MTPHead(torch.nn.Module):
 def verifier_weights(verifier: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
     """(input embedding [V, H], LM head [V, H]) of the verifier: what the head borrows. A verifier loaded from a GGUF
     file with its own LM head keeps that head in FastLlama only (the transformers model's is empty, [0, H]): it is
-    read back from there (`quant.Linear.dense`, float32; int4: the dequantized codes it multiplies by)."""
+    read back from there (`quant.Linear.dense`, float32; int4: the dequantized codes it multiplies by). One whose
+    transformers model is not built yet (a GGUF file mapped from the weight cache) is read from FastLlama alone, as
+    that model would give them (its embedding is FastLlama's table; a tied head, that table): nothing builds it."""
+    if "model" not in vars(verifier) and getattr(verifier, "fast", None) is not None:
+        embed = verifier.fast.embed
+        return embed, embed if getattr(verifier.config, "tie_word_embeddings", False) else verifier.fast.lm_head.dense()
     embed, lm_head = verifier.model.get_input_embeddings().weight, verifier.model.get_output_embeddings().weight
     if lm_head.numel() == 0 and getattr(verifier, "fast", None) is not None:
         lm_head = verifier.fast.lm_head.dense()
@@ -209,11 +214,20 @@ def head_rows(head: MTPHead, lm_head: torch.Tensor) -> torch.Tensor:
     return lm_head[head.draft_vocab.to(lm_head.device)] if head.cfg.draft_vocab else lm_head
 
 
+def _model_class(verifier: CausalLM) -> str:
+    """The name of the verifier's transformers model class, without building a model not built yet (the class
+    transformers' auto mapping gives its config, as when it is built)."""
+    if "model" in vars(verifier) or getattr(verifier, "build_model", None) is None:
+        return type(verifier.model).__name__
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[verifier.config.model_type]
+
+
 def verifier_fingerprint(verifier: CausalLM) -> str:
     """sha256 of the verifier's architecture (type, vocab, hidden size, layers) and of its embedding
     and LM head rounded to bfloat16 (the same whether it is loaded in float32, float16 or bfloat16)."""
-    cfg = verifier.model.config
-    digest = hashlib.sha256(json.dumps([type(verifier.model).__name__, verifier.vocab_size, cfg.hidden_size,
+    digest = hashlib.sha256(json.dumps([_model_class(verifier), verifier.vocab_size, verifier.config.hidden_size,
                                         verifier.num_layers]).encode())
     for weight in verifier_weights(verifier):
         digest.update(weight.detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes())
