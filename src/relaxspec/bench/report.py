@@ -16,8 +16,8 @@ from pathlib import Path
 from relaxspec.bench.metrics import ALPHA, compare, decision_confidence, identical_fraction
 from relaxspec.bench.names import AR, STRICT, draft_length_order, method_label
 from relaxspec.bench.speedup import C_REL_GRID, length_adjusted_speedup
-from relaxspec.bench.stats import (BEYOND, METHOD, NO_STRICT, WITHIN, Interval, decision, is_decided, ratio,
-                                   samples_needed)
+from relaxspec.bench.stats import (BEYOND, METHOD, NO_STRICT, WITHIN, Interval, decision, format_interval,
+                                   is_decided, ratio, samples_needed)
 from relaxspec.bench.store import Store
 
 _SPEED = ["measured_c_rel", *[f"c{c:g}" for c in C_REL_GRID]]
@@ -232,10 +232,6 @@ def prompts_x_repeats(prompts, samples) -> str:
     return f"{prompts}x{samples // prompts}" if samples % prompts == 0 else f"{samples} ({prompts} prompts)"
 
 
-def _ci(mean, low, high, fmt="{:+.3f}") -> str:
-    return f"{_f(mean, fmt)} [{_f(low, fmt)}, {_f(high, fmt)}]"
-
-
 def format_report(rows: list[dict], max_drop: float, groups_total: int | None = None) -> str:
     """The terminal report: per settings group, its settings, the table, the sanity check, the decisions
     and the best rule per speed column."""
@@ -270,12 +266,13 @@ def _format_group(rows: list[dict], max_drop: float) -> list[str]:
         lines.append([
             r["task"], r["drafter"] or "-", _label(r), str(r["draft_length"]) if r["draft_length"] else "-",
             prompts_x_repeats(r["n_prompts"], r["n_samples"]),
-            _ci(r["utility"], r["utility_ci_low"], r["utility_ci_high"], "{:.3f}"),
-            _ci(r["utility_diff_vs_strict"], r["utility_diff_vs_strict_ci_low"], r["utility_diff_vs_strict_ci_high"])
+            format_interval((r["utility"], r["utility_ci_low"], r["utility_ci_high"]), "{:.3f}"),
+            format_interval((r["utility_diff_vs_strict"], r["utility_diff_vs_strict_ci_low"],
+                             r["utility_diff_vs_strict_ci_high"]), "{:+.3f}")
             if relaxed else "-",
             _f(r["outputs_identical_to_strict"], "{:.0%}") if relaxed else "-",
             _state(r) if relaxed else "-",
-            _ci(r["utility_diff_vs_ar"], r["utility_diff_ci_low"], r["utility_diff_ci_high"])
+            format_interval((r["utility_diff_vs_ar"], r["utility_diff_ci_low"], r["utility_diff_ci_high"]), "{:+.3f}")
             if r["method"] != AR else "-",
             _f(r["acceptance_rate"]), _f(r["mean_acceptance_length"]), _f(r["mean_response_length"], "{:.0f}"),
             _f(r["modelled_speedup_measured_c_rel"]), _f(r["block_aware_speedup_measured"]),
@@ -348,7 +345,7 @@ def _sanity(rows: list[dict]) -> list[str]:
         ok = _nan(r["utility_diff_ci_low"]) or r["utility_diff_ci_low"] <= 0 <= r["utility_diff_ci_high"]
         paired = min(r["n_samples"], ar_samples.get(r["task"], r["n_samples"]))  # AR is not extended by looks
         out.append(f"  {r['task']} / {r['drafter']} N={r['draft_length']}: strict - AR "
-                   f"{_ci(r['utility_diff_vs_ar'], r['utility_diff_ci_low'], r['utility_diff_ci_high'])} over "
+                   f"{format_interval((r['utility_diff_vs_ar'], r['utility_diff_ci_low'], r['utility_diff_ci_high']), '{:+.3f}')} over "
                    f"{paired} paired samples{'' if ok else '  <-- excludes 0: check the engine or the run'}")
     return out
 

@@ -53,7 +53,8 @@ METHOD = ("score intervals (utility: continuity-corrected Wilson; differences: T
           "sample per prompt")
 
 # what the layers above use (relaxspec.bench.stats)
-__all__ = ["Interval", "paired_diff_interval", "ratio", "ratio_interval", "decision", "WITHIN", "BEYOND", "NO_STRICT"]
+__all__ = ["Interval", "paired_diff_interval", "ratio", "ratio_interval", "decision", "WITHIN", "BEYOND", "NO_STRICT",
+           "format_interval", "MISSING"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,25 @@ class Interval:
     @property
     def half_width(self) -> float:
         return (self.high - self.low) / 2
+
+
+MISSING = "-"  # how the reports spell a value or an interval that is not there (None, "" or NaN)
+
+
+def format_interval(interval, fmt: str = "{:.3f}") -> str:
+    """An interval as every report writes it, "mean [low, high]" with each number in `fmt`: `interval` an `Interval`,
+    a (mean, low, high) triple or None. No mean (None, "" or NaN): "-"; a mean without bounds: the mean alone."""
+    mean, low, high = (None, None, None) if interval is None else \
+        (interval.mean, interval.low, interval.high) if isinstance(interval, Interval) else interval
+    if _missing(mean):
+        return MISSING
+    if _missing(low) or _missing(high):
+        return fmt.format(mean)
+    return f"{fmt.format(mean)} [{fmt.format(low)}, {fmt.format(high)}]"
+
+
+def _missing(x) -> bool:
+    return x is None or x == "" or (isinstance(x, float) and math.isnan(x))
 
 
 NAN_INTERVAL = Interval(math.nan, math.nan, math.nan, 0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from relaxspec.acceptance.verify import cached_arange
 from relaxspec.models.hf import CausalLM, can_gather_cache, crop_cache, gather_cache
+from relaxspec.tensors import cached_arange
 
 
 def model_device(lm: CausalLM) -> torch.device:

@@ -139,9 +139,7 @@ def _label(r: dict) -> str:
 
 
 def _ci(i: stats.Interval | None) -> str:
-    if i is None or math.isnan(i.mean):
-        return "-"
-    return f"{i.mean:+.3f} [{i.low:+.3f}, {i.high:+.3f}]"
+    return stats.format_interval(i, "{:+.3f}")
 
 
 def _diff(r: dict) -> str:

@@ -237,9 +237,8 @@ def compare(grid_dir: str | Path, tune_dir: str | Path, max_drop: float = 0.02, 
 
 
 def _ci(iv: stats.Interval) -> str:
-    if math.isnan(iv.mean):
-        return "n/a"
-    return f"{iv.mean:.3f} [{iv.low:.3f}, {iv.high:.3f}] (n={iv.n})"
+    text = stats.format_interval(iv)
+    return text if text == stats.MISSING else f"{text} (n={iv.n})"
 
 
 def _line(name: str, s: Scored | None) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from relaxspec.acceptance import is_greedy
-from relaxspec.bench import Costs
+from relaxspec.bench import Costs, stats
 from relaxspec.names import AR, STRICT
 from relaxspec.tune.racing import ALPHA, default_caps
 from relaxspec.tune.run import TuneConfig, TuneResult, least_drop_bound, run_tune
@@ -408,9 +408,10 @@ def format_decision(d: Decision) -> str:
     head = f"{d.drafter}, T = {d.temperature:g}, budget {d.budget:g}:"
     if "drop" not in r:
         return f"{head} nothing chosen in the search; answer: strict"
-    drop = f"held-out drop {_num(r['drop'])} [{_num(r['drop_low'])}, {_num(r['drop_high'])}] on {r['samples']} samples"
-    speed = (f"modelled x{_num(r['modelled'], '{:.2f}')} [{_num(r['modelled_low'], '{:.2f}')}, "
-             f"{_num(r['modelled_high'], '{:.2f}')}], measured x b1 {_num(r['measured_b1'], '{:.2f}')} (fastest strict "
+    drop = (f"held-out drop {stats.format_interval((r['drop'], r['drop_low'], r['drop_high']))} on {r['samples']} "
+            "samples")
+    speed = (f"modelled x{stats.format_interval((r['modelled'], r['modelled_low'], r['modelled_high']), '{:.2f}')}, "
+             f"measured x b1 {_num(r['measured_b1'], '{:.2f}')} (fastest strict "
              f"{r['strict_label'] or '-'}: x{_num(r['strict_modelled'], '{:.2f}')}, b1 "
              f"{_num(r['strict_measured_b1'], '{:.2f}')})")
     if r["held"]:

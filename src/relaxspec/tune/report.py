@@ -5,19 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from relaxspec.bench import settings
+from relaxspec.bench import settings, stats
 from relaxspec.tune.racing import ALPHA
 
 TOML_NAME = "tune.toml"
 PLOT_NAME = "tune.png"
-
-
-def _ci(iv, fmt="{:.3f}") -> str:
-    if iv is None or math.isnan(iv.mean):
-        return "n/a"
-    if math.isnan(iv.low):
-        return fmt.format(iv.mean)
-    return f"{fmt.format(iv.mean)} [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
 
 
 def frontier(result) -> list:
@@ -48,7 +40,7 @@ def format_report(result) -> str:
     lines.append("")
     lines.append(f"frontier (last rung reached; speed = {cfg.objective} speed-up, 95% CI; drop = strict - config):")
     head = ("configuration", "samples", "speed-up", "utility diff vs strict", "within budget")
-    rows = [(r.config.label, str(r.samples), _ci(r.speed), _ci(r.diff), "yes" if r.feasible else "no")
+    rows = [(r.config.label, str(r.samples), stats.format_interval(r.speed), stats.format_interval(r.diff), "yes" if r.feasible else "no")
             for r in frontier(result)]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     for row in [head, *rows]:
@@ -58,7 +50,7 @@ def format_report(result) -> str:
         lines.append("choice: none (nothing evaluated)")
         return "\n".join(lines)
     rec = race.records[race.choice]
-    lines.append(f"choice: {race.choice.label}: speed-up {_ci(rec.speed)}, utility diff vs strict {_ci(rec.diff)} "
+    lines.append(f"choice: {race.choice.label}: speed-up {stats.format_interval(rec.speed)}, utility diff vs strict {stats.format_interval(rec.diff)} "
                  f"on {rec.samples} search samples")
     conf = result.confirmation
     if conf is not None:
@@ -68,12 +60,12 @@ def format_report(result) -> str:
         lines.append(f"  speed constants at N={race.choice.draft_length}: c_rel {arm.c_rel:.3f}, c_block {arm.c_block:.3f} "
                      f"({'given' if cfg.c_rel else 'measured'} / {'given' if cfg.c_block else 'measured'} now)"
                      + (f", c_pivot {arm.c_pivot:.3f} (the pivot classifier, measured now)" if arm.c_pivot else ""))
-        lines.append(f"  {race.choice.label}: speed-up {_ci(arm.speed(1 - ALPHA))}, utility diff vs strict "
-                     f"{_ci(arm.diff(1 - ALPHA))}, outputs identical to strict "
+        lines.append(f"  {race.choice.label}: speed-up {stats.format_interval(arm.speed(1 - ALPHA))}, utility diff vs strict "
+                     f"{stats.format_interval(arm.diff(1 - ALPHA))}, outputs identical to strict "
                      f"{'-' if math.isnan(arm.identical()) else format(arm.identical(), '.0%')}")
         if conf.strict_best is not None:
             lines.append(f"  {conf.strict_best.config.label} (best strict in the search): speed-up "
-                         f"{_ci(conf.strict_best.speed(1 - ALPHA))}")
+                         f"{stats.format_interval(conf.strict_best.speed(1 - ALPHA))}")
         lines.append(f"  drop {'held' if conf.drop_held else 'did NOT hold'} (upper 95% bound "
                      f"{'within' if conf.drop_held else 'beyond'} {cfg.max_drop:g}); speed-up "
                      f"{'held' if conf.speed_held else 'did NOT hold (significantly below the search estimate)'}"
@@ -88,10 +80,10 @@ def toml_text(result) -> str:
     bench = cfg.bench_config(cfg.search_prompts)
     rec = result.race.records[choice]
     out = [f"# relaxspec tune: {cfg.task}, max drop {cfg.max_drop:g}, objective {cfg.objective}",
-           f"# search speed-up {_ci(rec.speed)}, utility diff vs strict {_ci(rec.diff)}"]
+           f"# search speed-up {stats.format_interval(rec.speed)}, utility diff vs strict {stats.format_interval(rec.diff)}"]
     if result.confirmation is not None:
         c = result.confirmation
-        out.append(f"# held-out: speed-up {_ci(c.choice.speed(1 - ALPHA))}, diff {_ci(c.choice.diff(1 - ALPHA))}; "
+        out.append(f"# held-out: speed-up {stats.format_interval(c.choice.speed(1 - ALPHA))}, diff {stats.format_interval(c.choice.diff(1 - ALPHA))}; "
                    f"drop {'held' if c.drop_held else 'did not hold'}")
     values = {"verifier": bench.verifiers[0], "drafter": bench.drafters[0], "task": cfg.task,
               "method": choice.method_spec,
