@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relaxspec.acceptance import RULES, check_one_hot_q, process_logits, relaxed_targets, verify
-from test_acceptance_support import single_thread, random_block  # noqa: F401  (autouse fixture)
+from helpers import random_block
 
 INF = float("inf")
 SAMPLING = dict(temperature=0.8, top_k=6)
@@ -330,7 +330,7 @@ def test_trusts_q_declaration_matches_behaviour(method):
 def test_accepts_at_least_strict_declaration_matches_behaviour(method):
     """A rule that declares it accepts every draft at least as often as strict does so at every grid point (drafts
     sampled from q, random pivot probabilities); a rule that does not declare it falls below strict somewhere."""
-    from test_acceptance_support import sample_drafts
+    from helpers import sample_drafts
     target, draft = random_block(seed=43, B=256, N=3, V=12, scale=2.5, bonus_draft=True)
     lowest = INF
     for sampling in (dict(temperature=1.0), SAMPLING):

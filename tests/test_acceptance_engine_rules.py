@@ -10,9 +10,7 @@ import torch
 
 from relaxspec.acceptance import RULES, process_logits, relaxed_targets, verify
 from relaxspec.acceptance.random import Draws
-from test_acceptance_support import (  # single_thread: autouse fixture
-    single_thread, SAMPLINGS, assert_law, exact_first_law, random_block, run_mc, sample_drafts,
-)
+from helpers import SAMPLINGS, assert_law, exact_first_law, random_block, run_mc, sample_drafts
 
 
 # ---------------------------------------------------------------- transcriptions of the engines' code

@@ -11,8 +11,7 @@ import torch
 from relaxspec.acceptance import RULES, derive_seed, fused, process_logits, verify
 from relaxspec.acceptance.verify import VerifyStep
 from relaxspec.engine import generate
-from relaxspec.tasks import synthetic
-from test_acceptance_support import single_thread  # noqa: F401  (autouse fixture)
+from helpers import MIXED_PROMPTS, ragged_block, strict_then_relaxed
 
 V = 6
 FLAT = [2.0, 2.0, 2.0, -5.0, -5.0, -5.0]  # top-3 entropy ~ ln 3: the verifier is unsure; argmax 0
@@ -110,16 +109,6 @@ def _reference_kept(p, q, x, u, end, window, threshold, top_k) -> int:
     return kept
 
 
-def random_block(g: torch.Generator, sampling: dict, B: int = 64, N: int = 5, V: int = 9):
-    """(target logits [B, N+1, V], drafter logits [B, N, V], processed q, drafts [B, N] sampled from q, drafts per
-    row [B], ragged) of correlated random models."""
-    target = 1.2 * torch.randn(B, N + 1, V, generator=g)
-    draft = target[:, :N] + 0.8 * torch.randn(B, N, V, generator=g)
-    q = process_logits(draft, **sampling)
-    drafts = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(B, N)
-    return target, draft, q, drafts, torch.randint(0, N + 1, (B,), generator=g)
-
-
 @pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=4),
                                       dict(temperature=0.9, top_p=0.8)])
 @pytest.mark.parametrize("window,threshold,top_k", [(1, 0.1, 3), (2, 0.3, 3), (3, 0.0, 2), (2, 0.5, 10)])
@@ -128,7 +117,7 @@ def test_sampled_path_equals_the_reference_pass(sampling, window, threshold, top
     same acceptance uniforms (the first draw of a call from its generator), by the C loop and by torch's."""
     g = torch.Generator().manual_seed(window * 100 + top_k)
     B, N = 64, 5
-    target, draft, q, drafts, num_drafts = random_block(g, sampling, B, N)
+    target, draft, q, drafts, num_drafts = ragged_block(g, sampling, B, N)
     p = process_logits(target, **sampling)
     u = torch.rand((B, N), generator=torch.Generator().manual_seed(7))
     want = [_reference_kept(p[b], q[b], drafts[b], u[b], int(num_drafts[b]), window, threshold, top_k)
@@ -194,24 +183,6 @@ def test_declarations():
 # ---------------------------------------------------------------- through the engine
 
 
-PROMPTS = [e.prompt for e in synthetic.examples("arithmetic", "test", 4)] + \
-    [e.prompt for e in synthetic.examples("sorting", "test", 2)]
-
-
-def strict_then_relaxed(pair, temperature: float, method: str, off: dict, on: dict):
-    """(the rule at its strict setting `off`, at a relaxed one `on`) through `generate` on the built-in pair: the
-    first token for token equal to strict's, the second accepting more per round."""
-    verifier, weak = pair
-    kw = dict(draft_length=4, seed=3, max_new_tokens=32, temperature=temperature,
-              top_p=0.9 if temperature else None)
-    strict = generate(verifier, weak, PROMPTS, method="strict", **kw)
-    at_strict = generate(verifier, weak, PROMPTS, method=method, **off, **kw)
-    assert [r.token_ids for r in at_strict.results] == [r.token_ids for r in strict.results]
-    relaxed = generate(verifier, weak, PROMPTS, method=method, **on, **kw)
-    assert relaxed.stats.mean_acceptance_length > strict.stats.mean_acceptance_length
-    return at_strict, relaxed
-
-
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_window_zero_is_strict_token_for_token_and_a_window_relaxes(builtin_pair, temperature):
     _, on = strict_then_relaxed(builtin_pair, temperature, "fly", dict(fly_window_size=0),
@@ -223,12 +194,12 @@ def test_batch_invariant_at_the_length_limit(builtin_pair):
     """Ragged rows near max_new_tokens: a prompt's output is the same alone and in the batch (the window reads only
     the row's own drafts)."""
     verifier, weak = builtin_pair
-    seeds = [derive_seed(2, i) for i in range(len(PROMPTS))]
+    seeds = [derive_seed(2, i) for i in range(len(MIXED_PROMPTS))]
     kw = dict(method="fly", draft_length=5, temperature=0.7, max_new_tokens=11, fly_window_size=1,
               fly_entropy_threshold=0.1)
-    batch = generate(verifier, weak, PROMPTS, seed=seeds, **kw)
+    batch = generate(verifier, weak, MIXED_PROMPTS, seed=seeds, **kw)
     assert any(len(rd.drafts) < 5 for r in batch.results for rd in r.trace)
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(MIXED_PROMPTS):
         alone = generate(verifier, weak, [prompt], seed=[seeds[i]], **kw)
         assert alone.results[0].token_ids == batch.results[i].token_ids, i
 

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from relaxspec.acceptance import process_logits, relaxed_targets, verify
-from test_acceptance_support import single_thread  # noqa: F401  (autouse fixture)
 
 INF = float("inf")
 V = 6

@@ -14,7 +14,6 @@ import torch
 from relaxspec.acceptance import RULES, fused, process_logits, relaxed_targets, verify
 from relaxspec.acceptance.random import Draws
 from relaxspec.acceptance.verify import VerifyStep
-from test_acceptance_support import single_thread  # noqa: F401  (autouse fixture)
 
 INF = math.inf
 PATHS = ("c", "torch")

@@ -8,7 +8,6 @@ import torch
 from relaxspec.acceptance import entropy, jsd, process_logits, total_variation
 from relaxspec.acceptance.processing import capped_ratio
 from relaxspec.acceptance.random import TOKEN, GeneratorDraws
-from test_acceptance_support import single_thread  # noqa: F401  (autouse fixture)
 
 INF = float("inf")
 

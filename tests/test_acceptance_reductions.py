@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from relaxspec.acceptance import RULES, process_logits, relaxed_targets, verify
-from test_acceptance_support import single_thread, SAMPLINGS, assert_law, random_block, run_mc  # single_thread: autouse fixture
+from helpers import SAMPLINGS, assert_law, random_block, run_mc
 
 SAMPLINGS_ALL = {**SAMPLINGS, "greedy": dict(temperature=0.0, top_k=None, top_p=None)}
 

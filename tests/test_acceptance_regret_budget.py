@@ -12,8 +12,7 @@ import torch
 from relaxspec.acceptance import RULES, derive_seed, fused, process_logits, verify
 from relaxspec.acceptance.verify import VerifyStep
 from relaxspec.engine import GenerationStats, generate
-from test_acceptance_fly import PROMPTS, random_block, strict_then_relaxed
-from test_acceptance_support import single_thread  # noqa: F401  (autouse fixture)
+from helpers import MIXED_PROMPTS, ragged_block, strict_then_relaxed
 
 V = 6
 
@@ -124,7 +123,7 @@ def _reference_kept(p, q, x, u, z, end, budget, ratio, cap, spent, taken):
 def test_sampled_path_equals_the_restated_rule(sampling, budget, ratio, cap):
     g = torch.Generator().manual_seed(int(budget * 10) + int(cap if cap < 9 else 9))
     B, N = 64, 5
-    target, draft, q, drafts, num_drafts = random_block(g, sampling, B, N)
+    target, draft, q, drafts, num_drafts = ragged_block(g, sampling, B, N)
     spent0 = torch.rand(B, generator=g) * budget
     taken0 = torch.randint(0, 2, (B,), generator=g).float()
     p = process_logits(target, **sampling)
@@ -230,13 +229,13 @@ def test_the_engine_carries_each_sequences_budget_across_rounds(builtin_pair):
     Each result's stats hold its own state; the call's, every sequence's in prompt order."""
     verifier, weak = builtin_pair
     kw = dict(method="regret-budget", draft_length=3, max_new_tokens=48, local_ratio=10.0)
-    free = generate(verifier, weak, PROMPTS, budget=100.0, **kw)
+    free = generate(verifier, weak, MIXED_PROMPTS, budget=100.0, **kw)
     assert max(r.stats.rule_state["mismatches_taken"][0] for r in free.results) > 2
     assert max(_relaxed_total(r) for r in free.results) > 2
-    capped = generate(verifier, weak, PROMPTS, budget=100.0, max_mismatches=2, **kw)
+    capped = generate(verifier, weak, MIXED_PROMPTS, budget=100.0, max_mismatches=2, **kw)
     assert max(r.stats.rule_state["mismatches_taken"][0] for r in capped.results) == 2
     assert max(_relaxed_total(r) for r in capped.results) <= 2
-    tight = generate(verifier, weak, PROMPTS, budget=1.5, **kw)
+    tight = generate(verifier, weak, MIXED_PROMPTS, budget=1.5, **kw)
     spent = tight.stats.rule_state["regret_spent"]
     assert spent == [r.stats.rule_state["regret_spent"][0] for r in tight.results] and len(spent) == 6
     assert 0 < max(spent) <= 1.5
@@ -248,18 +247,18 @@ def test_budget_state_and_output_do_not_depend_on_the_batch(builtin_pair, temper
     """Ragged rows near max_new_tokens, rows ending at different rounds: a prompt's tokens and spent budget are the
     same alone, in the batch, and at another position of it."""
     verifier, weak = builtin_pair
-    seeds = [derive_seed(4, i) for i in range(len(PROMPTS))]
+    seeds = [derive_seed(4, i) for i in range(len(MIXED_PROMPTS))]
     kw = dict(method="regret-budget", draft_length=5, temperature=temperature, max_new_tokens=14, budget=3.0,
               local_ratio=10.0)
-    batch = generate(verifier, weak, PROMPTS, seed=seeds, **kw)
+    batch = generate(verifier, weak, MIXED_PROMPTS, seed=seeds, **kw)
     assert any(len(rd.drafts) < 5 for r in batch.results for rd in r.trace)
     assert sum(r.stats.rule_state["mismatches_taken"][0] > 0 for r in batch.results) >= 2
     order = [3, 5, 0, 4, 1, 2]
-    shuffled = generate(verifier, weak, [PROMPTS[i] for i in order], seed=[seeds[i] for i in order], **kw)
+    shuffled = generate(verifier, weak, [MIXED_PROMPTS[i] for i in order], seed=[seeds[i] for i in order], **kw)
     for j, i in enumerate(order):
         assert shuffled.results[j].token_ids == batch.results[i].token_ids, i
         assert shuffled.results[j].stats.rule_state == batch.results[i].stats.rule_state, i
     for i in (0, 5):
-        alone = generate(verifier, weak, [PROMPTS[i]], seed=[seeds[i]], **kw)
+        alone = generate(verifier, weak, [MIXED_PROMPTS[i]], seed=[seeds[i]], **kw)
         assert alone.results[0].token_ids == batch.results[i].token_ids, i
         assert alone.results[0].stats.rule_state == batch.results[i].stats.rule_state, i

@@ -17,7 +17,6 @@ import torch
 
 from relaxspec.acceptance import RULES, build_context, fused
 from relaxspec.acceptance.processing import NEG_INF, capped_ratio, is_greedy, one_hot_argmax
-from test_acceptance_support import single_thread  # noqa: F401  (autouse fixture)
 
 INF = float("inf")
 

@@ -7,10 +7,7 @@ import torch
 
 from relaxspec.acceptance import RULES, build_context, process_logits, relaxed_targets, verify
 from relaxspec.acceptance.processing import jsd
-from test_acceptance_support import (  # single_thread: autouse fixture
-    single_thread,
-    SAMPLINGS, assert_law, exact_first_law, random_block, run_mc, sample_drafts,
-)
+from helpers import SAMPLINGS, assert_law, exact_first_law, random_block, run_mc, sample_drafts
 
 M = 200_000
 INF = float("inf")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from relaxspec.acceptance import process_logits, relaxed_targets, verify
-from test_acceptance_support import single_thread, SAMPLINGS, assert_law, random_block, run_mc  # single_thread: autouse fixture
+from helpers import SAMPLINGS, assert_law, random_block, run_mc
 
 M = 200_000
 

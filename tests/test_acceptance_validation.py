@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from relaxspec.acceptance import RULES, get_rule, relaxed_targets, verify
-from test_acceptance_support import single_thread  # noqa: F401  (autouse fixture)
 
 B, N, V = 3, 2, 5
 

@@ -12,22 +12,9 @@ import torch
 from relaxspec.cli import main
 from relaxspec.models import builtin_path
 from relaxspec.pivot import builtin_classifier_path
+from helpers import one_line_error, run_cli
 
 PROMPT = "Question: Tom has 12 apples and buys 7 more. How many apples does Tom have?\nAnswer:"
-
-
-def run_cli(capsys, *args):
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def assert_one_line_error(capsys, *args, says):
-    code, _, err = run_cli(capsys, *args)
-    assert code == 2, err
-    assert err.startswith("relaxspec: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for text in [says] if isinstance(says, str) else says:
-        assert text in err, err
 
 
 @pytest.fixture
@@ -46,45 +33,45 @@ def generate_ar(path, *extra):
 def test_broken_model_directories(capsys, model_copy, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert_one_line_error(capsys, *generate_ar(empty), says=[str(empty), "has no config.json"])
-    assert_one_line_error(capsys, *generate_ar(tmp_path / "absent"), says="neither a built-in model")
+    one_line_error(capsys, *generate_ar(empty), says=[str(empty), "has no config.json"])
+    one_line_error(capsys, *generate_ar(tmp_path / "absent"), says="neither a built-in model")
 
     (model_copy / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": ')
-    assert_one_line_error(capsys, *generate_ar(model_copy), says=["cannot load the tokenizer of model", "model"])
+    one_line_error(capsys, *generate_ar(model_copy), says=["cannot load the tokenizer of model", "model"])
     shutil.copy(builtin_path("drafter-weak") / "tokenizer.json", model_copy / "tokenizer.json")
 
     (model_copy / "model.safetensors").write_bytes(b"\x00garbage" * 100)
-    assert_one_line_error(capsys, *generate_ar(model_copy), says="cannot load model")
+    one_line_error(capsys, *generate_ar(model_copy), says="cannot load model")
     shutil.copy(builtin_path("drafter-weak") / "model.safetensors", model_copy / "model.safetensors")
 
     (model_copy / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
-    assert_one_line_error(capsys, *generate_ar(model_copy), says="cannot load model")
+    one_line_error(capsys, *generate_ar(model_copy), says="cannot load model")
 
 
 def test_bad_prompt_files(capsys, tmp_path):
-    assert_one_line_error(capsys, "generate", "--prompts", str(tmp_path), says=[str(tmp_path), "is a directory"])
+    one_line_error(capsys, "generate", "--prompts", str(tmp_path), says=[str(tmp_path), "is a directory"])
     bad = tmp_path / "prompts.jsonl"
     bad.write_bytes(json.dumps({"prompt": "fine"}).encode() + b'\n{"prompt": "caf\xe9"}\n')
-    assert_one_line_error(capsys, "generate", "--prompts", str(bad), says=f"{bad}:2: not UTF-8 (byte 0xe9")
-    assert_one_line_error(capsys, "generate", "--prompts", str(tmp_path / "none.jsonl"), says="none.jsonl")
-    assert_one_line_error(capsys, "generate", "--prompt", "  \n ", says="prompt 0 is empty or whitespace only")
+    one_line_error(capsys, "generate", "--prompts", str(bad), says=f"{bad}:2: not UTF-8 (byte 0xe9")
+    one_line_error(capsys, "generate", "--prompts", str(tmp_path / "none.jsonl"), says="none.jsonl")
+    one_line_error(capsys, "generate", "--prompt", "  \n ", says="prompt 0 is empty or whitespace only")
 
 
 def test_pad_classifier_files_and_pairs(capsys, tmp_path):
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a torch file at all")
-    assert_one_line_error(capsys, "generate", "--prompt", PROMPT, "--method", "pad", "--param",
+    one_line_error(capsys, "generate", "--prompt", PROMPT, "--method", "pad", "--param",
                           f"classifier={garbage}", says=f"{garbage} is not a relaxspec pivot classifier")
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(3)}, foreign)
-    assert_one_line_error(capsys, "generate", "--prompt", PROMPT, "--method", "pad", "--param",
+    one_line_error(capsys, "generate", "--prompt", PROMPT, "--method", "pad", "--param",
                           f"classifier={foreign}", says="is not a relaxspec pivot classifier")
     # The shipped classifier was trained for verifier + drafter-weak: none ships for another drafter ...
     pad = ("generate", "--prompt", PROMPT, "--method", "pad", "--drafter", "drafter-strong", "--max-new-tokens", "8")
-    assert_one_line_error(capsys, *pad, says=["no pivot classifier ships", "drafter-strong", "relaxspec pivot build",
+    one_line_error(capsys, *pad, says=["no pivot classifier ships", "drafter-strong", "relaxspec pivot build",
                                               "--force"])
     # ... and one given for another pair is refused ...
-    assert_one_line_error(capsys, *pad, "--param", f"classifier={builtin_classifier_path()}",
+    one_line_error(capsys, *pad, "--param", f"classifier={builtin_classifier_path()}",
                           says=["trained for another pair", "drafter-strong", "--force"])
     # ... unless forced.
     code, out, err = run_cli(capsys, *pad, "--force")
@@ -96,7 +83,7 @@ def test_models_train_needs_out_and_refuses_the_shipped_weights(capsys):
     with pytest.raises(SystemExit) as e:
         main(["models", "train", "--scale", "0.001"])
     assert e.value.code == 2 and "--out" in capsys.readouterr().err
-    assert_one_line_error(capsys, "models", "train", "--out", str(builtin_path("verifier").parent),
+    one_line_error(capsys, "models", "train", "--out", str(builtin_path("verifier").parent),
                           says="shipped weights directory")
 
 

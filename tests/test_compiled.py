@@ -11,7 +11,7 @@ from relaxspec.models.compiled import CompiledLlama, StaticKVCache
 from relaxspec.models.device import resolve_device
 from relaxspec.models.fast_llama import FastLlama
 from relaxspec.models.hf import CausalLM
-from relaxspec.tasks import synthetic
+from helpers import task_prompts
 
 B = 4  # every compiled call uses this batch size (one graph per step width)
 # The default device ($RELAXSPEC_DEVICE, else cuda when available): benchmarks/gpu_check.sh runs this file on
@@ -48,13 +48,9 @@ def tiny_pairs():
     return eager, compiled
 
 
-def _prompts(k, offset=0):
-    return [e.prompt for e in synthetic.examples("arithmetic", "test", k + offset)][offset:]
-
-
 def test_compiled_greedy_equals_eager_and_ar_on_a_ragged_batch_without_recompiling(tiny_pairs):
     (v, d), (vc, dc) = tiny_pairs
-    prompts = _prompts(B)  # different lengths: left padding; rows accept differently and stop at different rounds
+    prompts = task_prompts(B)  # different lengths: left padding; rows accept differently and stop at different rounds
     ar = generate(v, None, prompts, method="ar", max_new_tokens=24)
     for verifier, drafter in ((v, d), (vc, dc)):
         sd = generate(verifier, drafter, prompts, method="strict", draft_length=3, max_new_tokens=24)
@@ -68,7 +64,7 @@ def test_compiled_greedy_equals_eager_and_ar_on_a_ragged_batch_without_recompili
     assert own.stats.drafts_accepted == own.stats.drafts_proposed  # its own drafts: all accepted
     # Warmed up: other prompts (other lengths), other max_new_tokens within the same capacity, an early
     # stop of some rows: no step may compile again.
-    others = _prompts(B, offset=B)
+    others = task_prompts(B, offset=B)
     with torch.compiler.set_stance("fail_on_recompile"):
         sd_c = generate(vc, dc, others, method="strict", draft_length=3, max_new_tokens=20)
         ar_c = generate(vc, None, others, method="ar", max_new_tokens=20)
@@ -82,7 +78,7 @@ def test_compiled_steps_match_eager_logits_with_holes_and_rows_leaving(tiny_pair
     from relaxspec.models.stream import Stream, left_pad
 
     (v, _), (vc, _) = tiny_pairs
-    encoded = [v.tokenizer(p)["input_ids"] for p in _prompts(B)]
+    encoded = [v.tokenizer(p)["input_ids"] for p in task_prompts(B)]
     ids, mask = left_pad(encoded, v.tokenizer, DEVICE)
     vc.fast.plan(ids.shape[1] + 16, (4,))
     outs = []
@@ -107,7 +103,7 @@ def test_compiled_strict_sampling_is_lossless(tiny_pairs):
     # Monte Carlo: compiled strict (T=1, top-p) vs eager AR, token frequencies at several positions within
     # 5 sigma of a two-sample comparison (fixed seeds), as tests/test_engine.py does for the eager engine.
     (v, _), (vc, dc) = tiny_pairs
-    prompt, n, positions = _prompts(1)[0], 240, (0, 3, 7)
+    prompt, n, positions = task_prompts(1)[0], 240, (0, 3, 7)
     sampling = dict(max_new_tokens=8, temperature=1.0, top_p=0.95)
     sd, ar = [], []
     for call in range(n // B):  # B rows per call: the compiled graphs' batch size
@@ -146,7 +142,7 @@ def test_builtin_pair_compiled_equals_eager_greedy():
     # benchmarks/compile_speed.py checks the same equality on every prompt it times.
     v, d = load_model("verifier"), load_model("drafter-weak")
     vc, dc = load_model("verifier", compile=True), load_model("drafter-weak", compile=True)
-    prompts = _prompts(3)
+    prompts = task_prompts(3)
     ar = generate(v, None, prompts, method="ar", max_new_tokens=48)
     for drafter in (dc, "drafter-weak"):
         sd = generate(vc, drafter, prompts, method="strict", draft_length=3, max_new_tokens=48)

@@ -9,11 +9,11 @@ from relaxspec.cli import main
 from relaxspec.drafters import LMDrafter, load_drafter
 from relaxspec.engine import generate
 from relaxspec.models.prompts import encode_prompts
-from test_engine import SHORT_PROMPTS, _freq, _prompts
+from helpers import SHORT_PROMPTS, task_prompts, token_freq
 
 
 def _mixed_prompts():
-    return _prompts(3) + _prompts(2, "sorting")  # different lengths: a ragged batch
+    return task_prompts(3) + task_prompts(2, "sorting")  # different lengths: a ragged batch
 
 
 @pytest.mark.parametrize("name", ["lm", "drafter-mtp", "ngram:n=3"])
@@ -123,8 +123,8 @@ def test_sampled_strict_with_a_confidence_stop_follows_ar_sampling(builtin_pair)
         spread = []
         for k in range(len(prompts)):
             for position in (3, 8, 15):
-                a = _freq([r.token_ids[position] for r in sd.results[k::len(prompts)]], verifier.vocab_size)
-                b = _freq([r.token_ids[position] for r in ar.results[k::len(prompts)]], verifier.vocab_size)
+                a = token_freq([r.token_ids[position] for r in sd.results[k::len(prompts)]], verifier.vocab_size)
+                b = token_freq([r.token_ids[position] for r in ar.results[k::len(prompts)]], verifier.vocab_size)
                 pooled = (a + b) / 2
                 assert ((a - b).abs() <= 5 * torch.sqrt(pooled * (1 - pooled) * 2 / n) + 2e-3).all(), (k, position)
                 spread.append(float(pooled.max()))
@@ -147,7 +147,7 @@ def test_bad_draft_confidence_is_a_one_line_error(builtin_pair, capsys):
 def test_generate_cli_takes_auto_with_a_confidence_stop(capsys):
     import json
 
-    prompt = _prompts(1)[0]
+    prompt = task_prompts(1)[0]
     runs = {}
     for extra in ([], ["--draft-confidence", "0.9"]):
         assert main(["generate", "--prompt", prompt, "--draft-length", "auto", "--max-new-tokens", "40", "--json",

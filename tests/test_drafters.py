@@ -13,16 +13,11 @@ from relaxspec.drafters import LMDrafter, NgramDrafter, load_drafter, measure_dr
 from relaxspec.drafters.mtp import HeadConfig, load_mtp_drafter
 from relaxspec.models.quant import dequantize_int4, quantize_int4
 from relaxspec.training.mtp import TrainConfig, train_head, training_prompts
-from relaxspec.tasks import synthetic
-from test_engine import SHORT_PROMPTS, strict_vs_ar_by_position
+from helpers import SHORT_PROMPTS, strict_vs_ar_by_position, task_prompts, verifier_prefix_hidden
 
 
 def GREEDY(logits, i):  # the engine's sampler at temperature 0
     return logits.argmax(-1), None
-
-
-def _prompts(n, task="arithmetic"):
-    return [e.prompt for e in synthetic.examples(task, "test", n)]
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +76,7 @@ def _drafter(kind, verifier, drafter_lm, heads):
 @pytest.mark.parametrize("kind", ["lm", "mtp", "mtp-fused", "ngram"])
 def test_greedy_strict_equals_ar_with_each_kind_on_a_ragged_batch(builtin_pair, heads, kind):
     verifier, drafter_lm = builtin_pair
-    prompts = _prompts(3) + _prompts(2, "sorting")
+    prompts = task_prompts(3) + task_prompts(2, "sorting")
     drafter = _drafter(kind, verifier, drafter_lm, heads)
     ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
     for n in (1, 4):
@@ -112,8 +107,8 @@ def test_truncated_head_q_is_zero_outside_its_vocabulary_and_sums_to_one(builtin
     assert len(set(kept.tolist())) == 64 and int(kept.max()) < verifier.vocab_size
     outside = torch.ones(verifier.vocab_size, dtype=torch.bool)
     outside[kept] = False
-    rows = [verifier.tokenizer(p)["input_ids"] for p in (_prompts(1)[0], _prompts(1, "sorting")[0])]
-    ids, mask, hidden = _verifier_prefix_hidden(verifier, [r[:-1] for r in rows])
+    rows = [verifier.tokenizer(p)["input_ids"] for p in (task_prompts(1)[0], task_prompts(1, "sorting")[0])]
+    ids, mask, hidden = verifier_prefix_hidden(verifier, [r[:-1] for r in rows])
     drafter.prefill(ids, mask, hidden)
 
     def sample(logits, i):  # temperature and top-p processing, as the engine's sampler does
@@ -131,7 +126,7 @@ def test_truncated_head_q_is_zero_outside_its_vocabulary_and_sums_to_one(builtin
 def test_truncated_head_keeps_strict_lossless(builtin_pair, truncated_mtp_dir):
     verifier, _ = builtin_pair
     drafter = load_mtp_drafter(truncated_mtp_dir, verifier)
-    prompts = _prompts(3) + _prompts(2, "sorting")
+    prompts = task_prompts(3) + task_prompts(2, "sorting")
     ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
     sd = generate(verifier, drafter, prompts, method="strict", draft_length=4, max_new_tokens=40)
     assert [r.token_ids for r in sd.results] == [r.token_ids for r in ar.results]
@@ -144,16 +139,6 @@ def test_truncated_head_keeps_strict_lossless(builtin_pair, truncated_mtp_dir):
     assert min(spread) < 0.7
 
 
-def _verifier_prefix_hidden(verifier, rows, layers=-1):
-    """Left-padded ids / mask of `rows` and the verifier's hidden states of block(s) `layers` over them."""
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
-    _, hidden = verifier.forward(ids, verifier.new_cache(), mask, positions, hidden_layer=layers)
-    return ids, mask, hidden
-
-
 @pytest.mark.parametrize("longest", [None, 4])
 @pytest.mark.parametrize("kind", ["mtp", "mtp-fused", "lm"])
 def test_rollback_gives_the_draft_of_a_fresh_run_on_the_accepted_prefix(builtin_pair, heads, kind, longest):
@@ -161,22 +146,22 @@ def test_rollback_gives_the_draft_of_a_fresh_run_on_the_accepted_prefix(builtin_
     drafter's catch-up path). The next proposal equals that of a fresh drafter prefilled on the
     accepted prefix; with `longest` (the engine's host copy of accepted.max()) or without."""
     verifier, drafter_lm = builtin_pair
-    prompts = [verifier.tokenizer(p)["input_ids"] for p in (_prompts(1)[0], _prompts(1, "sorting")[0])]
+    prompts = [verifier.tokenizer(p)["input_ids"] for p in (task_prompts(1)[0], task_prompts(1, "sorting")[0])]
     drafter = _drafter(kind, verifier, drafter_lm, heads)
     layers = drafter.hidden_layers or -1
-    ids, mask, hidden = _verifier_prefix_hidden(verifier, [p[:-1] for p in prompts], layers)
+    ids, mask, hidden = verifier_prefix_hidden(verifier, [p[:-1] for p in prompts], layers)
     drafter.prefill(ids, mask, hidden)
     last = torch.tensor([p[-1] for p in prompts])
     drafts = drafter.propose(last, 4, 0, GREEDY).tokens
     accepted = torch.tensor([0, 4])
-    _, _, block_hidden = _verifier_prefix_hidden(verifier, [p + d for p, d in zip(prompts, drafts.tolist())], layers)
+    _, _, block_hidden = verifier_prefix_hidden(verifier, [p + d for p, d in zip(prompts, drafts.tolist())], layers)
     drafter.rollback(accepted, block_hidden[:, -5:], longest=longest)  # the verifier's features of [last, x_1..x_4]
     nxt = torch.tensor([11, 12])
     rolled = drafter.propose(nxt, 3, 0, GREEDY)
     for b in range(2):
         prefix = prompts[b] + drafts[b, :accepted[b]].tolist()
         fresh = _drafter(kind, verifier, drafter_lm, heads)
-        fresh.prefill(*_verifier_prefix_hidden(verifier, [prefix], layers))
+        fresh.prefill(*verifier_prefix_hidden(verifier, [prefix], layers))
         again = fresh.propose(nxt[b:b + 1], 3, 0, GREEDY)
         assert torch.allclose(rolled.logits[b], again.logits[0], atol=1e-4), b
         assert rolled.tokens[b].tolist() == again.tokens[0].tolist()
@@ -279,17 +264,17 @@ def test_fused_features_start_as_the_last_block_alone_and_are_the_blocks_concate
     fused = MTPHead(HeadConfig(hidden=128, feature_layers=FUSED))
     plain = MTPHead(HeadConfig(hidden=128))
     plain.load_state_dict({k: v for k, v in fused.state_dict().items() if k != "fuse.weight"})
-    rows = [verifier.tokenizer(p)["input_ids"] for p in _prompts(2)]
+    rows = [verifier.tokenizer(p)["input_ids"] for p in task_prompts(2)]
     outs = []
     for head in (fused, plain):
         drafter = MTPDrafter(head, verifier)
-        drafter.prefill(*_verifier_prefix_hidden(verifier, [r[:-1] for r in rows], drafter.hidden_layers))
+        drafter.prefill(*verifier_prefix_hidden(verifier, [r[:-1] for r in rows], drafter.hidden_layers))
         outs.append(drafter.propose(torch.tensor([r[-1] for r in rows]), 3, 0, GREEDY).logits)
     assert torch.allclose(outs[0], outs[1], atol=1e-4)
-    ids, mask, together = _verifier_prefix_hidden(verifier, rows, FUSED)
+    ids, mask, together = verifier_prefix_hidden(verifier, rows, FUSED)
     slow = load_model("verifier", backend="transformers")
-    _, _, slow_together = _verifier_prefix_hidden(slow, rows, FUSED)
-    apart = torch.cat([_verifier_prefix_hidden(verifier, rows, layer)[2] for layer in FUSED], dim=-1)
+    _, _, slow_together = verifier_prefix_hidden(slow, rows, FUSED)
+    apart = torch.cat([verifier_prefix_hidden(verifier, rows, layer)[2] for layer in FUSED], dim=-1)
     assert together.shape[-1] == 3 * 128 and torch.equal(together, apart)
     real = mask.bool()  # (left padding's states are garbage on either backend)
     assert torch.allclose(together[real], slow_together[real], atol=2e-4)
@@ -313,12 +298,12 @@ def test_a_hidden_block_the_verifier_lacks_is_an_error_on_both_backends_and_in_p
     """Block 6 of a 6-block verifier (or -7) is refused, not wrapped round to another block: by either
     backend's forward and by `pivot label --hidden-layer` (one line, before any roll-out)."""
     verifier, _ = builtin_pair
-    rows = [verifier.tokenizer(p)["input_ids"] for p in _prompts(2)]
+    rows = [verifier.tokenizer(p)["input_ids"] for p in task_prompts(2)]
     for lm in (verifier, load_model("verifier", backend="transformers")):
-        assert _verifier_prefix_hidden(lm, rows, -6)[2].shape[-1] == 128  # block 0, counted from the end
+        assert verifier_prefix_hidden(lm, rows, -6)[2].shape[-1] == 128  # block 0, counted from the end
         for bad in (6, -7, (1, 6)):
             with pytest.raises(ValueError, match=r"^hidden layers? .*: the verifier has 6 blocks \(0\.\.5, or -1"):
-                _verifier_prefix_hidden(lm, rows, bad)
+                verifier_prefix_hidden(lm, rows, bad)
     assert main(["pivot", "label", "--prompts", "2", "--hidden-layer", "6", "--out", str(tmp_path / "l.pt")]) == 2
     assert capsys.readouterr().err == ("relaxspec: error: hidden layer 6: the verifier has 6 blocks (0..5, or -1 "
                                        "for the last)\n")
@@ -355,8 +340,8 @@ def test_mtp_training_resumes_to_the_same_head(builtin_pair, tmp_path):
         assert torch.allclose(int4_head[k], dequantize_int4(*quantize_int4(once[k])), atol=1e-6), k
         assert 0 < (int4_head[k] - once[k]).abs().max() <= (once[k].amax() - once[k].amin()) / 15, k
         assert torch.equal(dequantize_int4(*quantize_int4(int4_head[k])), int4_head[k]), k  # int4 runs it as saved
-    ar = generate(verifier, None, _prompts(2), method="ar", max_new_tokens=24)
-    sd = generate(verifier, str(tmp_path / "int4"), _prompts(2), method="strict", draft_length=3, max_new_tokens=24)
+    ar = generate(verifier, None, task_prompts(2), method="ar", max_new_tokens=24)
+    sd = generate(verifier, str(tmp_path / "int4"), task_prompts(2), method="strict", draft_length=3, max_new_tokens=24)
     assert [r.token_ids for r in sd.results] == [r.token_ids for r in ar.results] and sd.stats.drafts_accepted > 0
 
 
@@ -382,7 +367,7 @@ def test_drafter_cli_trains_a_head_that_generate_uses(tmp_path, capsys, forker):
     assert main(["drafter", "train", "--task", "sorting", "--n", "4", "--steps", "3", "--batch-size", "2",
                  "--max-new-tokens", "10", "--out", str(out)]) == 0
     assert "train mtp head" in capsys.readouterr().err  # the progress bar
-    assert main(["generate", "--drafter", str(out), "--json", "--prompt", _prompts(1)[0],
+    assert main(["generate", "--drafter", str(out), "--json", "--prompt", task_prompts(1)[0],
                  "--max-new-tokens", "20"]) == 0
     assert json.loads(capsys.readouterr().out)["stats"]["drafter_forwards"] > 0
     # --stop-after 0 makes the data set and stops (benchmarks/gpu_train_drafters.sh shares it between variants)
@@ -395,7 +380,7 @@ def test_drafter_cli_trains_a_head_that_generate_uses(tmp_path, capsys, forker):
     assert capsys.readouterr().err == "relaxspec: error: give the training prompts: --prompts FILE or --task NAME " \
         "(repeatable)\n"
     # One real process: prompt lookup from the command line.
-    run = forker.run(["-m", "relaxspec", "generate", "--drafter", "ngram:n=2", "--json", "--prompt", _prompts(1)[0],
+    run = forker.run(["-m", "relaxspec", "generate", "--drafter", "ngram:n=2", "--json", "--prompt", task_prompts(1)[0],
                       "--max-new-tokens", "30"], cwd=tmp_path)  # (forked: this tree's src first, conftest.forker)
     assert run.returncode == 0, run.stderr
     stats = json.loads(run.stdout)["stats"]
@@ -405,7 +390,7 @@ def test_drafter_cli_trains_a_head_that_generate_uses(tmp_path, capsys, forker):
 def test_builtin_mtp_head_drafts_for_the_builtin_verifier(builtin_pair):
     verifier, _ = builtin_pair
     drafter = load_drafter("drafter-mtp", verifier)
-    out = generate(verifier, drafter, _prompts(6), method="strict", draft_length=5, max_new_tokens=60)
+    out = generate(verifier, drafter, task_prompts(6), method="strict", draft_length=5, max_new_tokens=60)
     assert out.stats.mean_acceptance_length > 2.5  # measured 3.56 on 50 prompts x 160 tokens
     assert 0 < measure_draft_latency(drafter, verifier, rounds=3) < 0.1
     with pytest.raises(ValueError, match="trained for verifier 'verifier'"):
@@ -420,7 +405,7 @@ def test_sampled_output_is_batch_invariant_with_each_kind(builtin_pair, name):
 
     verifier, _ = builtin_pair
     drafter = load_drafter(name, verifier)
-    prompts = _prompts(3) + _prompts(2, "sorting")
+    prompts = task_prompts(3) + task_prompts(2, "sorting")
     seeds = [derive_seed(7, i) for i in range(len(prompts))]
     kw = dict(method="strict", draft_length=4, temperature=0.7, top_p=0.9, max_new_tokens=30)
     batch = generate(verifier, drafter, prompts, seed=seeds, **kw)

@@ -6,22 +6,12 @@ import torch
 from relaxspec.engine import GenerationStats, generate
 from relaxspec.models.stream import Stream
 from relaxspec.models import CausalLM, load_model
-from relaxspec.tasks import synthetic
-
-
-def _prompts(n, task="arithmetic"):
-    return [e.prompt for e in synthetic.examples(task, "test", n)]
-
-
-# Two prompts in the synthetic tasks' form, of 19 and 12 tokens (theirs have 36 to 52): for the Monte Carlo tests,
-# which run a prompt hundreds of times in one batch, where every row's prefill was most of the time. Their answers
-# open with a free choice too, and the built-in drafters' drafts are accepted about half the time on them.
-SHORT_PROMPTS = ("Question: Priya has 58 marbles. She loses 7 of them.\nAnswer:", "Question: Sort 3, 1.\nAnswer:")
+from helpers import SHORT_PROMPTS, strict_vs_ar_by_position, task_prompts, token_freq
 
 
 def test_greedy_strict_equals_ar_batch_one_and_ragged(builtin_pair):
     verifier, drafter = builtin_pair
-    prompts = _prompts(3) + _prompts(2, "sorting")  # different prompt lengths: a ragged batch
+    prompts = task_prompts(3) + task_prompts(2, "sorting")  # different prompt lengths: a ragged batch
     ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
     for n in (1, 4):
         sd = generate(verifier, drafter, prompts, method="strict", draft_length=n, max_new_tokens=40)
@@ -34,7 +24,7 @@ def test_greedy_strict_equals_ar_batch_one_and_ragged(builtin_pair):
 
 def test_stats_are_consistent(builtin_pair):
     verifier, drafter = builtin_pair
-    out = generate(verifier, drafter, _prompts(2), method="strict", draft_length=3, max_new_tokens=30)
+    out = generate(verifier, drafter, task_prompts(2), method="strict", draft_length=3, max_new_tokens=30)
     s = out.stats
     assert s.acceptance_rate == pytest.approx(s.drafts_accepted / s.drafts_proposed)
     assert s.mean_acceptance_length == pytest.approx(1 + s.drafts_accepted / s.sequence_rounds)
@@ -53,7 +43,7 @@ def test_stats_are_consistent(builtin_pair):
 
 def test_rollback_leaves_logits_of_a_fresh_forward(builtin_pair):
     verifier, _ = builtin_pair
-    ids = torch.tensor([verifier.tokenizer(_prompts(1)[0])["input_ids"]])
+    ids = torch.tensor([verifier.tokenizer(task_prompts(1)[0])["input_ids"]])
     prefix, block = ids[:, :-6], ids[:, -6:]
     stream = Stream(verifier)
     stream.prefill(prefix, torch.ones_like(prefix))
@@ -71,7 +61,7 @@ def test_rollback_leaves_logits_of_a_fresh_forward(builtin_pair):
 def test_rollback_with_a_hole_in_the_middle(builtin_pair):
     """Masked (rolled-back) slots in the middle of the cache are invisible to later tokens."""
     verifier, _ = builtin_pair
-    ids = torch.tensor([verifier.tokenizer(_prompts(1)[0])["input_ids"]])
+    ids = torch.tensor([verifier.tokenizer(task_prompts(1)[0])["input_ids"]])
     stream = Stream(verifier)
     stream.prefill(ids[:, :-4], torch.ones_like(ids[:, :-4]))
     stream.feed(ids[:, -4:], torch.ones_like(ids[:, -4:]))
@@ -92,7 +82,7 @@ def test_left_padded_batch_gives_each_row_its_own_logits(builtin_pair):
     def _encode(tokenizer, texts):
         return left_pad(encode_prompts(tokenizer, texts), tokenizer)
 
-    prompts = _prompts(2) + _prompts(2, "sorting")
+    prompts = task_prompts(2) + task_prompts(2, "sorting")
     ids, mask = _encode(verifier.tokenizer, prompts)
     assert (mask == 0).any()  # really ragged
     batch = Stream(verifier)
@@ -115,10 +105,6 @@ def test_left_padded_batch_gives_each_row_its_own_logits(builtin_pair):
                 assert torch.allclose(logits[b, -1], alone[0, -1], atol=1e-4), (t, b)
 
 
-def _freq(tokens, vocab):
-    return torch.bincount(torch.tensor(tokens), minlength=vocab).double() / len(tokens)
-
-
 def test_sampled_strict_matches_ar_sampling(builtin_pair):
     verifier, drafter = builtin_pair
     prompt = SHORT_PROMPTS[0]  # the opening sentence of the answer is a free choice among templates
@@ -130,36 +116,17 @@ def test_sampled_strict_matches_ar_sampling(builtin_pair):
     ids = torch.tensor([verifier.tokenizer(prompt)["input_ids"]])
     logits, _ = verifier.forward(ids, verifier.new_cache(), torch.ones_like(ids), torch.arange(ids.shape[1])[None])
     exact_first = torch.softmax(logits[0, -1].double(), -1)
-    first = _freq([r.token_ids[0] for r in sd.results], V)
+    first = token_freq([r.token_ids[0] for r in sd.results], V)
     tol = 5 * torch.sqrt(exact_first * (1 - exact_first) / n) + 2e-3
     assert ((first - exact_first).abs() <= tol).all()
     assert exact_first.max() < 0.9  # the test would be vacuous on a deterministic first token
     assert 0.1 < sd.stats.acceptance_rate < 0.95  # both accept and reject paths are exercised
     for position in (1, 2):  # later tokens: two-sample comparison with AR sampling
-        a = _freq([r.token_ids[position] for r in sd.results], V)
-        b = _freq([r.token_ids[position] for r in ar.results], V)
+        a = token_freq([r.token_ids[position] for r in sd.results], V)
+        b = token_freq([r.token_ids[position] for r in ar.results], V)
         pooled = (a + b) / 2
         tol = 5 * torch.sqrt(pooled * (1 - pooled) * 2 / n) + 2e-3
         assert ((a - b).abs() <= tol).all(), position
-
-
-def strict_vs_ar_by_position(verifier, drafter, prompts, n, positions, **sampling):
-    """Each prompt n times (one batch) under strict with `drafter` and under AR with other seeds: at
-    each output position, every token's frequency must agree within 5 sigma of a two-sample
-    comparison. Returns the strict run and the largest pooled frequency at each checked position
-    (callers assert some are well below 1, or the comparison would be vacuous)."""
-    sd = generate(verifier, drafter, prompts * n, method="strict", draft_length=3, seed=4, **sampling)
-    ar = generate(verifier, None, prompts * n, method="ar", seed=5, **sampling)
-    V, k_prompts, spread = verifier.vocab_size, len(prompts), []
-    for k in range(k_prompts):
-        for position in positions:
-            a = _freq([r.token_ids[position] for r in sd.results[k::k_prompts]], V)
-            b = _freq([r.token_ids[position] for r in ar.results[k::k_prompts]], V)
-            pooled = (a + b) / 2
-            tol = 5 * torch.sqrt(pooled * (1 - pooled) * 2 / n) + 2e-3
-            assert ((a - b).abs() <= tol).all(), (k, position)
-            spread.append(float(pooled.max()))
-    return sd, spread
 
 
 def test_sampled_strict_matches_ar_on_a_ragged_batch_with_top_p(builtin_pair):
@@ -176,7 +143,7 @@ def test_sampled_strict_matches_ar_on_a_ragged_batch_with_top_p(builtin_pair):
 
 def test_relaxed_rule_accepts_more_than_strict(builtin_pair):
     verifier, drafter = builtin_pair
-    prompts = _prompts(4)
+    prompts = task_prompts(4)
     strict = generate(verifier, drafter, prompts, method="strict", temperature=0.7, max_new_tokens=40, seed=3)
     relaxed = generate(verifier, drafter, prompts, method="ensemble", weight=0.0, temperature=0.7,
                        max_new_tokens=40, seed=3)
@@ -246,7 +213,7 @@ def test_accounting_is_exact(builtin_pair):
     drafts and one more token, less what EOS or the length limit cut off. The case of issue 25 (8 arithmetic
     prompts, strict N=5, T=0.7, max_new_tokens=13) reported tau 3.58 for 3.15 emitted per round."""
     verifier, drafter = builtin_pair
-    out = generate(verifier, drafter, _prompts(8), method="strict", draft_length=5, temperature=0.7,
+    out = generate(verifier, drafter, task_prompts(8), method="strict", draft_length=5, temperature=0.7,
                    max_new_tokens=13, seed=0)
     emitted = rounds = 0
     for r in out.results:
@@ -262,7 +229,7 @@ def test_accounting_is_exact(builtin_pair):
         emitted, rounds = emitted + tokens, rounds + len(r.trace)
     assert out.stats.mean_acceptance_length == pytest.approx(emitted / rounds)
     assert out.stats.emitted_tokens == emitted
-    ar = generate(verifier, None, _prompts(3), method="ar", temperature=0.7, max_new_tokens=40, seed=0)
+    ar = generate(verifier, None, task_prompts(3), method="ar", temperature=0.7, max_new_tokens=40, seed=0)
     assert ar.stats.mean_acceptance_length == 1.0  # an ending EOS is one round's one emitted token
 
 
@@ -299,7 +266,7 @@ def test_per_row_cache_under_ragged_acceptance_matches_a_recompute(backend):
     (as in a large batch), so dead slots pile up in every row and compaction runs; after every rollback each row's next logits equal a fresh
     forward over that row's real tokens alone, and the cache stays within the bound of the longest row."""
     lm = load_model("verifier", backend=backend)
-    prompts = _prompts(2) + _prompts(1, "sorting")
+    prompts = task_prompts(2) + task_prompts(1, "sorting")
     from relaxspec.models.stream import left_pad
     from relaxspec.models.prompts import encode_prompts
 
@@ -342,7 +309,7 @@ def test_stream_mask_buffer_never_leaks_between_rounds(builtin_pair, slack):
     from relaxspec.models.prompts import encode_prompts
     from relaxspec.models.stream import left_pad
 
-    encoded = encode_prompts(lm.tokenizer, _prompts(2) + _prompts(1, "sorting"))
+    encoded = encode_prompts(lm.tokenizer, task_prompts(2) + task_prompts(1, "sorting"))
     ids, mask = left_pad(encoded, lm.tokenizer)
     stream = Stream(lm)
     stream.slack = slack
@@ -403,7 +370,7 @@ def test_auto_draft_length_follows_the_heuristic_schedule_and_stays_lossless(bui
     from relaxspec.engine.generate import AUTO_MAX, AUTO_START
 
     verifier, drafter = builtin_pair
-    prompts = _prompts(3) + _prompts(2, "sorting")
+    prompts = task_prompts(3) + task_prompts(2, "sorting")
     ar = generate(verifier, None, prompts, method="ar", max_new_tokens=60)
     auto = generate(verifier, drafter, prompts, method="strict", draft_length="auto", max_new_tokens=60)
     assert [r.token_ids for r in auto.results] == [r.token_ids for r in ar.results]
@@ -430,8 +397,8 @@ def test_auto_draft_length_follows_the_heuristic_schedule_and_stays_lossless(bui
     ref = generate(verifier, None, [prompt] * n, method="ar", seed=5, temperature=0.7, max_new_tokens=16)
     spread = []
     for position in (5, 10, 15):
-        a = _freq([r.token_ids[position] for r in sd.results], verifier.vocab_size)
-        b = _freq([r.token_ids[position] for r in ref.results], verifier.vocab_size)
+        a = token_freq([r.token_ids[position] for r in sd.results], verifier.vocab_size)
+        b = token_freq([r.token_ids[position] for r in ref.results], verifier.vocab_size)
         pooled = (a + b) / 2
         assert ((a - b).abs() <= 5 * torch.sqrt(pooled * (1 - pooled) * 2 / n) + 2e-3).all(), position
         spread.append(float(pooled.max()))
@@ -465,7 +432,7 @@ def test_a_generation_leaves_no_reference_cycles(builtin_pair, temperature):
             gc.collect()
             gc.disable()
             try:
-                out = generate(verifier, drafter, _prompts(2), method=method, draft_length=3, max_new_tokens=24,
+                out = generate(verifier, drafter, task_prompts(2), method=method, draft_length=3, max_new_tokens=24,
                                temperature=temperature, **extra)
                 del out
                 found = gc.collect()

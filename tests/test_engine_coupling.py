@@ -9,18 +9,14 @@ from relaxspec.acceptance import SequenceSeeds, derive_seed
 from relaxspec.acceptance.random import ACCEPT, DRAFT, TOKEN
 from relaxspec.engine import generate
 from relaxspec.models import load_model
-from relaxspec.tasks import synthetic
+from helpers import task_prompts
 
 SAMPLING = dict(temperature=0.7, top_p=0.9, max_new_tokens=40)
 
 
-def _prompts(n, task="arithmetic"):
-    return [e.prompt for e in synthetic.examples(task, "test", n)]
-
-
 def _mixed_batch():
     # 8 prompts of different lengths (two tasks), so the batch is left-padded and ragged.
-    return _prompts(5) + _prompts(3, "sorting")
+    return task_prompts(5) + task_prompts(3, "sorting")
 
 
 @pytest.mark.parametrize("method", ["ar", "strict"])
@@ -49,7 +45,7 @@ def test_output_is_batch_invariant(builtin_pair, method):
 
 def test_int_seed_is_one_derived_seed_per_prompt(builtin_pair):
     verifier, _ = builtin_pair
-    prompts = _prompts(3)
+    prompts = task_prompts(3)
     a = generate(verifier, None, prompts, method="ar", seed=11, **SAMPLING)
     b = generate(verifier, None, prompts, method="ar", seed=[derive_seed(11, i) for i in range(3)], **SAMPLING)
     assert [r.token_ids for r in a.results] == [r.token_ids for r in b.results]
@@ -82,7 +78,7 @@ def test_a_mild_relaxation_is_coupled_to_strict(builtin_pair):
     many whole outputs are identical (measured 50% on these 40 prompts, 160 tokens, N=5); with
     independent seeds none are (measured 0%)."""
     verifier, drafter = builtin_pair
-    prompts = _prompts(40)
+    prompts = task_prompts(40)
     kw = dict(draft_length=5, max_new_tokens=160, temperature=0.7, top_p=0.95)
     strict = generate(verifier, drafter, prompts, method="strict", seed=0, **kw)
     mild = generate(verifier, drafter, prompts, method="cactus", delta=0.1, seed=0, **kw)

@@ -9,7 +9,7 @@ from relaxspec.acceptance import verify
 from relaxspec.engine import generate
 from relaxspec.engine.phase import Phase, PhaseTracker, parse_phase
 from relaxspec.tasks import synthetic
-from test_acceptance_support import random_block, sample_drafts
+from helpers import random_block, sample_drafts
 
 ANSWER = "The answer is"
 

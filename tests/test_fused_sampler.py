@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,23 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from relaxspec import native
 from relaxspec.acceptance import fused
 from relaxspec.acceptance.processing import process_logits_unchecked, sample_with_uniform
+from helpers import NEEDS_KERNELS, kernel_loaded  # noqa: F401  (kernel_loaded: autouse)
 
-pytestmark = [
-    pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("CC"),
-                       reason="no C compiler: the kernels cannot be built"),
-    pytest.mark.skipif(not native.enabled(), reason="RELAXSPEC_NATIVE=0: the kernels are off"),
-]
+pytestmark = NEEDS_KERNELS
+
 
 ROOT = Path(__file__).resolve().parents[1]
 REL = 1e-6  # kernel vs torch, relative
-
-
-@pytest.fixture(autouse=True)
-def _kernel_loaded():
-    assert fused.library() is not None, "the sampler's C kernels did not load"
 
 
 def torch_path(fn, *args):

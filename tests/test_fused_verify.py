@@ -14,35 +14,25 @@ import dataclasses
 import importlib
 import itertools
 import math
-import os
-import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from relaxspec import native
 from relaxspec.acceptance import RULES, fused, process_logits
 from relaxspec.acceptance.processing import one_hot_argmax
 from relaxspec.acceptance.random import CounterDraws, GeneratorDraws, SequenceSeeds
+from helpers import NEEDS_KERNELS, kernel_loaded  # noqa: F401  (kernel_loaded: autouse)
+
+pytestmark = NEEDS_KERNELS
 
 verify_module = importlib.import_module("relaxspec.acceptance.verify")
 
-pytestmark = [
-    pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("CC"),
-                       reason="no C compiler: the kernels cannot be built"),
-    pytest.mark.skipif(not native.enabled(), reason="RELAXSPEC_NATIVE=0: the kernels are off"),
-]
 
 # the result's tensors (inputs_ok: None but for a step that defers its input checks, tested on its own)
 FIELDS = [f.name for f in dataclasses.fields(verify_module.VerifyResult) if f.name not in ("inputs_ok", "state")]
 SAMPLINGS = [dict(temperature=0.7), dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5, top_p=0.95),
              dict(temperature=1.0, top_k=3), dict(temperature=0.0)]  # (greedy: one-hot p and q, strict in closed form)
-
-
-@pytest.fixture(autouse=True)
-def _kernel_loaded():
-    assert fused.library() is not None, "the sampler's C kernels did not load"
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from relaxspec import native
 from relaxspec.models import gguf_block, load_model
 from relaxspec.models.device import resolve_format
 from relaxspec.models.gguf_block import KINDS, BlockCodes
-from test_gguf_quants import logits_of, write_qwen2
-from test_weight_cache import cache, conversions, inside, mapped_ranges, stderr_lines, weights_file  # noqa: F401
+from helpers import ROOT, conversions, inside, logits_of, mapped_ranges, stderr_lines, weights_file, write_qwen2  # noqa: F401
+from helpers import weight_cache_folder as cache  # noqa: F401  (fixtures: conversions, cache)
 
 # Skipped only where the kernel cannot be built here (no compiler, kernels off); where it can, a build that fails
 # fails these tests (kernel() None).
@@ -259,7 +259,7 @@ def test_without_native_kernels_the_file_format_runs_the_same_values_in_float32(
     under the weight cache's own key for that layout."""
     code = ("import sys, torch; sys.path.insert(0, 'tests')\n"
             "from relaxspec.models import load_model\n"
-            "from test_gguf_quants import logits_of\n"
+            "from helpers import logits_of\n"
             f"lm = load_model({str(typed_file)!r}, dtype='file')\n"
             "ref = load_model(" + repr(str(typed_file)) + ", dtype='float32', backend='transformers')\n"
             "a, b = logits_of(lm), logits_of(ref)\n"
@@ -267,7 +267,7 @@ def test_without_native_kernels_the_file_format_runs_the_same_values_in_float32(
     env = {**os.environ, "RELAXSPEC_NATIVE": "0", "RELAXSPEC_WEIGHT_CACHE_DIR": str(tmp_path / "weights"),
            "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["float32", "float32", "True"], out.stdout + out.stderr[-2000:]
     entries = sorted(p.name.split("-", 1)[1] for p in (tmp_path / "weights").iterdir() if len(p.name) > 64)
@@ -277,7 +277,7 @@ def test_without_native_kernels_the_file_format_runs_the_same_values_in_float32(
 @needs_kernel
 def test_the_benchmark_script_runs_on_a_small_file(typed_file):
     """benchmarks/file_format.py (left out of test_benchmarks_run: it needs a qwen2 GGUF file) on the small one."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = ROOT
     done = subprocess.run([sys.executable, "benchmarks/file_format.py", "--models", str(typed_file), "--prompts", "2",
                            "--max-new-tokens", "6", "--threads", "1", "--closeness", "float32",
                            "--repeats", "2"], cwd=root,

@@ -6,35 +6,20 @@ import numpy as np
 import pytest
 import torch
 
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from relaxspec.models import load_model
 from relaxspec.models.gguf_weights import AFFINE, GGUFWeights, affine_dense, architecture, open_reader
 from relaxspec.models.quant import quantize_int4
+from helpers import kquant_blocks, logits_of, qwen2_file, write_qwen2  # noqa: F401  (qwen2_file: a fixture)
 
 RNG = np.random.default_rng(0)
-BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
-
-
-def random_blocks(kind: str, rows: int, cols: int, scale: float = 2e-4, rng=RNG) -> np.ndarray:
-    """Random bytes of a K-quant tensor [rows, cols] with valid, small float16 scales (the python `gguf` package
-    quantizes no K-quant): weights of about the size of a trained model's (|w| ~ 0.05), so that a model made of them
-    keeps its activations small."""
-    size = BLOCK_BYTES[kind]
-    blocks = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
-    d = rng.uniform(0.5, 1.0, (rows, cols // 256)).astype(np.float16) * np.float16(scale)
-    if kind == "Q4_K":  # d, dmin at the start
-        blocks[..., 0:2] = d.view(np.uint8).reshape(rows, -1, 2)
-        blocks[..., 2:4] = (d * np.float16(4)).view(np.uint8).reshape(rows, -1, 2)
-    else:  # Q6_K: d at the end
-        blocks[..., 208:210] = d.view(np.uint8).reshape(rows, -1, 2)
-    return blocks.reshape(rows, -1)
 
 
 def four_bit(kind: str, rows: int, cols: int) -> np.ndarray:
     if kind == "Q4_K":
-        return random_blocks(kind, rows, cols)
+        return kquant_blocks(kind, rows, cols, RNG)
     return quantize(RNG.standard_normal((rows, cols)).astype(np.float32) * 0.05, GGMLQuantizationType[kind])
 
 
@@ -45,92 +30,6 @@ def test_four_bit_types_map_exactly_onto_the_int4_form(kind):
     codes, scale, zero = AFFINE[kind](data)
     assert codes.min() >= 0 and codes.max() <= 15 and codes.shape == reference.shape
     assert np.array_equal(affine_dense(codes, scale, zero), reference)  # the file's own values, exactly
-
-
-def add_byte_tokenizer(w: GGUFWriter, pre: str, reserved: int = 0) -> int:
-    """A byte-level BPE tokenizer (one merge) written into `w`'s fields, with `reserved` control tokens after its
-    own (a vocabulary of any size, read in a moment where a real model's 49k tokens and merges take seconds); its
-    vocabulary size."""
-    from tokenizers import pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokens = ["<|endoftext|>", "<|im_end|>", *alphabet, "ab", *(f"<|reserved_{i}|>" for i in range(reserved))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3] + [1] * (len(tokens) - 2 - reserved) + [3] * reserved)
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
-    w.add_pad_token_id(0)
-    return len(tokens)
-
-
-def write_qwen2(path, kinds: dict, layers: int = 2, hidden: int = 256, ffn: int = 512, heads: int = 4,
-                kv_heads: int = 2, seed: int = 0, chat_template: str | None = None):
-    """A small Qwen2 GGUF file (random weights in the given quant types, a byte-level tokenizer, optionally a chat
-    template) at `path`; the same file for the same arguments, whichever tests ran before."""
-    rng = np.random.default_rng(seed)
-    w = GGUFWriter(str(path), "qwen2")
-    w.add_context_length(512)
-    w.add_embedding_length(hidden)
-    w.add_block_count(layers)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(1e6)
-    w.add_layer_norm_rms_eps(1e-6)
-    vocab = add_byte_tokenizer(w, "qwen2")
-    if chat_template is not None:
-        w.add_chat_template(chat_template)
-
-    def matrix(name, rows, cols, kind):
-        if kind in BLOCK_BYTES:
-            w.add_tensor(name, random_blocks(kind, rows, cols, rng=rng), raw_dtype=GGMLQuantizationType[kind])
-        elif kind == "F32":
-            w.add_tensor(name, rng.standard_normal((rows, cols)).astype(np.float32) * 0.05)
-        else:
-            w.add_tensor(name, quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.05,
-                                        GGMLQuantizationType[kind]), raw_dtype=GGMLQuantizationType[kind])
-
-    def vector(name, n, value=None):
-        w.add_tensor(name, (np.full(n, value, np.float32) if value is not None
-                            else rng.standard_normal(n).astype(np.float32) * 0.3))
-
-    d, kv = hidden // heads, kv_heads * hidden // heads
-    matrix("token_embd.weight", vocab, hidden, kinds.get("embed", "Q4_K"))
-    for i in range(layers):
-        vector(f"blk.{i}.attn_norm.weight", hidden, 1.0)
-        matrix(f"blk.{i}.attn_q.weight", heads * d, hidden, kinds.get("q", "Q4_K"))
-        vector(f"blk.{i}.attn_q.bias", heads * d)
-        matrix(f"blk.{i}.attn_k.weight", kv, hidden, kinds.get("k", "Q4_K"))
-        vector(f"blk.{i}.attn_k.bias", kv)
-        matrix(f"blk.{i}.attn_v.weight", kv, hidden, kinds.get("v", "Q8_0"))
-        vector(f"blk.{i}.attn_v.bias", kv)
-        matrix(f"blk.{i}.attn_output.weight", hidden, heads * d, kinds.get("o", "Q4_0"))
-        vector(f"blk.{i}.ffn_norm.weight", hidden, 1.0)
-        matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden, kinds.get("gate", "Q4_K"))
-        matrix(f"blk.{i}.ffn_up.weight", ffn, hidden, kinds.get("up", "Q4_1"))
-        matrix(f"blk.{i}.ffn_down.weight", hidden, ffn, kinds.get("down", "Q5_0"))
-    vector("output_norm.weight", hidden, 1.0)
-    if kinds.get("head", "Q6_K") is not None:
-        matrix("output.weight", vocab, hidden, kinds.get("head", "Q6_K"))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-@pytest.fixture(scope="module")
-def qwen2_file(tmp_path_factory):
-    return write_qwen2(tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf", {})
-
-
-def logits_of(lm, text="def ab(x): return x"):
-    ids = torch.tensor([lm.tokenizer(text)["input_ids"]])
-    out, _ = lm.forward(ids, lm.new_cache(), None, torch.arange(ids.shape[1])[None])
-    return out
 
 
 def test_native_float32_load_matches_transformers_gguf_loader(qwen2_file):

@@ -204,7 +204,7 @@ def test_the_block_kernel_runs_a_model_and_a_verify_block_gets_the_logits_of_sin
     so a verify block gives each position the logits of single steps up to attention's own rounding."""
     from relaxspec.models.fast_llama import FastLlama
     from relaxspec.models.hf import CausalLM
-    from test_formats import tiny_llama
+    from helpers import tiny_llama
 
     monkeypatch.setenv("RELAXSPEC_INT4_KERNEL", "block")
     model = tiny_llama(seed=6)

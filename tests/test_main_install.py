@@ -14,8 +14,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from test_fetch import cache, chunk_entry  # noqa: F401  (an empty cache, pip pointed at local wheels)
-from test_gguf_quants import write_qwen2
+from helpers import chunk_entry, write_qwen2
+from helpers import models_cache as cache  # noqa: F401  (an empty cache, pip pointed at local wheels)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """

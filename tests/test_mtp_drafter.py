@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_leaves
 
 from relaxspec.drafters import load_drafter
 from relaxspec.drafters.mtp import head_rows, verifier_weights
-from test_drafters import _prompts, _verifier_prefix_hidden
+from helpers import task_prompts, verifier_prefix_hidden
 
 # Logits of the lean path against the head's forward from scratch: both float32, different kernels and orders of
 # summation; |logits| <= ~25 (about 2e-6 per float32 ulp). Measured: <= 2e-5. A wrong position, a missing or extra
@@ -47,9 +47,9 @@ def test_rounds_on_a_ragged_batch_equal_the_heads_forward_row_by_row(builtin_pai
     drafter = load_drafter("drafter-mtp", verifier)
     if not native:
         drafter.fast._native = None
-    rows = [verifier.tokenizer(p)["input_ids"] for p in _prompts(2) + _prompts(1, "sorting")]
+    rows = [verifier.tokenizer(p)["input_ids"] for p in task_prompts(2) + task_prompts(1, "sorting")]
     rows[1] = rows[1][:9]  # a short one: more padding
-    ids, mask, hidden = _verifier_prefix_hidden(verifier, [r[:-1] for r in rows])
+    ids, mask, hidden = verifier_prefix_hidden(verifier, [r[:-1] for r in rows])
     drafter.prefill(ids, mask, hidden)
     if slack is not None:
         drafter.stream.slack = slack
@@ -94,12 +94,12 @@ def test_a_batch_proposes_what_each_row_proposes_alone(builtin_pair):
     """Ragged prompts and acceptance, through the engine's calls (longest from the host): the batch's drafts and
     logits equal each row's run alone (a batch of one: no mask, the one-row rollback)."""
     verifier, _ = builtin_pair
-    rows = [verifier.tokenizer(p)["input_ids"] for p in _prompts(2) + _prompts(2, "sorting")]
+    rows = [verifier.tokenizer(p)["input_ids"] for p in task_prompts(2) + task_prompts(2, "sorting")]
     accepted = [[0, 3, 1, 3], [2, 0, 3, 1], [3, 3, 0, 2]]
 
     def run(batch):
         drafter = load_drafter("drafter-mtp", verifier)
-        ids, mask, hidden = _verifier_prefix_hidden(verifier, [rows[b][:-1] for b in batch])
+        ids, mask, hidden = verifier_prefix_hidden(verifier, [rows[b][:-1] for b in batch])
         drafter.prefill(ids, mask, hidden)
         last = torch.tensor([rows[b][-1] for b in batch])
         gen = torch.Generator().manual_seed(1)

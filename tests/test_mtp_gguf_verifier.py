@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_gguf_quants import write_qwen2
+from helpers import write_qwen2
 
 from relaxspec.cli import main
 from relaxspec.drafters.mtp import HeadConfig, MTPHead, head_rows, load_mtp_drafter, read_head, verifier_weights

@@ -11,13 +11,9 @@ from relaxspec.pivot import builtin_classifier_path, label_pivots, load_classifi
 from relaxspec.pivot.label import model_fingerprint
 from relaxspec.tasks.base import Example, Task
 from relaxspec.tasks.synthetic import examples
+from helpers import pair  # noqa: F401  (a fixture)
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return load_model("verifier"), load_model("drafter-weak")
 
 
 def _first_number_task(n):

@@ -7,8 +7,7 @@ import shutil
 
 import pytest
 import torch
-from test_cli_errors import assert_one_line_error, run_cli  # noqa: F401
-from test_gguf_quants import write_qwen2
+from helpers import one_line_error, run_cli, write_qwen2  # noqa: F401
 
 import relaxspec.pivot as pivot
 from relaxspec.cli import main
@@ -118,6 +117,6 @@ def test_bad_build_arguments_are_one_line(files, tmp_path, capsys):
     base = ("pivot", "build", "--verifier", v, "--drafter", d, "--prompts", "1")
     afile = tmp_path / "a-file"
     afile.write_text("x")
-    assert_one_line_error(capsys, *base, "--out", str(afile), says="is a file; give a directory")
-    assert_one_line_error(capsys, *base, "--out", str(tmp_path / "no" / "such"), says="does not exist")
-    assert_one_line_error(capsys, *base, "--out", str(tmp_path / "o"), "--k", "0", says="--k")
+    one_line_error(capsys, *base, "--out", str(afile), says="is a file; give a directory")
+    one_line_error(capsys, *base, "--out", str(tmp_path / "no" / "such"), says="does not exist")
+    one_line_error(capsys, *base, "--out", str(tmp_path / "o"), "--k", "0", says="--k")

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from relaxspec.engine import generate
-from relaxspec.models import load_model
 from relaxspec.pivot import PivotClassifier, builtin_classifier_path, candidate_features, load_classifier
 from relaxspec.tasks.synthetic import examples
+from helpers import pair  # noqa: F401  (a fixture)
 
 torch.set_num_threads(1)
 
@@ -50,11 +50,6 @@ def test_feature_shape_errors_stay_one_line():
         candidate_features(h, lg, torch.zeros(2, 3, 21), tok)
     with pytest.raises(ValueError, match="leading shapes differ"):
         candidate_features(h, lg, lg, tok[:, :2])
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return load_model("verifier"), load_model("drafter-weak")
 
 
 def _recorded_inputs(pair, clf, temperature):

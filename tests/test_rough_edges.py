@@ -13,6 +13,7 @@ import torch
 
 import relaxspec
 from relaxspec.cli import main
+from helpers import one_line_error, usage_error
 
 RELAXSPEC = str(Path(sys.executable).with_name("relaxspec"))
 TINY = ["--limit", "2", "--max-new-tokens", "4", "--speed-prompts", "0", "--workers", "1", "--looks", "1",
@@ -25,20 +26,6 @@ def cli(*args, env=None, timeout=120):
     done = subprocess.run([RELAXSPEC, *map(str, args)], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
     return done.returncode, done.stdout, done.stderr
-
-
-def one_line_error(capsys, *args, says):
-    """In-process main(): exit 2 and one 'relaxspec: error:' line containing every text of `says`."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:  # argparse's own errors (usage line + error line)
-        code = e.code
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert "Traceback" not in err and "error: " in err.splitlines()[-1], err
-    for text in [says] if isinstance(says, str) else says:
-        assert text in err.splitlines()[-1], err
-    return err
 
 
 # ------------------------------------------------------------------ repeated grid values
@@ -73,7 +60,7 @@ def test_threads_and_counts_are_checked(capsys, tmp_path):
     one_line_error(capsys, "tune", "--threads", "0", "--out", tmp_path / "t", says="--threads must be a positive")
     one_line_error(capsys, "models", "list", "--n", "0", says="--n must be > 0")
     for value in ("inf", "0", "nan"):
-        one_line_error(capsys, "tune", "--c-block", value, says="expected a finite number > 0 or 'measured'")
+        usage_error(capsys, "tune", "--c-block", value, says="expected a finite number > 0 or 'measured'")
 
 
 @pytest.mark.parametrize("settings, says", [

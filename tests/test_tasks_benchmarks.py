@@ -10,12 +10,11 @@ import pytest
 from relaxspec.tasks import get_task
 from relaxspec.tasks.benchmarks import BENCHMARKS, REASON_BOXED, gpqa_choices
 from relaxspec.tasks.humaneval import problems
+from helpers import write_jsonl
 
 
-def jsonl(tmp_path, rows, name="data.jsonl"):
-    path = tmp_path / name
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
+def jsonl(tmp_path, rows, name="data.jsonl"):  # (parquet's signature)
+    return write_jsonl(tmp_path / name, rows)
 
 
 def parquet(tmp_path, rows, name="data.parquet"):
@@ -45,7 +44,7 @@ def test_gsm8k_from_jsonl_and_parquet(tmp_path, write):
 @pytest.mark.parametrize("answer, message", [("no final answer", "no '#### <number>'"),
                                              ("#### five", "not a number")])
 def test_gsm8k_malformed_rows(tmp_path, answer, message):
-    path = jsonl(tmp_path, [GSM8K[0], {"question": "q", "answer": answer}])
+    path = write_jsonl(tmp_path / "data.jsonl", [GSM8K[0], {"question": "q", "answer": answer}])
     with pytest.raises(ValueError, match=f"data.jsonl:2: .*{message}"):
         get_task(f"gsm8k:{path}")
 
@@ -53,7 +52,7 @@ def test_gsm8k_malformed_rows(tmp_path, answer, message):
 def test_math500_and_aime24_schemas(tmp_path):
     math = [{"problem": "What is $1/2 + 1/4$?", "solution": "...", "answer": r"\frac{3}{4}", "subject": "Algebra",
              "level": 1, "unique_id": "test/algebra/1.json"}]
-    task = get_task(f"math500:{jsonl(tmp_path, math)}")
+    task = get_task(f"math500:{write_jsonl(tmp_path / 'data.jsonl', math)}")
     assert task.references == [r"\frac{3}{4}"] and task.examples[0].response == "..."
     assert task.score(r"$\boxed{\dfrac34}$", task.references[0]) == 1.0
     assert task.score(r"\boxed{0.75}", task.references[0]) == 1.0
@@ -63,7 +62,7 @@ def test_math500_and_aime24_schemas(tmp_path):
     h4 = [{"id": 60, "problem": "Find N.", "solution": "s", "answer": "204", "url": "u", "year": "2024"}]
     caps = [{"ID": "2024-I-1", "Problem": "Find N.", "Solution": "s", "Answer": 204}]
     for rows in (h4, caps):
-        task = get_task(f"aime24:{jsonl(tmp_path, rows)}")
+        task = get_task(f"aime24:{write_jsonl(tmp_path / 'data.jsonl', rows)}")
         assert task.references == ["204"] and task.score(r"\boxed{204}", "204") == 1.0
         assert task.score(r"\boxed{24}", "204") == 0.0
 
@@ -75,8 +74,8 @@ def gpqa_row(i):
 
 def test_gpqa_choices_shuffled_per_question_with_a_fixed_seed(tmp_path):
     rows = [gpqa_row(i) for i in range(40)]
-    task = get_task(f"gpqa:{jsonl(tmp_path, rows)}")
-    again = get_task(f"gpqa:{jsonl(tmp_path, rows[::-1], 'reversed.jsonl')}")
+    task = get_task(f"gpqa:{write_jsonl(tmp_path / 'data.jsonl', rows)}")
+    again = get_task(f"gpqa:{write_jsonl(tmp_path / 'reversed.jsonl', rows[::-1])}")
     assert task.prompts == again.prompts[::-1]  # fixed by the question, not by the position
     for ex, row in zip(task.examples, rows):
         lines = ex.prompt.splitlines()
@@ -110,7 +109,7 @@ def test_mbpp_full_and_sanitized_schemas(tmp_path, write):
     assert task.score("```python\ndef add_nums(a, b):\n    return a - b\n```", ref) == 0.0
     assert task.score("```python\nimport sys\nsys.exit(0)\n```", ref) == 0.0
     assert task.score("no code at all", ref) == 0.0
-    sanitized = get_task(f"mbpp:{jsonl(tmp_path, [MBPP_SANITIZED], 's.jsonl')}")
+    sanitized = get_task(f"mbpp:{write_jsonl(tmp_path / 's.jsonl', [MBPP_SANITIZED])}")
     assert sanitized.score("```python\ndef list_max(xs):\n    return sorted(xs)[-1]\n```", "12") == 1.0
     assert sanitized.score("```python\ndef list_max(xs):\n    return xs[0]\n```", "12") == 0.0
     with pytest.raises(ValueError, match="unknown problem id"):
@@ -119,7 +118,7 @@ def test_mbpp_full_and_sanitized_schemas(tmp_path, write):
 
 def test_humaneval_from_a_file_in_the_hub_schema(tmp_path):
     p = problems()["HumanEval/2"]
-    path = jsonl(tmp_path, [{k: p[k] for k in ("task_id", "prompt", "canonical_solution", "test", "entry_point")}])
+    path = write_jsonl(tmp_path / "data.jsonl", [{k: p[k] for k in ("task_id", "prompt", "canonical_solution", "test", "entry_point")}])
     task = get_task(f"humaneval:{path}")
     assert task.prompts == [p["prompt"]] and task.references == ["HumanEval/2"]
     assert task.score(p["canonical_solution"], "HumanEval/2") == 1.0
@@ -146,7 +145,7 @@ def test_livecodebench_public_and_private_tests(tmp_path):
     rows = [lcb_row("abc1_a", [("1 2\n", "3\n")], [("10 20\n", "30\n"), ("-5 5\n", "0\n")]),
             lcb_row("lc_1", [("[1]", "1")], [], testtype="functional"),
             lcb_row("abc1_b", [("2 2\n", "4\n")], [("1 1\n", "2\n")], compressed=False)]
-    task = get_task(f"livecodebench:{jsonl(tmp_path, rows)}")
+    task = get_task(f"livecodebench:{write_jsonl(tmp_path / 'data.jsonl', rows)}")
     assert task.references == ["abc1_a", "abc1_b"] and task.meta["n_rows"] == 3  # functional problem left out
     assert "Read two integers" in task.prompts[0]
     right = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -163,14 +162,14 @@ def test_livecodebench_refuses_code_in_a_pickled_field(tmp_path):
     row = lcb_row("abc1_a", [("1 2\n", "3\n")], [])
     row["private_test_cases"] = base64.b64encode(zlib.compress(pickle.dumps(Evil()))).decode()
     with pytest.raises(ValueError, match="refusing to load "):
-        get_task(f"livecodebench:{jsonl(tmp_path, [row])}")
+        get_task(f"livecodebench:{write_jsonl(tmp_path / 'data.jsonl', [row])}")
     row["private_test_cases"] = "not json, not base64 !"
     with pytest.raises(ValueError, match="neither JSON nor"):
-        get_task(f"livecodebench:{jsonl(tmp_path, [row])}")
+        get_task(f"livecodebench:{write_jsonl(tmp_path / 'data.jsonl', [row])}")
 
 
 def test_prompt_template_override(tmp_path):
-    path = jsonl(tmp_path, GSM8K)
+    path = write_jsonl(tmp_path / "data.jsonl", GSM8K)
     task = get_task(f"gsm8k:{path}", prompt_template="Q: {question}\nA:")
     assert task.prompts[0] == f"Q: {GSM8K[0]['question']}\nA:"
     template_file = tmp_path / "t.txt"
@@ -184,9 +183,9 @@ def test_prompt_template_override(tmp_path):
 
 def test_file_errors(tmp_path):
     with pytest.raises(ValueError, match="missing field 'answer'"):
-        get_task(f"gsm8k:{jsonl(tmp_path, [{'question': 'q'}])}")
+        get_task(f"gsm8k:{write_jsonl(tmp_path / 'data.jsonl', [{'question': 'q'}])}")
     with pytest.raises(ValueError, match=r"data.jsonl:1: missing field 'correct answer'"):
-        get_task(f"gpqa:{jsonl(tmp_path, [{'Question': 'q'}])}")
+        get_task(f"gpqa:{write_jsonl(tmp_path / 'data.jsonl', [{'Question': 'q'}])}")
     with pytest.raises(ValueError, match="does not exist"):
         get_task(f"math500:{tmp_path / 'none.jsonl'}")
     bad = tmp_path / "data.csv"

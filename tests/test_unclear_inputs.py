@@ -19,23 +19,9 @@ from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.models.prompts import check_context
 from relaxspec.tune.run import TuneConfig
+from helpers import one_line_error, write_jsonl
 
 PROMPT = "Question: 12 + 7\nAnswer:"
-
-
-def one_line_error(capsys, *args, says):
-    code = main([str(a) for a in args])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.startswith("relaxspec: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for text in [says] if isinstance(says, str) else says:
-        assert text in err, err
-    return err
-
-
-def jsonl(path: Path, *records) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 def test_tune_caps_follow_rungs():
@@ -87,7 +73,7 @@ def test_seeds_beyond_64_bits_are_refused(capsys, tmp_path):
 
 
 def test_unknown_jsonl_metric_is_named(capsys, tmp_path):
-    data = jsonl(tmp_path / "my.jsonl", {"prompt": "a", "reference": "b"})
+    data = write_jsonl(tmp_path / "my.jsonl", [{"prompt": "a", "reference": "b"}])
     one_line_error(capsys, "tasks", "show", f"jsonl:{data}:fuzzy",
                    says=["unknown metric 'fuzzy'", "exact, numeric, contains"])
 
@@ -182,7 +168,7 @@ def test_accurate_wording(capsys, tmp_path):
     (tmp_path / "bad.toml").write_text("verifier = \n")
     one_line_error(capsys, "generate", "--config", tmp_path / "bad.toml", "--prompt", PROMPT,
                    says="generate config")
-    prompts = jsonl(tmp_path / "p.jsonl", {"prompt": "fine"}, {"prompt": "  "})
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "fine"}, {"prompt": "  "}])
     one_line_error(capsys, "generate", "--prompts", prompts, says=f"{prompts}:2: the prompt is empty")
 
 

@@ -20,22 +20,10 @@ import torch
 
 from relaxspec.models import gguf_weights, load_model, weight_cache
 from relaxspec.models.prompts import vocab_key as _vocab_key
-from test_gguf_quants import logits_of, write_qwen2
+from helpers import conversions, entries, inside, logits_of, mapped_ranges, qwen2_file, stderr_lines, weights_file, write_qwen2  # noqa: F401
+from helpers import weight_cache_folder as cache  # noqa: F401  (fixtures: conversions, qwen2_file, cache)
 
 FORMATS = ["int4", "auto"]
-
-
-@pytest.fixture(scope="module")
-def qwen2_file(tmp_path_factory):
-    return write_qwen2(tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf", {})
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    folder = tmp_path / "weights"
-    monkeypatch.setenv("RELAXSPEC_WEIGHT_CACHE_DIR", str(folder))
-    monkeypatch.delenv("RELAXSPEC_WEIGHT_CACHE", raising=False)
-    return folder
 
 
 @pytest.fixture
@@ -52,51 +40,8 @@ def tokenizer_builds(monkeypatch):
     return count
 
 
-@pytest.fixture
-def conversions(monkeypatch):
-    """How many tensors were read from a GGUF file (by the real GGUFWeights.__call__) since the test began."""
-    count = {"n": 0}
-    real = gguf_weights.GGUFWeights.__call__
-
-    def counted(self, hf_name):
-        count["n"] += 1
-        return real(self, hf_name)
-
-    monkeypatch.setattr(gguf_weights.GGUFWeights, "__call__", counted)
-    return count
-
-
-def entries(folder: Path) -> list[Path]:
-    """The weights' entries."""
-    return sorted(p for p in folder.iterdir() if p.is_dir() and len(p.name) > 64 and not p.name.endswith(
-        "-tokenizer")) if folder.exists() else []
-
-
 def tokenizer_entries(folder: Path) -> list[Path]:
     return sorted(folder.glob("*-tokenizer")) if folder.exists() else []
-
-
-def weights_file(folder: Path, fmt: str) -> Path:
-    (entry,) = [p for p in entries(folder) if p.name.split("-")[1] == fmt]
-    return entry / weight_cache.WEIGHTS
-
-
-def mapped_ranges(path: Path) -> list[tuple[int, int]]:
-    ranges = []
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5] == str(path):
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            ranges.append((start, end))
-    return ranges
-
-
-def inside(tensor: torch.Tensor, ranges) -> bool:
-    return any(start <= tensor.data_ptr() < end for start, end in ranges)
-
-
-def stderr_lines(capsys) -> list[str]:
-    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("relaxspec:")]
 
 
 def convert_reference(path, fmt):
@@ -301,7 +246,7 @@ LOAD_SCRIPT = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 from relaxspec.models import load_model
-from test_gguf_quants import logits_of
+from helpers import logits_of
 for fmt in ("int4", "auto"):
     torch.save(logits_of(load_model({gguf!r}, dtype=fmt)), {out!r} + "/" + fmt + ".pt")
 """

@@ -6,7 +6,7 @@ contamination check of Brown et al. 2020)."""
 import re
 
 import pytest
-from test_tasks_fetch import GSM8K_ROWS, MBPP_ROWS
+from helpers import GSM8K_ROWS, MBPP_ROWS
 
 from relaxspec.tasks import fetched
 from relaxspec.tasks.answers import gsm8k_utility
