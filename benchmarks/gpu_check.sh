@@ -11,11 +11,11 @@
 #   some steps only: STEPS="tests correctness table table-big pair" (default: all but pair, which is a call of its own)
 #
 # Steps, each under its own time limit (100 + 100 + 160 + 100 s; the whole script stops by 470 s):
-# 1. CUDA-only tests (tests/test_cuda.py: bf16 defaults, strict greedy == AR greedy in float32, CPU/CUDA
+# 1. CUDA-only tests (tests/project/test_cuda.py: bf16 defaults, strict greedy == AR greedy in float32, CPU/CUDA
 #    agreement, every rule sampling in bf16, PAD, SmolLM2 in bf16);
 # 2. correctness on the device in float32: strict greedy == AR greedy and a Monte Carlo test of strict
-#    sampling (tests/test_engine.py), compiled == eager token for token, no recompile after warm-up, compiled
-#    strict lossless by Monte Carlo (tests/test_compiled.py: CUDA graphs);
+#    sampling (tests/engine/test_engine.py), compiled == eager token for token, no recompile after warm-up, compiled
+#    strict lossless by Monte Carlo (tests/models/test_compiled.py: CUDA graphs);
 # 3. the speed table in bfloat16 at T=0.7, top-p 0.95 (benchmarks/compile_speed.py): AR, strict, typical and mentored with
 #    smollm2-drafter and ngram on SmolLM2, batch 1 and 32, eager vs --compile: tau, c_rel, c_block, modelled
 #    (block-aware) vs measured speed-up, compile (warm-up) times and step latencies.
@@ -70,14 +70,14 @@ fi
 
 if ! wants tests; then :
 elif [ "$DEV" = cuda ]; then
-    step 100 "CUDA-only tests (bf16 and float32)" "$PY" -m pytest -q -p no:cacheprovider -x tests/test_cuda.py
+    step 100 "CUDA-only tests (bf16 and float32)" "$PY" -m pytest -q -p no:cacheprovider -x tests/project/test_cuda.py
 else
-    step 60 "CUDA-only tests (all skip without CUDA: collection only)" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
+    step 60 "CUDA-only tests (all skip without CUDA: collection only)" "$PY" -m pytest -q -p no:cacheprovider tests/project/test_cuda.py
 fi
 wants correctness && step 100 "correctness on $DEV in float32: strict greedy == AR greedy, Monte Carlo strict; compiled == eager" \
     env RELAXSPEC_DEVICE="$DEV" RELAXSPEC_DTYPE=float32 "$PY" -m pytest -q -p no:cacheprovider \
-    tests/test_compiled.py "tests/test_engine.py::test_greedy_strict_equals_ar_batch_one_and_ragged" \
-    "tests/test_engine.py::test_sampled_strict_matches_ar_sampling"
+    tests/models/test_compiled.py "tests/engine/test_engine.py::test_greedy_strict_equals_ar_batch_one_and_ragged" \
+    "tests/engine/test_engine.py::test_sampled_strict_matches_ar_sampling"
 # T=0.7, top-p 0.95 (the bench's sampling): at T=0 typical and mentored are strict. Batch 1 and batch $BIG in two
 # steps, so that a time-out in the second keeps the first's table.
 TABLE=("$PY" benchmarks/compile_speed.py --device "$DEV" --dtype "$DTYPE" --verifier "$VERIFIER" --drafters "$DRAFTERS"

@@ -5,7 +5,7 @@ difficulty, several samples (repeats) per prompt, paired differences mostly exac
 
 prints, per setting (scenario, prompts G, repeats m), the share of simulated runs whose interval covers the
 truth: the clustered intervals the bench uses ("clustered") and the same intervals treating every sample as
-independent (what the report used before, "independent"). tests/test_bench_stats.py asserts the clustered
+independent (what the report used before, "independent"). tests/bench/test_bench_stats.py asserts the clustered
 column >= 0.93 in every setting.
 
 Scenarios (prompt g, repeat r):

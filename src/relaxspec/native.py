@@ -20,7 +20,7 @@ last rename wins, both are equal).
 Callers pass tensors' data pointers (`tensor.data_ptr()`): CPU, contiguous, of the dtype the C function expects;
 the callers check that and keep a torch path for everything else (another device or dtype). `load` returns None,
 with one warning line per kernel, where no compiler is found or the build fails, and always when
-`RELAXSPEC_NATIVE=0` (the torch path then serves: tests compare the two; tests/test_native_build.py builds every
+`RELAXSPEC_NATIVE=0` (the torch path then serves: tests compare the two; tests/project/test_native_build.py builds every
 kernel with warnings as errors and fails where one does not build).
 """
 
@@ -42,7 +42,7 @@ from pathlib import Path
 
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
 CSRC = Path(__file__).resolve().parent / "csrc"  # C shared by the kernels (exp_nonpositive.h), on every include path
-WARNINGS = ("-Wall", "-Wextra", "-Werror")  # the build test's flags (tests/test_native_build.py)
+WARNINGS = ("-Wall", "-Wextra", "-Werror")  # the build test's flags (tests/project/test_native_build.py)
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ class Struct(ctypes.Structure):
     """A struct of a kernel's header as ctypes reads it (`structs`), filled by name: Struct(field=value, ...), a
     pointer field taking a data pointer or None. No instance attributes: a name that is not a field is an
     AttributeError. A field not given is 0, as ctypes leaves it: ctypes' own constructor, with no check of its own,
-    costs less than the positional arguments it replaces (tests/test_native.py checks that each of the package's
+    costs less than the positional arguments it replaces (tests/project/test_native.py checks that each of the package's
     calls names every field)."""
 
     __slots__ = ()

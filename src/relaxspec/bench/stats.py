@@ -26,7 +26,7 @@ The interval is the same score interval at n / deff samples (b / deff, c / deff;
 nothing varies (every difference zero, every utility equal) deff = m_max: an effect concentrated in prompts
 never drawn is possible, and G prompts are all the evidence. With one sample per prompt deff = 1: the
 independent-samples intervals, unchanged. Coverage on clustered data with most differences exactly zero
-is measured by tests/test_bench_stats.py (benchmarks/interval_coverage.py prints the table).
+is measured by tests/bench/test_bench_stats.py (benchmarks/interval_coverage.py prints the table).
 
 * a ratio of means of paired positive samples (speed-ups): Fieller's interval with a cluster-robust variance
   and a t quantile on clusters - 1 degrees of freedom (ratio_interval).

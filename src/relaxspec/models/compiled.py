@@ -21,7 +21,7 @@ changes per round inside the graph:
 The prefill (a cache's first feed, any length) runs the same step function eagerly. The math is FastLlama's
 (same weights, same layout; RoPE in real arithmetic instead of one complex multiply), in float32 on a CPU.
 Compiled and eager steps agree to float rounding (inductor fuses differently): token for token at T=0 on
-the built-in pair and tiny Llamas (tests/test_compiled.py), and strict stays lossless.
+the built-in pair and tiny Llamas (tests/models/test_compiled.py), and strict stays lossless.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ never saw (`HELDOUT`).
 
 Training prompts are made from instruction templates and subjects: one subject (`_TEMPLATES`), one subject
 for an audience (`_AUDIENCE_TEMPLATES` x `_AUDIENCES`) and two subjects (`_PAIR_TEMPLATES`, a fixed sample of the
-pairs). No held-out prompt is among them (tests/test_tasks_chat.py checks it), no held-out subject is a training
+pairs). No held-out prompt is among them (tests/tasks/test_tasks_chat.py checks it), no held-out subject is a training
 subject, and subjects that sit near a held-out prompt's topic (`NEAR_HELDOUT`: bees, storms, the sky's light, ...)
 are left out. The shipped smollm2-drafter was distilled on the first pool (32 templates x 279 subjects, 8928
 prompts; git history before this pool); this one has 10x as many, for its retraining.

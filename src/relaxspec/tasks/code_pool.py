@@ -8,13 +8,13 @@ write a function, method or class from its signature and its docstring's first p
 function's source; find the bug in a copy with one operator changed (`_mutate`); show how to use the API. Nothing is
 stored: the pool is the same on every machine with the same Python version (the stdlib's sources and docstrings
 change between releases, patch releases included; `STDLIB` records the version the recorded size and digest in
-tests/test_tasks_code_pool.py belong to).
+tests/tasks/test_tasks_code_pool.py belong to).
 
 Disjoint from the evaluation sets by construction: no object named as a HumanEval or MBPP entry point
 (`EVAL_ENTRY_POINTS`), and no prompt sharing an 8-gram of normalized words (`words`) with a HumanEval prompt, a held-out
 chat prompt (`tasks.chat.HELDOUT`), or a known MBPP / GSM8K / MATH-500 problem (`EXCLUDED`: the objects whose prompts
-did, found once against the fetched sets; tests/test_tasks_code_pool.py checks every set, the fetched ones under the
-`task_data` marker).
+did, found once against the fetched sets; tests/tasks/test_tasks_code_pool.py checks every set, the fetched ones under
+the `task_data` marker).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ USE_TEMPLATE = "Show a short example of how to use `{module}.{qualname}` in Pyth
 FIX_TEMPLATE = "This Python function has a bug. Find it, explain it and give the corrected code.\n\n```python\n{src}```"
 
 # Objects never used: their name is a HumanEval entry point or a function MBPP's test split defines (those the modules'
-# public names meet in 3.11.7; tests/test_tasks_code_pool.py checks against the full sets), so that no answer is a
+# public names meet in 3.11.7; tests/tasks/test_tasks_code_pool.py checks against the full sets), so that no answer is a
 # worked solution of an evaluation problem (heapq.merge's docstring is MBPP 108's text, statistics.median HumanEval's).
 EVAL_ENTRY_POINTS = frozenset({
     "add", "compare", "encode", "median", "search", "unique",  # HumanEval

@@ -6,7 +6,7 @@ answer is a whole number. Asked as the gsm8k benchmark asks (its prompt template
 reason step by step, answer in \\boxed{}) and scored by its utility (`answers.gsm8k_utility`), so a verifier is
 labelled on the format it is evaluated on; each example also carries a worked solution ending `#### N` (GSM8K's own
 format). Splits by a hash of the prompt, as the synthetic tasks (`base.split_of`); none of these texts is a GSM8K,
-MBPP, HumanEval or MATH-500 problem (tests/test_word_problems.py checks the fetched sets where present).
+MBPP, HumanEval or MATH-500 problem (tests/tasks/test_word_problems.py checks the fetched sets where present).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ as far as the intervals hold their level; a drop of kind 2 also needs the best's
 one of the same tests). The intervals are the arms': clustered by prompt and valid at the first rung's size
 (tune's arms: bench.stats' score intervals, Fieller's interval for the speed ratio with a t quantile; at
 least 2 prompts). Halving is the budget heuristic, whose loss is measured by the synthetic tests
-(tests/test_tune_racing.py: nested samples, estimated variances, lossy configurations just beyond the budget),
+(tests/tune/test_tune_racing.py: nested samples, estimated variances, lossy configurations just beyond the budget),
 not bounded.
 Choice: among the configurations of the last rung reached, those whose 95% difference interval lies within
 the budget (upper 95% bound of the drop <= max_drop; strict always), the highest speed point estimate.

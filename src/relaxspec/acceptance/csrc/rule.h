@@ -1,7 +1,7 @@
 /* A rule's math in C (Rule.native_test: one file per rule in rules/, acceptance/base.py says what each computes):
    the functions its file defines, declared here so that the compiler checks them. The rule's library defines
    RULE_RESIDUAL where Rule.native_residual is set, RULE_BONUS where Rule.native_bonus is (a function defined
-   without its macro is unused: an error in tests/test_native_build.py's build). The helpers they may call
+   without its macro is unused: an error in tests/project/test_native_build.py's build). The helpers they may call
    (capped, sum, max, exp_nonpositive, neg_entropy, jsd, total_variation, accept_or_strict, top_candidate_test)
    are sampler_core.c's. */
 #ifndef RELAXSPEC_RULE_H
