@@ -170,3 +170,22 @@ def test_training_continues_from_a_saved_head_and_refuses_one_of_other_settings(
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.endswith("that head has other settings: ffn 64 (asked 128)"), err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_head_drafts_for_a_mapped_verifier_without_building_its_transformers_model(gguf, verifier, tmp_path):
+    """A second load maps the converted weights and builds no transformers model; a head loaded for it reads the
+    embedding, the LM head and the model class's name from FastLlama alone (nothing builds the model), and they are
+    the ones the built model gives: the same fingerprint and weights before and after it is built."""
+    from relaxspec.drafters.mtp import save_head, verifier_fingerprint
+
+    save_head(MTPHead(HeadConfig(hidden=256, ffn=64)).eval(), verifier, tmp_path / "head", {})
+    mapped = load_model(str(gguf), dtype="int4")  # (the module's `verifier` wrote the cache entry)
+    assert "model" not in vars(mapped)
+    drafter = load_mtp_drafter(tmp_path / "head", mapped)
+    ids = torch.tensor([mapped.tokenizer("def ab(x):")["input_ids"]])
+    assert drafter.vocab_size == mapped.vocab_size and ids.shape[1] > 1
+    lazy_weights, lazy_fingerprint = verifier_weights(mapped), verifier_fingerprint(mapped)
+    assert "model" not in vars(mapped)
+    mapped.model  # built now
+    assert verifier_fingerprint(mapped) == lazy_fingerprint == verifier_fingerprint(verifier)
+    assert all(torch.equal(a, b) for a, b in zip(lazy_weights, verifier_weights(mapped)))
