@@ -66,6 +66,13 @@ def usage_error(capsys, *args, says):
     return err
 
 
+def as_ordinary_user() -> list[str]:
+    """The command prefix under which a child is bound by file modes as an ordinary user is: as root, root without
+    capabilities (setpriv with an empty bounding set: it keeps uid 0, so it still reaches a checkout under a directory
+    only root may enter, such as `mktemp -d`'s, where the nobody user could not run the venv); else none."""
+    return ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"] if os.geteuid() == 0 else []
+
+
 def write_jsonl(path: Path, rows) -> Path:
     """`rows` (dicts) as a JSONL file at `path` (UTF-8)."""
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
