@@ -169,6 +169,9 @@ def test_training_continues_from_a_saved_head_and_refuses_one_of_other_settings(
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.endswith("that head has other settings: ffn 64 (asked 128)"), err
+    assert main(args[:-1] + [str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"relaxspec: error: --init-from '{tmp_path / 'nothing'}': no saved MTP head there"), err
     assert not (tmp_path / "x").exists()
 
 

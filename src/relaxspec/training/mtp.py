@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from relaxspec.drafters.mtp import (HeadConfig, MTPHead, head_rows, read_head, save_head, trained_for,
-                                   verifier_fingerprint, verifier_weights)
+from relaxspec.drafters.mtp import (BUILTIN_HEADS, HeadConfig, MTPHead, head_rows, is_mtp, read_head, save_head,
+                                   trained_for, verifier_fingerprint, verifier_weights)
 from relaxspec.models.hf import CausalLM, hidden_blocks
 
 CHECKPOINT, DATA, PARTS = "checkpoint.pt", "train_data.pt", "train_data.parts"
@@ -317,15 +317,18 @@ def train_head(verifier: CausalLM, prompts: list[str], out: Path, head_cfg: Head
 
 def _initial_head(name: str | Path, verifier: CausalLM, head_cfg: HeadConfig) -> dict:
     """A saved head to continue training: {path, sha256 of its weights file, state dict, its training record};
-    ValueError (one line) if it was trained for another verifier or with other head settings."""
+    ValueError (one line) if it is none, or was trained for another verifier or with other head settings."""
+    if not is_mtp(name):
+        raise ValueError(f"--init-from {str(name)!r}: no saved MTP head there (a directory `relaxspec drafter train "
+                         f"--kind mtp` wrote, or a built-in head: {', '.join(BUILTIN_HEADS)})")
     path, config, state = read_head(name)
     if not trained_for(verifier, config["verifier"]):
         raise ValueError(f"--init-from {str(name)!r}: that head was trained for verifier "
                          f"{config['verifier']['name']!r}, not {verifier.name!r}")
     saved = {k: config[k] for k in HeadConfig.__dataclass_fields__ if k in config}
-    mine = {k: v for k, v in asdict(head_cfg).items() if k in saved}
-    if json.loads(json.dumps(mine)) != saved:
-        differ = ", ".join(f"{k} {saved[k]} (asked {mine[k]})" for k in saved if json.loads(json.dumps(mine[k])) != saved[k])
+    mine = json.loads(json.dumps({k: v for k, v in asdict(head_cfg).items() if k in saved}))  # (tuples as lists)
+    differ = ", ".join(f"{k} {saved[k]} (asked {mine[k]})" for k in saved if mine[k] != saved[k])
+    if differ:
         raise ValueError(f"--init-from {str(name)!r}: that head has other settings: {differ}")
     return {"path": path, "sha256": hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:16],
             "state": state, "training": config.get("training", {})}
