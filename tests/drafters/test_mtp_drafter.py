@@ -158,6 +158,9 @@ def test_a_round_allocates_nothing_that_grows_with_the_context_and_reads_nothing
         drafter = load_drafter("drafter-mtp", verifier)
         if not native:
             drafter.fast._native = None
+        with torch.no_grad():  # every entry-table row made (on a CPU a row is made when its token first comes)
+            drafter.fast._fill_rows(torch.arange(verifier.vocab_size))
+        drafter.fast.filled[:] = True
         ids = torch.randint(5, verifier.vocab_size, (1, context), generator=gen)
         drafter.prefill(ids, torch.ones_like(ids), torch.randn((1, context, H), generator=gen))
         accepted = torch.tensor([2])
@@ -184,3 +187,25 @@ def test_a_round_allocates_nothing_that_grows_with_the_context_and_reads_nothing
         small = record.sizes
     # the largest: the MLP's gate and up of the round's first feed (3 entries: the 2 accepted drafts' and last's)
     assert largest[0] == largest[1] == 3 * 2 * drafter.head.cfg.ffn
+
+
+def test_on_a_cpu_the_entry_table_is_made_row_by_row_as_tokens_first_need_it(builtin_pair):
+    """A CPU head makes an entry-table row when a token first needs one (a 1.5B's whole table: 0.93 GB and 3.8 s):
+    none at load, exactly the rows of the tokens fed after a prefill and a round, and each the row the whole table
+    holds (made at once, as off a CPU), to float32 summation order."""
+    verifier, _ = builtin_pair
+    drafter = load_drafter("drafter-mtp", verifier)
+    fast = drafter.fast
+    assert fast.filled is not None and not fast.filled.any()
+    rows = [verifier.tokenizer(p)["input_ids"] for p in task_prompts(2)]
+    ids, mask, hidden = verifier_prefix_hidden(verifier, [r[:-1] for r in rows])
+    drafter.prefill(ids, mask, hidden)
+    last = torch.tensor([r[-1] for r in rows])
+    drafts = torch.tensor([7, 11, 7])
+    drafter.propose(last, 3, 0, _forced(drafts))
+    seen = set(ids[:, 1:].flatten().tolist()) | set(last.tolist()) | {7, 11}  # (a padded slot's entry is made too)
+    assert set(fast.filled.nonzero().flatten().tolist()) == seen
+    lazy = fast.entry_table[fast.filled].clone()
+    fast._fill_rows(torch.arange(fast.entry_table.shape[0]))
+    # the same sums in another GEMM blocking (a slice of other rows): float32 summation order only (|x| <= ~5)
+    assert torch.allclose(lazy, fast.entry_table[fast.filled], rtol=0, atol=1e-5)

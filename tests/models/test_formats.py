@@ -49,6 +49,18 @@ def test_linear_in_each_format_matches_float32_and_adds_the_residual(fmt):
     assert lin.nbytes == {"float32": 4, "bfloat16": 2, "int4": 0.5 + 4 / 32}[fmt] * w.numel()
 
 
+@pytest.mark.parametrize("fmt,impl,shape", [("float32", None, (640, 512)), ("float32", None, (40, 64)),
+                                            ("bfloat16", None, (640, 512)), ("int4", "block", (640, 512)),
+                                            ("int4", "aten", (640, 512))])
+def test_dense_of_some_rows_is_those_rows_of_the_whole(fmt, impl, shape):
+    """A head's rows of an LM head (drafters.mtp.verifier_weights) read alone: the whole weight's rows, bit for bit,
+    in every layout (oneDNN's, the small-float32 tiles, bfloat16, the int4 block kernel's, aten's int4)."""
+    torch.manual_seed(2)
+    lin = Linear(torch.randn(*shape) * 0.05, fmt, **({"int4_impl": impl} if impl else {}))
+    rows = torch.tensor([shape[0] - 1, 0, 17, 17, 3])
+    assert torch.equal(lin.dense(rows), lin.dense()[rows])
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_int4_kernel_gives_a_block_the_numbers_of_single_rows_bf16_within_its_rounding(threads):
     # int4: the numbers of a row do not depend on how many rows are multiplied together (SmolLM2's shapes and a

@@ -20,6 +20,7 @@ from relaxspec import native
 from relaxspec.models import gguf_block, load_model
 from relaxspec.models.device import resolve_format
 from relaxspec.models.gguf_block import KINDS, BlockCodes
+from relaxspec.models.quant import Linear
 from helpers import ROOT, conversions, inside, logits_of, mapped_ranges, stderr_lines, weights_file, write_qwen2  # noqa: F401
 from helpers import weight_cache_folder as cache  # noqa: F401  (fixtures: conversions, cache)
 
@@ -85,6 +86,11 @@ def test_the_layout_sizes_agree_with_the_kernel_and_mixed_stacks_keep_each_type(
     x = torch.randn(3, 512)
     assert torch.equal(gguf_block.mm(x, stack), torch.cat([gguf_block.mm(x, q), gguf_block.mm(x, k),
                                                            gguf_block.mm(x, q)], dim=1))
+    # a Linear in the file format reads some rows alone (one tensor) or off the whole (a stack of several)
+    rows = torch.tensor([5, 0, 2])
+    for weight in (q, stack):
+        lin = Linear(weight, "file")
+        assert lin.gguf is not None and torch.equal(lin.dense(rows), weight.dense()[rows])
 
 
 def input_rounding(xq: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

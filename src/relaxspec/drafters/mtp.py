@@ -194,24 +194,35 @@ class MTPHead(torch.nn.Module):
 # ---------------------------------------------------------------- the verifier it belongs to
 
 
-def verifier_weights(verifier: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input embedding [V, H], LM head [V, H]) of the verifier: what the head borrows. A verifier loaded from a GGUF
-    file with its own LM head keeps that head in FastLlama only (the transformers model's is empty, [0, H]): it is
-    read back from there (`quant.Linear.dense`, float32; int4: the dequantized codes it multiplies by). One whose
-    transformers model is not built yet (a GGUF file mapped from the weight cache) is read from FastLlama alone, as
-    that model would give them (its embedding is FastLlama's table; a tied head, that table): nothing builds it."""
-    if "model" not in vars(verifier) and getattr(verifier, "fast", None) is not None:
-        embed = verifier.fast.embed
-        return embed, embed if getattr(verifier.config, "tie_word_embeddings", False) else verifier.fast.lm_head.dense()
-    embed, lm_head = verifier.model.get_input_embeddings().weight, verifier.model.get_output_embeddings().weight
-    if lm_head.numel() == 0 and getattr(verifier, "fast", None) is not None:
-        lm_head = verifier.fast.lm_head.dense()
-    return embed, lm_head
+def verifier_weights(verifier: CausalLM, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input embedding [V, H], LM head [V, H]) of the verifier: what the head borrows; `rows` (an index tensor):
+    the LM head's rows alone (a head's draft vocabulary: `scored_rows`), made without the others where the weight's
+    format allows (`quant.Linear.dense`). A verifier loaded from a GGUF file with its own LM head keeps that head in
+    FastLlama only (the transformers model's is empty, [0, H]): it is read back from there (float32; int4: the
+    dequantized codes it multiplies by). One whose transformers model is not built yet (a GGUF file mapped from the
+    weight cache) is read from FastLlama alone, as that model would give them (its embedding is FastLlama's table; a
+    tied head, that table): nothing builds it."""
+    fast = getattr(verifier, "fast", None)
+    if "model" not in vars(verifier) and fast is not None:
+        embed = fast.embed
+        lm_head = embed if getattr(verifier.config, "tie_word_embeddings", False) else None
+    else:
+        embed, lm_head = verifier.model.get_input_embeddings().weight, verifier.model.get_output_embeddings().weight
+        lm_head = None if lm_head.numel() == 0 and fast is not None else lm_head
+    if lm_head is None:
+        return embed, fast.lm_head.dense(rows)
+    return embed, lm_head if rows is None else lm_head[rows.to(lm_head.device)]
+
+
+def scored_rows(head: MTPHead) -> torch.Tensor | None:
+    """The LM-head rows the head scores: its draft vocabulary's, or None (the whole LM head)."""
+    return head.draft_vocab if head.cfg.draft_vocab else None
 
 
 def head_rows(head: MTPHead, lm_head: torch.Tensor) -> torch.Tensor:
-    """The LM-head rows the head scores: the verifier's whole LM head, or its rows of the draft vocabulary."""
-    return lm_head[head.draft_vocab.to(lm_head.device)] if head.cfg.draft_vocab else lm_head
+    """The rows of the verifier's whole LM head that the head scores (`scored_rows`)."""
+    rows = scored_rows(head)
+    return lm_head if rows is None else lm_head[rows.to(lm_head.device)]
 
 
 def _model_class(verifier: CausalLM) -> str:
@@ -260,24 +271,43 @@ class HeadLayers(DecoderLayers):
         self.norm_out = head.norm_out.detach().to(self.dtype)
         # `MTPHead.entries` split in two (same math): the embedding half a per-token table, the feature half one
         # matmul with its norm weight folded in (kept in float32 on a CPU, as the table), the table's row added to it.
-        # The table is made in slices of rows, each normed in float32: torch's RMSNorm of a bfloat16 [V, H] took 4.3 s
-        # of a 1.5B's 150k-token table on 2 CPU cores (the matmul 0.7 s); in float32, slice by slice, little of it.
+        # On a CPU the table's rows are made when a token first needs one (`filled`): the whole table of a 1.5B's
+        # 152k tokens is 0.93 GB and 3.8 s of CPU time, a generation reads a few hundred rows, and pages never
+        # written take no memory. Elsewhere it is made whole here, so that a round reads nothing back. Rows are made
+        # in slices, each normed in float32 (torch's RMSNorm of a bfloat16 [V, H] took 4.3 s on 2 CPU cores).
         with torch.no_grad():
             fc = head.fc.weight.detach()
+            self.embed, self.embed_half, self.embed_norm = embed, fc[:, H:].t(), head.norm_embed.detach().float()
             self.entry_table = torch.empty((embed.shape[0], H), dtype=self.dtype, device=device)
-            embed_half, norm = fc[:, H:].t(), head.norm_embed.detach().float()
-            for start in range(0, embed.shape[0], TABLE_SLICE):
-                rows = F.rms_norm(embed[start:start + TABLE_SLICE].float(), (H,), norm, cfg.eps).to(embed_half.dtype)
-                self.entry_table[start:start + TABLE_SLICE] = rows @ embed_half
+            self.filled = torch.zeros(embed.shape[0], dtype=torch.bool, device=device) if device.type == "cpu" \
+                else None
+            if self.filled is None:
+                self._fill_rows(torch.arange(embed.shape[0], device=device))
             self.feature_proj = Linear(fc[:, :H] * head.norm_feature,
                                        "float32" if self.dtype == torch.float32 else self.weight_format)
         self.unit = torch.ones(H, dtype=self.dtype, device=device)  # the feature norm's weight (folded in above)
 
+    def _fill_rows(self, tokens: torch.Tensor) -> None:
+        """Make the entry table's rows of `tokens` (distinct ids), TABLE_SLICE at a time."""
+        H = self.embed.shape[1]
+        for start in range(0, tokens.shape[0], TABLE_SLICE):
+            ids = tokens[start:start + TABLE_SLICE]
+            rows = F.rms_norm(self.embed[ids].float(), (H,), self.embed_norm, self.eps).to(self.embed_half.dtype)
+            self.entry_table[ids] = (rows @ self.embed_half).to(self.dtype)
+
     def entries(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The entries [B, T, H] of (features [B, T, H] in the verifier's final space, tokens [B, T])."""
         B, T, H = features.shape
+        tokens = tokens.reshape(-1)
+        if self.filled is not None:
+            new = tokens.unique()
+            new = new[~self.filled[new]]
+            if new.numel():
+                with torch.no_grad():
+                    self._fill_rows(new)
+                self.filled[new] = True
         x = self._rms_norm(features.reshape(B * T, H).to(self.dtype), self.unit)
-        return self.feature_proj(x, residual=self.entry_table.index_select(0, tokens.reshape(-1))).view(B, T, H)
+        return self.feature_proj(x, residual=self.entry_table.index_select(0, tokens)).view(B, T, H)
 
     def forward(self, entries, cache, attention_mask, position_ids, hidden_layer=None, logits=True):
         """The output features [B, T, H] of entries [B, T, H] (a Stream's call; no hidden states: None). It has no LM
@@ -298,12 +328,12 @@ class MTPDrafter(Drafter):
     def __init__(self, head: MTPHead, verifier: CausalLM, name: str = "mtp"):
         self.head, self.name = head.eval(), name
         self.hidden_layers = head.cfg.feature_layers
-        embed, lm_head = verifier_weights(verifier)
+        embed, lm_head = verifier_weights(verifier, scored_rows(head))
         self.embed = embed.detach()
         # x @ W^T with a row-major right operand; a truncated head's W is the rows of its draft vocabulary.
         # Stored in the verifier's weight format, as are the head's layers (models/quant.py).
-        self.lm_head = Linear(head_rows(head, lm_head.detach()), verifier.weight_format)
-        self.vocab_size = lm_head.shape[0]
+        self.lm_head = Linear(lm_head.detach(), verifier.weight_format)
+        self.vocab_size = verifier.vocab_size
         self.draft_vocab = head.draft_vocab.to(self.embed.device) if head.cfg.draft_vocab else None
         self.head.to(device=self.embed.device, dtype=self.embed.dtype)
         what = f"MTP drafter {name!r}"

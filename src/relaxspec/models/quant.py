@@ -222,10 +222,23 @@ class Linear:
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return y if residual is None else y.add_(residual)
 
-    def dense(self) -> torch.Tensor:
+    def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 weight [out, in] this layer multiplies by: exact in float32 and bfloat16; in int4 the
         dequantized weight as the kernel sees it (each value rounded to bfloat16, read off an identity block); in the
-        file format the file's values."""
+        file format the file's values. `rows` (an index tensor): those output rows alone, `dense()[rows]`, made
+        without the others where the layout keeps rows apart (int4 blocks, a one-tensor GGUF matrix, a transposed
+        or plain weight): a head's 16k rows of a 152k-row LM head."""
+        if rows is not None:
+            if self.block is not None:
+                codes, sz = self.block
+                return int4_block.dense(codes[rows.to(codes.device)], sz[rows.to(codes.device)])
+            if self.gguf is not None and len(self.gguf.segments) == 1:
+                return self.gguf[rows.cpu()].dense()
+            if self.t is not None:
+                return self.t[:, rows.to(self.t.device)].t().float().contiguous()
+            if self.w is not None:
+                return self.w[rows.to(self.w.device)].float()
+            return self.dense()[rows]
         if self.gguf is not None:
             return self.gguf.dense()
         if self.t is not None:
