@@ -4,6 +4,7 @@ the same GGUF files, greedy, batch 1.
     python benchmarks/real_pair_peer.py [--verifier qwen2.5-coder-1.5b] [--drafter qwen2.5-coder-0.5b]
         [--formats float32 bfloat16 int4 auto] [--threads 1 2] [--draft-lengths 2 3 5 auto]
         [--code-prompts 10] [--chat-prompts 10] [--max-new-tokens 128] [--llama-bin DIR] [--csv FILE]
+        [--breakdown-context 200]
 
 Rows, at every thread count:
 * llama.cpp AR: llama-cpp-python (`pip install 'relaxspec[llamacpp]'`) on the verifier's GGUF file, greedy;
@@ -24,7 +25,10 @@ included and loading excluded (llama-speculative-simple's own "encoded" + "decod
 acceptance: accepted drafts / drafted; tau: tokens per verifier step; c_rel, c_block: `relaxspec bench`'s speed
 constants (bench.cell.speed_constants, interleaved), for N "auto" at its mean drafts per round as the bench
 models it; modelled = tau / (N c_rel + c_block) (bench/speedup.py); x llama.cpp AR: its ms/token over the row's.
-The table is printed and written as CSV (--csv).
+The table is printed and written as CSV (--csv). Then, per thread count and format, the verifier's decode step
+after --breakdown-context tokens split into its parts (harness/breakdown.py: each linear shape's ms and GB/s,
+RMSNorm, RoPE, attention, the LM head, the rest) next to this machine's plain read bandwidth: where the step's time
+goes here.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import time
 from pathlib import Path
 
 from harness import peer
+from harness.breakdown import breakdown_lines, plain_read_gbs, step_parts
 from harness.llamacpp import (BIN_ENV, INSTALL, NO_BINARY, SPEC_BINARY, SPEC_DEFAULT_N, LlamaCpp, LlamaSpeculative,
                               available, gguf_path, spec_binary)
 from harness.llamacpp import parse_spec_log  # noqa: F401 (the binary's summary: tests read it here)
@@ -94,7 +99,7 @@ def format_constants(verifiers: dict, drafters: dict, drafter: str, draft_length
 
 def measure(verifier: str, drafter: str, formats, prompts: list[tuple[str, str]], *, threads=(1, 2),
             draft_lengths=(2, 3, 5, AUTO), max_new_tokens=128, with_llamacpp=True, binary: Path | None = None,
-            rounds=20, progress=True, device="cpu") -> dict:
+            rounds=20, progress=True, device="cpu", breakdown_context=200) -> dict:
     texts = [p for _, p in prompts]
     verifiers, drafters, encoded = peer.load(verifier, drafter, formats, texts, device)
     tokenizer = next(iter(verifiers.values())).tokenizer
@@ -121,11 +126,25 @@ def measure(verifier: str, drafter: str, formats, prompts: list[tuple[str, str]]
         return ids, stats, time.perf_counter() - start
 
     ms, outs = peer.runs(configs, len(prompts), run, max_new_tokens, desc="real pair peer", progress=progress)
+    breakdown = peer.at_threads(threads, lambda: (plain_read_gbs(), {
+        fmt: step_parts(v, context=breakdown_context, rounds=rounds) for fmt, v in verifiers.items()
+        if v.fast is not None})) if breakdown_context else {}
     counts = {c: [count for _, count in out] for c, out in outs.items()}
     tokens = {c: [t for t, _ in out] for c, out in outs.items()}
     return {"configs": configs, "ms": ms, "counts": counts, "kinds": [k for k, _ in prompts],
             "constants": constants, "drafter": drafter, "llamacpp": llama is not None, "spec": spec is not None,
-            "divergences": greedy_divergences(verifiers, configs, tokens, encoded)}
+            "divergences": greedy_divergences(verifiers, configs, tokens, encoded), "breakdown": breakdown,
+            "breakdown_context": breakdown_context}
+
+
+def breakdown_text(result: dict) -> str:
+    """Each format's verifier step split into its parts (harness.breakdown), at each thread count."""
+    out = []
+    for th, (read_gbs, by_format) in result["breakdown"].items():
+        for fmt, (step, parts) in by_format.items():
+            out += ["", *breakdown_lines(f"{th} thread(s), {fmt}, after {result['breakdown_context']} tokens", step,
+                                         parts, read_gbs)]
+    return "\n".join(out)
 
 
 def _acceptance(cfg: Config, counts: list) -> tuple[float | None, float | None]:
@@ -229,6 +248,7 @@ def main(argv=None) -> None:
         device=("cpu", "relaxspec's device (llama.cpp's rows: on a CPU only)"))
     ap.add_argument("--llama-bin", help=f"directory holding {SPEC_BINARY} (default ${BIN_ENV})")
     add(ap, no_llamacpp=(False, "no llama.cpp rows"))
+    add(ap, breakdown_context=(200, "context of the verifier step's breakdown into its parts (0: none)"))
     csv_file(ap, "real_pair_peer")
     progress(ap)
     args = ap.parse_args(argv)
@@ -237,6 +257,8 @@ def main(argv=None) -> None:
         ap.error("--code-prompts must be between 0 and 164, and there must be at least one prompt")
     if args.max_new_tokens < 1:
         ap.error("--max-new-tokens must be >= 1")
+    if args.breakdown_context < 0:
+        ap.error("--breakdown-context must be >= 0")
     ggufs = is_gguf(args.verifier) and is_gguf(args.drafter)
     args.no_llamacpp = args.no_llamacpp or args.device != "cpu"
     with_llamacpp = not args.no_llamacpp and is_gguf(args.verifier) and available()
@@ -248,11 +270,12 @@ def main(argv=None) -> None:
     result = measure(args.verifier, args.drafter, args.formats, prompts, threads=args.threads,
                      draft_lengths=list(dict.fromkeys(args.draft_lengths)), max_new_tokens=args.max_new_tokens,
                      with_llamacpp=with_llamacpp, binary=binary, rounds=args.rounds, progress=not args.no_progress,
-                     device=args.device)
+                     device=args.device, breakdown_context=args.breakdown_context)
     text, table_rows = table(result)
     print(f"verifier {args.verifier}, drafter {args.drafter}, {args.code_prompts} HumanEval (instruct) + "
           f"{args.chat_prompts} chat prompts, max {args.max_new_tokens} new tokens, greedy, batch 1, {args.device}")
     print(text)
+    print(breakdown_text(result))
     write_csv(args.csv, COLUMNS, table_rows)
     print(f"CSV: {args.csv}")
 

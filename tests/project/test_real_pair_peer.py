@@ -36,6 +36,9 @@ def test_tiny_run_has_every_row_its_constants_and_the_csv(tmp_path, forker):  # 
     for fmt in ("int4", "auto"):
         assert f"greedy, {fmt}: 0 of 8 strict runs differ from AR" in out.stdout
     assert "llama.cpp AR: not run" in out.stdout and "llama.cpp speculative: not run" in out.stdout
+    for fmt in ("int4", "auto"):  # the verifier step's breakdown, per format
+        assert f"1 thread(s), {fmt}, after 200 tokens: one decode step" in out.stdout
+    assert out.stdout.count("| LM head |") == 2 and out.stdout.count("plain read here") == 2
     with open(tmp_path / "peer.csv") as f:
         table = list(csv.DictReader(f))
     assert len(table) == len(rows) == 10
@@ -106,3 +109,20 @@ def test_llama_speculative_with_itself_as_draft_accepts_nearly_all():
                    "<|im_start|>user\nCount from 1 to 40, separated by commas.<|im_end|>\n<|im_start|>assistant\n", 48)
     assert got["tokens"] >= 24 and got["seconds"] > 0 and got["prompt_tokens"] > 5
     assert got["drafted"] > 0 and got["accepted"] / got["drafted"] > 0.8, got  # (drafts past the end are rejected)
+
+
+def test_the_step_breakdown_counts_every_weight_once_and_its_parts_fill_the_step():
+    """harness.breakdown.step_parts on the built-in verifier (int4): the linears' and the LM head's bytes are every
+    weight byte the step reads, each part took time, and the rest is the step less the parts."""
+    from relaxspec.models import load_model
+
+    peer = benchmark_module("real_pair_peer")  # (benchmarks/ on the path: its harness)
+    lm = load_model("verifier", dtype="int4")
+    step, parts = peer.step_parts(lm, context=24, rounds=3)
+    fast = lm.fast
+    weights = sum(w.nbytes for layer in fast.layers for w in (layer[1], layer[2], layer[4], layer[5]))
+    assert sum(p.nbytes for p in parts) == weights + fast.lm_head.nbytes
+    assert [p.name for p in parts][-1] == "rest" and all(p.seconds > 0 for p in parts[:-1])
+    assert sum(p.seconds for p in parts) == pytest.approx(step)
+    lines = peer.breakdown_lines("int4", step, parts, read_gbs=10.0)
+    assert sum(line.startswith("| ") for line in lines) == len(parts) + 1 and "plain read here 10.0 GB/s" in lines[-1]
