@@ -8,10 +8,16 @@ the same GGUF files, greedy, batch 1.
 
 Rows, at every thread count:
 * llama.cpp AR: llama-cpp-python (`pip install 'relaxspec[llamacpp]'`) on the verifier's GGUF file, greedy;
-* llama.cpp speculative: llama.cpp's own loop, the binary `llama-speculative-simple` with the drafter's GGUF as
-  its draft model (`--spec-draft-n-max N`, greedy), at every integer N (3 is its default). The binary is not
-  part of llama-cpp-python: build it from the sources in that package's sdist (docs/real-pair.md, "Speed against
-  llama.cpp") and pass its directory as --llama-bin DIR or RELAXSPEC_LLAMA_BIN; without it these rows are left
+* llama.cpp speculative: llama.cpp's own loop, the binary `llama-speculative-simple`, greedy, swept
+  (harness.llamacpp.recipes): the drafter's GGUF as its draft model at this version's defaults at every integer N
+  (`--spec-draft-n-max N`; 3 is its default), its tuned CPU recipe (n-max 16, n-min 4 or 5, p-min 0.75), n-max x
+  p-min, its prompt lookup (`--spec-type ngram-simple`, no draft model), and the drafter re-quantized to Q4_0 (by
+  `llama-quantize` beside the binary; a type its x86 code repacks). The prompt goes as an argument and its token
+  count is checked against ours; a call's tokens are counted without the end-of-turn token, as ours. Beside it,
+  where `llama-bench` is built, llama.cpp's own verify-block cost (a prompt of 2-8 tokens after the breakdown's
+  context, over one token's), and each llama.cpp row's build in the CSV. The binaries are not part of
+  llama-cpp-python: build them from the sources in that package's sdist (docs/real-pair.md, "Speed against
+  llama.cpp") and pass their directory as --llama-bin DIR or RELAXSPEC_LLAMA_BIN; without them these rows are left
   out with one line saying so;
 * relaxspec AR in every weight format (`--formats`; "auto": the file's own class, models/gguf_weights.py);
 * relaxspec strict with the drafter (an LM, stored in the verifier's format) and with `ngram` (prompt lookup),
@@ -40,8 +46,9 @@ from pathlib import Path
 
 from harness import peer
 from harness.breakdown import breakdown_lines, plain_read_gbs, step_parts
-from harness.llamacpp import (BIN_ENV, INSTALL, NO_BINARY, SPEC_BINARY, SPEC_DEFAULT_N, LlamaCpp, LlamaSpeculative,
-                              available, gguf_path, spec_binary)
+from harness.llamacpp import (BIN_ENV, INSTALL, NO_BINARY, QUANTIZE_BINARY, SPEC_BINARY, SPEC_DEFAULT_N, LlamaCpp,
+                              LlamaSpeculative, Recipe, available, binary_version, block_costs, gguf_path, recipes,
+                              spec_binary)
 from harness.llamacpp import parse_spec_log  # noqa: F401 (the binary's summary: tests read it here)
 from harness.options import add, chat_prompts, csv_file, parser, progress, within_chat
 from harness.output import header, num, row, with_notes, write_csv
@@ -58,7 +65,6 @@ from relaxspec.tasks import humaneval_instruct as humaneval_instruct_task
 from relaxspec.tasks.benchmarks import render
 
 FORMATS = ("float32", "bfloat16", "int4", "auto")
-SPEC = "speculative"  # llama.cpp's own loop (llama-speculative-simple)
 
 
 def humaneval_instruct(problem: dict) -> str:
@@ -77,13 +83,17 @@ def pair_prompts(code: int, chats: int) -> list[tuple[str, str]]:
     return out
 
 
-def configurations(formats, drafter, threads, draft_lengths, with_llamacpp: bool, with_spec: bool) -> list[Config]:
+def spec_config(recipe: Recipe, drafter: str, threads: int) -> Config:
+    """A row of llama.cpp's own speculative loop: its method the recipe's label, N its n-max."""
+    return Config(LLAMACPP, "gguf", recipe.label, drafter if recipe.uses_drafter else "", recipe.n_max, threads, recipe)
+
+
+def configurations(formats, drafter, threads, draft_lengths, with_llamacpp: bool, spec_recipes=()) -> list[Config]:
     out = []
     for th in threads:
         if with_llamacpp:
             out.append(Config(LLAMACPP, "gguf", "ar", "", 0, th))
-        if with_spec:
-            out += [Config(LLAMACPP, "gguf", SPEC, drafter, n, th) for n in draft_lengths if n != AUTO]
+        out += [spec_config(r, drafter, th) for r in spec_recipes]
         out += peer.ours(formats, drafter, draft_lengths, th)
     return out
 
@@ -105,19 +115,25 @@ def measure(verifier: str, drafter: str, formats, prompts: list[tuple[str, str]]
     tokenizer = next(iter(verifiers.values())).tokenizer
     context = max(len(e) for e in encoded) + max_new_tokens + 16
     llama = LlamaCpp(gguf_path(verifier), context) if with_llamacpp else None
-    spec = None
+    spec, sweep = None, []
     if binary is not None:
+        sweep = recipes([n for n in draft_lengths if n != AUTO])
         spec = LlamaSpeculative(binary, gguf_path(verifier), gguf_path(drafter),
-                                context + max(n for n in draft_lengths if n != AUTO) + 8)
-    configs = configurations(formats, drafter, threads, draft_lengths, llama is not None, spec is not None)
+                                context + max(r.n_max for r in sweep) + 8)
+        sweep = [r for r in sweep if spec.serves(r)]
+    configs = configurations(formats, drafter, threads, draft_lengths, llama is not None, sweep)
+    versions = {"ar": llamacpp_python_version() if llama is not None else None,
+                "speculative": binary_version(binary) if binary is not None else None}
+    blocks = peer.at_threads(threads, lambda: block_costs(binary.parent, gguf_path(verifier), torch_threads(),
+                                                          depth=breakdown_context or 200)) if binary else {}
     constants = peer.at_threads(threads, lambda: format_constants(verifiers, drafters, drafter, list(draft_lengths),
                                                                   rounds))
 
     def run(cfg: Config, i: int, new_tokens: int):
         """(tokens or their count, GenerationStats or llama.cpp's counts or None, seconds)"""
         start = time.perf_counter()
-        if cfg.system == LLAMACPP and cfg.method == SPEC:
-            got = spec.run(cfg, tokenizer.decode(encoded[i]), new_tokens)
+        if cfg.recipe is not None:
+            got = spec.run(cfg, encoded[i], tokenizer.decode(encoded[i]), new_tokens)
             return got["tokens"], got, got["seconds"]
         if cfg.system == LLAMACPP:
             out = llama.run(cfg, encoded[i], new_tokens)
@@ -133,6 +149,7 @@ def measure(verifier: str, drafter: str, formats, prompts: list[tuple[str, str]]
     tokens = {c: [t for t, _ in out] for c, out in outs.items()}
     return {"configs": configs, "ms": ms, "counts": counts, "kinds": [k for k, _ in prompts],
             "constants": constants, "drafter": drafter, "llamacpp": llama is not None, "spec": spec is not None,
+            "q4_0": spec is not None and spec.q4_0 is not None, "versions": versions, "blocks": blocks,
             "divergences": greedy_divergences(verifiers, configs, tokens, encoded), "breakdown": breakdown,
             "breakdown_context": breakdown_context}
 
@@ -147,9 +164,21 @@ def breakdown_text(result: dict) -> str:
     return "\n".join(out)
 
 
+def llamacpp_python_version() -> str:
+    import llama_cpp
+
+    return f"llama-cpp-python {llama_cpp.__version__}"
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _acceptance(cfg: Config, counts: list) -> tuple[float | None, float | None]:
     """(accepted / drafted, tokens per verifier step) of a speculative configuration's calls."""
-    if cfg.method == SPEC:
+    if cfg.recipe is not None:
         drafted, accepted = sum(c["drafted"] for c in counts), sum(c["accepted"] for c in counts)
         produced = sum(c["tokens"] for c in counts)
         return (accepted / drafted if drafted else None), produced / max(produced - accepted, 1)
@@ -175,7 +204,9 @@ def rows(result: dict) -> list[dict]:
              "drafter": c.drafter or "-", "N": c.n or "-", "ms_per_token": med, "ms_code": by_kind["code"],
              "ms_chat": by_kind["chat"], "acceptance": acceptance, "tau": tau, "c_rel": None, "c_block": None,
              "modelled": None, "measured": None if own is None else own / med,
-             "x_llamacpp_ar": None if them is None else them / med}
+             "x_llamacpp_ar": None if them is None else them / med,
+             "llamacpp_version": None if c.system != LLAMACPP else
+             result["versions"]["speculative" if c.recipe is not None else "ar"]}
         if c.system == OURS and c.method == "strict":
             const = result["constants"][c.threads][(c.fmt, c.drafter, c.n)]
             n, c_block = c.n, const["c_block_measured"]
@@ -190,7 +221,7 @@ def rows(result: dict) -> list[dict]:
 
 
 COLUMNS = ("threads", "system", "weights", "method", "drafter", "N", "ms_per_token", "ms_code", "ms_chat", "acceptance",
-           "tau", "c_rel", "c_block", "modelled", "measured", "measured/modelled", "x_llamacpp_ar")
+           "tau", "c_rel", "c_block", "modelled", "measured", "measured/modelled", "x_llamacpp_ar", "llamacpp_version")
 
 
 def table(result: dict) -> tuple[str, list[dict]]:
@@ -217,8 +248,17 @@ def table(result: dict) -> tuple[str, list[dict]]:
     if not result["spec"]:
         notes.append(NO_BINARY)
     else:
-        notes.append(f"llama.cpp speculative: {SPEC_BINARY}, greedy, the drafter's GGUF as its draft model; its "
-                     f"default N is {SPEC_DEFAULT_N}")
+        notes.append(f"llama.cpp speculative: {SPEC_BINARY}, greedy, the drafter's GGUF as its draft model (N: "
+                     f"--spec-draft-n-max, default {SPEC_DEFAULT_N}; n-min and p-min 0 unless named), lookup: its "
+                     "ngram-simple (no draft model)")
+        notes.append(f"llama.cpp builds: {result['versions']['speculative']} ({SPEC_BINARY})"
+                     + (f", {result['versions']['ar']} (AR)" if result["versions"]["ar"] else ""))
+        for th, block in result["blocks"].items():
+            notes.append(f"llama.cpp's verify block, {th} thread(s), after {block['depth']} tokens (llama-bench): "
+                         + ", ".join(f"{k} tokens {c:.2f}x one" for k, c in sorted(block["c_block"].items()) if k > 1)
+                         if block else f"llama.cpp's verify block: not measured (no llama-bench beside {SPEC_BINARY})")
+        if not result["q4_0"]:
+            notes.append(f"llama.cpp with a Q4_0 draft: not run (no {QUANTIZE_BINARY} beside {SPEC_BINARY})")
     return with_notes(lines, notes), out
 
 

@@ -19,6 +19,7 @@ class Config:
     drafter: str  # "" for AR
     n: int  # the draft length (or "auto"), 0 for AR
     threads: int
+    recipe: object = None  # llama.cpp's speculative loop: its harness.llamacpp.Recipe (method: the recipe's label)
 
     @property
     def ar(self) -> Config:

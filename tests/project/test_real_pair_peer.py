@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -83,9 +84,45 @@ def test_parse_spec_log_reads_the_binary_summary():
     with pytest.raises(RuntimeError, match="n_accept"):
         peer.parse_spec_log(LOG.replace("n_accept", "n_acc"))
     # tau: 65 tokens in 65 - 47 = 18 verifier steps
-    cfg = peer.Config(peer.LLAMACPP, "gguf", peer.SPEC, "d", 3, 1)
+    cfg = peer.spec_config(peer.Recipe(), "d", 1)
     acceptance, tau = peer._acceptance(cfg, [got])
     assert acceptance == pytest.approx(47 / 51) and tau == pytest.approx(65 / 18)
+
+
+def test_the_llamacpp_sweep_names_each_recipe_by_what_differs_and_passes_its_flags():
+    peer = benchmark_module("real_pair_peer")
+    sweep = peer.recipes([2, 3, 5])
+    assert len({(r.label, r.n_max) for r in sweep}) == len(sweep) == len(set(sweep))  # a row each: method and N
+    default = peer.Recipe()
+    assert default.label == "speculative" and default.flags() == ["--spec-type", "draft-simple", "--spec-draft-n-max",
+                                                                  "3"]
+    tuned = peer.Recipe(n_max=16, n_min=4, p_min=0.75)
+    assert tuned in sweep and tuned.label == "speculative n-min 4 p-min 0.75"
+    assert tuned.flags()[-4:] == ["--spec-draft-n-min", "4", "--spec-draft-p-min", "0.75"]
+    lookup = [r for r in sweep if not r.uses_drafter]
+    assert {r.ngram for r in lookup} == {(3, 3), (3, 8), (12, 48)} and all(r.label.startswith("lookup") for r in lookup)
+    assert "--spec-ngram-simple-size-m" in lookup[0].flags()
+    q4 = [r for r in sweep if r.q4_0]
+    assert len(q4) == 2 and all(r.label.endswith("Q4_0 draft") for r in q4)
+    cfg = peer.spec_config(lookup[0], "drafter.gguf", 2)
+    assert cfg.drafter == "" and cfg.method == lookup[0].label and cfg.n == 3 and cfg.recipe is lookup[0]
+
+
+def test_llamacpp_counts_tokens_as_ours_and_its_block_cost_is_read_from_llama_bench():
+    peer = benchmark_module("real_pair_peer")
+    from harness.llamacpp import parse_bench_json, spec_tokens
+
+    assert spec_tokens(65, 128) == 64  # ended on its end-of-turn token, which it counted
+    assert spec_tokens(131, 128) == 131  # past -n: every token of its last round
+    tests = [{"build_commit": "abc123", "build_number": 7000, "n_prompt": k, "n_gen": 0, "n_depth": 200,
+              "avg_ns": 30_000_000 * (1 + 0.05 * (k - 1)), "samples_ns": []} for k in range(1, 9)]
+    tests.append({**tests[0], "n_prompt": 0, "n_gen": 32})
+    got = parse_bench_json(json.dumps(tests))
+    assert got["version"] == "b7000 (abc123)" and got["depth"] == 200
+    assert got["ms"][1] == pytest.approx(30.0) and got["c_block"][8] == pytest.approx(1.35)
+    with pytest.raises(RuntimeError, match="no prompt test"):
+        parse_bench_json(json.dumps(tests[-1:]))
+    assert peer.COLUMNS[-1] == "llamacpp_version"
 
 
 def _smollm2_installed() -> bool:
@@ -105,8 +142,11 @@ def test_llama_speculative_with_itself_as_draft_accepts_nearly_all():
     assert binary is not None, "RELAXSPEC_LLAMA_BIN has no llama-speculative-simple"
     path = str(Path(*split_gguf("smollm2")))
     spec = peer.LlamaSpeculative(binary, path, path, context=256)
-    got = spec.run(peer.Config(peer.LLAMACPP, "gguf", peer.SPEC, "smollm2", 3, 1),
-                   "<|im_start|>user\nCount from 1 to 40, separated by commas.<|im_end|>\n<|im_start|>assistant\n", 48)
+    text = "<|im_start|>user\nCount from 1 to 40, separated by commas.<|im_end|>\n<|im_start|>assistant\n"
+    from relaxspec.models import load_model
+
+    ids = load_model("smollm2").tokenizer(text)["input_ids"]
+    got = spec.run(peer.spec_config(peer.Recipe(), "smollm2", 1), ids, text, 48)
     assert got["tokens"] >= 24 and got["seconds"] > 0 and got["prompt_tokens"] > 5
     assert got["drafted"] > 0 and got["accepted"] / got["drafted"] > 0.8, got  # (drafts past the end are rejected)
 

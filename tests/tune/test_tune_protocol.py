@@ -181,6 +181,30 @@ def test_at_t0_strict_is_served_by_ars_cell_and_at_t07_by_its_own():
     assert tokens("strict", 0.7) != tokens("ar", 0.7)
 
 
+def test_at_t0_strict_is_held_out_on_its_speed_answers_alone(tmp_path, monkeypatch):
+    """A greedy protocol run: strict's held-out cell reads the confirmation band's first STRICT_SPEED_JOBS answers
+    (its tokens are AR's), every other held-out cell (AR's, a relaxed choice's) the whole band; sampled, strict reads
+    the whole band too (tune.run.confirmation_jobs)."""
+    greedy = replace(TINY, name="tiny-greedy", temperatures=(0.0,), heldout_repeats={0.0: 1}, budgets=(0.5,))
+    search, confirm = greedy.bands()
+    monkeypatch.setattr(tune_run, "STRICT_SPEED_JOBS", 4)
+    held = {}
+    ensure = tune_cells.Cells.ensure
+
+    def logged_ensure(self, spec, jobs, heldout=False):
+        if heldout:
+            held.setdefault(spec.method, set()).update(p for p, _ in jobs)
+        return ensure(self, spec, jobs, heldout)
+    monkeypatch.setattr(tune_cells.Cells, "ensure", logged_ensure)
+    (decision,) = proto.run_protocol(greedy, tmp_path / "out", progress=False)
+    assert held["strict"] == set(range(search, search + 4))
+    assert held["ar"] == set(range(search, search + confirm)) and len(held) >= 2
+    assert decision.result.confirmation.choice.config.is_strict or len(held) == 3
+    sampled = tune_run.TuneConfig(temperature=0.7, search_prompts=search, heldout_prompts=confirm)
+    strict = make_config("strict", {}, 3)
+    assert tune_run.confirmation_jobs(sampled, strict) == tune_run.heldout_jobs(search, confirm, 1)
+
+
 def _real_pair(monkeypatch):
     """The qwen-coder protocol with its bands' sizes (500 searched, 400 confirmed) given, no task loaded."""
     monkeypatch.setattr(proto.Protocol, "bands", lambda self: (500, 400))
@@ -221,9 +245,12 @@ def test_the_real_pair_plan_prices_each_arm_by_its_cells_and_drafter_and_splits_
         spec = configs[a.drafter, a.temperature] * 8 + 5 * 24 + 3 * 128
         ar = 160 if a.drafter == "qwen2.5-coder-0.5b" else 0  # AR's cells once a temperature
         assert a.search_s == pytest.approx((spec * ratio[a.drafter] + ar) * sample)
-        # two choices and one strict cell (N = 3 alone), each on the 400 problems and timed; AR's once a temperature
+        # two choices on the 400 problems and one strict cell (N = 3 alone; at T = 0 on 80, for its speed), each timed;
+        # AR's once a temperature
+        strict = 80 if a.temperature == 0 else 400
         assert a.confirm_cells == 3 + (ar > 0)
-        assert a.confirm_s == pytest.approx(3 * (400 * ratio[a.drafter] * sample + timing) + (400 * sample if ar else 0))
+        assert a.confirm_s == pytest.approx(2 * (400 * ratio[a.drafter] * sample + timing) +
+                                            strict * ratio[a.drafter] * sample + timing + (400 * sample if ar else 0))
         assert a.start_s == start and a.parts == math.ceil(a.total_s / 9000)
     plan = proto.format_plan(qwen)
     for a in arms:

@@ -32,7 +32,7 @@ from relaxspec.acceptance import is_greedy
 from relaxspec.bench import Costs, stats
 from relaxspec.names import AR, STRICT
 from relaxspec.tune.racing import ALPHA, default_caps
-from relaxspec.tune.run import TuneConfig, TuneResult, least_drop_bound, run_tune
+from relaxspec.tune.run import STRICT_SPEED_JOBS, TuneConfig, TuneResult, least_drop_bound, run_tune
 from relaxspec.tune.space import Config, search_space
 
 PART_HOURS = 2.5  # the longest part of a protocol run the plan proposes (`--hours`)
@@ -228,11 +228,13 @@ def price(protocol: Protocol, out: str | Path | None = None, drafters=None, temp
             lengths = len(dict.fromkeys(c.draft_length for c in space))
             samples = confirm_n * protocol.heldout_repeats.get(t, 1)
             ar_left = max(0, samples - stored.heldout(None)) if stored and with_ar else samples * with_ar
-            cells = sum(confirmation_cells(runs, len(left) - runs, lengths, references))
+            relaxed, strict = confirmation_cells(runs, len(left) - runs, lengths, references)
+            strict_samples = samples if references else min(samples, STRICT_SPEED_JOBS)  # (run.confirmation_jobs)
             timing_s = protocol.speed_prompts * protocol.costs.ar_s_per_token * protocol.costs.tokens_per_answer
-            confirm_s = cells * (protocol.cell_seconds(STRICT, drafter, samples) + timing_s) + \
+            confirm_s = relaxed * (protocol.cell_seconds(STRICT, drafter, samples) + timing_s) + \
+                strict * (protocol.cell_seconds(STRICT, drafter, strict_samples) + timing_s) + \
                 protocol.cell_seconds(AR, None, ar_left)
-            prices.append(ArmPrice(drafter, t, len(space), search_s, cells + bool(ar_left), confirm_s,
+            prices.append(ArmPrice(drafter, t, len(space), search_s, relaxed + strict + bool(ar_left), confirm_s,
                                    len(left) * protocol.costs.overhead_s))
     finally:
         if store is not None:
@@ -440,8 +442,9 @@ def format_plan(protocol: Protocol, drafters=None, temperatures=None, out: str |
              + (f"; {', '.join(f'{b:g}' for b in strict_only)}: below the bound identical outputs reach on "
                 f"{p.sizes[-1]} samples ({least_drop_bound(p.sizes[-1]):.3f}), strict searched alone"
                 if strict_only else ""),
-             "  at T = 0 strict's tokens are AR's: AR's cell is each relaxed configuration's reference, and only the "
-             "points that can differ from strict are searched",
+             "  at T = 0 strict's tokens are AR's: AR's cell is each relaxed configuration's reference, only the "
+             f"points that can differ from strict are searched, and strict is held out on {STRICT_SPEED_JOBS} answers "
+             "for its speed",
              f"  price, at most ({c.sample_s:.2g} s a batched AR answer; a speculative cell's "
              + ", ".join(f"{c.batch_ratio(STRICT, d):.2g}x with {d}" for d in p.drafters)
              + f"; {c.overhead_s / 60:.2g} min to start each run):"]

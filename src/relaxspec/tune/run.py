@@ -341,33 +341,49 @@ def search_cells_read(cells: Cells, result: Race, prompts: int) -> list:
     return [(cells.spec(c), False, search_jobs(n, prompts)) for c, n in need.items()]
 
 
+STRICT_SPEED_JOBS = 80  # held-out samples of a strict configuration at T = 0, read for its speed alone
+
+
+def confirmation_jobs(config: TuneConfig, arm: Config) -> list:
+    """The held-out jobs a configuration's confirmation reads: every one; at T = 0 a strict configuration's first
+    STRICT_SPEED_JOBS (each part of a mixed band in proportion: tasks.mix). Its tokens are AR's (tested), whose cell
+    reads every job, so it is read for its speed alone (tokens per round), which that many answers settle."""
+    jobs = heldout_jobs(config.search_prompts, config.heldout_prompts, config.heldout_repeats)
+    return jobs[:STRICT_SPEED_JOBS] if arm.is_strict and is_greedy(config.temperature) else jobs
+
+
 def confirmation_cells_read(cells: Cells, confirmation: Confirmation | None, config: TuneConfig) -> list:
     """[(spec, True, jobs)] of the held-out cells the confirmation read."""
     if confirmation is None:
         return []
-    jobs = heldout_jobs(config.search_prompts, config.heldout_prompts, config.heldout_repeats)
     arms = [confirmation.choice] + ([confirmation.strict_best] if confirmation.strict_best else [])
-    configs = {c for arm in arms for c in arm_cells(config, arm.config)}
-    return [(cells.spec(c), True, jobs) for c in configs]
+    read = {}
+    for arm in arms:
+        jobs = confirmation_jobs(config, arm.config)
+        for c in arm_cells(config, arm.config):
+            read[c] = max(read.get(c, []), jobs, key=len)
+    return [(cells.spec(c), True, jobs) for c, jobs in read.items()]
 
 
 def confirm(cells: Cells, result: Race, config: TuneConfig) -> Confirmation:
     """Re-run the choice, its reference (strict at its N; at T = 0 AR: cells.reference), strict at strict's best
-    search N and AR on the held-out prompts; say whether the drop and the speed-up held."""
-    jobs = heldout_jobs(config.search_prompts, config.heldout_prompts, config.heldout_repeats)
+    search N and AR on the held-out prompts (a strict configuration at T = 0: `confirmation_jobs`); say whether the
+    drop and the speed-up held."""
     choice = result.choice
-    arm = CellArm(cells, choice, jobs, heldout=True)
+    arm = CellArm(cells, choice, confirmation_jobs(config, choice), heldout=True)
     strict = best_strict(result)
-    strict_arm = CellArm(cells, strict, jobs, heldout=True) if strict is not None and strict != choice else None
+    strict_arm = CellArm(cells, strict, confirmation_jobs(config, strict), heldout=True) \
+        if strict is not None and strict != choice else None
     diff = arm.diff(1 - ALPHA)
     speed = arm.speed(1 - ALPHA)
     searched = result.records[choice].speed
     return Confirmation(
-        choice=arm, strict_best=strict_arm, samples=len(jobs),
+        choice=arm, strict_best=strict_arm, samples=len(arm.rows),
         drop_held=choice.is_strict or diff.low >= -config.max_drop,
         speed_held=not (speed.high < searched.low),
         beats_strict=None if strict_arm is None else speed.mean > strict_arm.speed(1 - ALPHA).mean)
 
 
 __all__ = ["prompt_bands", "TuneConfig", "TuneResult", "Confirmation", "run_tune", "search_jobs", "heldout_jobs",
+           "confirmation_jobs", "STRICT_SPEED_JOBS",
            "make_config", "least_drop_bound"]
