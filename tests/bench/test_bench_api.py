@@ -76,6 +76,34 @@ def test_a_workbench_runs_only_the_samples_a_cell_lacks_here_or_on_its_executor(
     assert stored == {(r.prompt_index, r.repeat): (r.response, r.token_hash) for r in whole.rows}
 
 
+def test_a_cell_stopped_between_its_generate_calls_keeps_them_and_goes_on(tmp_path):
+    """workbench.ensure stores each generate call's samples as it ends: a `between` that raises after the first call
+    (as a protocol part out of time does) leaves that call stored, with the cell's metrics; the same request then
+    runs only the rest, and the cell holds what one whole run gives."""
+    config = _config(tmp_path)
+    spec = CellSpec("verifier", "drafter-weak", "arithmetic", "strict", {}, 2, 0)
+    jobs = [(i, 0) for i in range(5)]
+
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop
+    with Workbench(config) as workbench:
+        with pytest.raises(Stop):
+            workbench.ensure(Wanted(spec, jobs, batch_size=2), between=stop)
+        key = workbench.key(spec)
+        assert sorted(workbench.store.utilities(key)) == jobs[:2]
+        assert workbench.store.get(key).metrics["n_samples"] == 2
+        rest = workbench.ensure(Wanted(spec, jobs, batch_size=2), between=lambda: None)
+        assert [(r.prompt_index, r.repeat) for r in rest.rows] == jobs[2:]
+        cell = workbench.store.get(key)
+        assert cell.metrics["n_samples"] == 5 and len(cell.metrics["engine_stats"]) == 3  # a call of 2, 2, 1
+        stored = {(r.prompt_index, r.repeat): (r.response, r.token_hash) for r in workbench.store.rows(key)}
+    whole = run_cell(CellRequest(spec, "k", jobs), config, {})
+    assert stored == {(r.prompt_index, r.repeat): (r.response, r.token_hash) for r in whole.rows}
+
+
 @dataclass
 class Job:
     """A generic executor job (picklable: a pool worker imports this module)."""

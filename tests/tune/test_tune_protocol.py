@@ -205,6 +205,27 @@ def test_at_t0_strict_is_held_out_on_its_speed_answers_alone(tmp_path, monkeypat
     assert tune_run.confirmation_jobs(sampled, strict) == tune_run.heldout_jobs(search, confirm, 1)
 
 
+def test_a_part_out_of_time_stops_between_a_cells_calls_keeping_them_and_the_same_call_goes_on(tmp_path,
+                                                                                                  monkeypatch):
+    """A part whose hours are spent after its first generate call (Pace) stops there with OutOfTime, that call's
+    samples stored; the same call again finishes the protocol, deciding as a run never stopped does (its speeds are
+    measured anew, so they are not compared)."""
+    one = replace(TINY, name="tiny-one", budgets=(0.5,), batch_size=2)  # rung 1: 4 samples a cell, 2 calls
+    clock = iter(range(0, 10 ** 7, 7200))  # each look at the part's clock 2 h later: only the first call fits
+    monkeypatch.setattr(proto.Pace, "clock", staticmethod(lambda: next(clock)))
+    with pytest.raises(proto.OutOfTime, match="every finished generate call is stored"):
+        proto.run_protocol(one, tmp_path / "parts", progress=False, hours=1.5)
+    store = proto._open_store(tmp_path / "parts")
+    stored = store.conn.execute("SELECT COUNT(*) FROM rows").fetchone()[0]
+    store.close()
+    assert stored == 2  # the first call (2 samples) of the first cell, nothing more
+    monkeypatch.undo()
+    (resumed,) = proto.run_protocol(one, tmp_path / "parts", progress=False)
+    (whole,) = proto.run_protocol(one, tmp_path / "whole", progress=False)
+    samples_decide = ("search_choice", "answer", "held", "samples", "drop", "drop_low", "drop_high")  # (not speed)
+    assert {k: resumed.row()[k] for k in samples_decide} == {k: whole.row()[k] for k in samples_decide}
+
+
 def _real_pair(monkeypatch):
     """The qwen-coder protocol with its bands' sizes (500 searched, 400 confirmed) given, no task loaded."""
     monkeypatch.setattr(proto.Protocol, "bands", lambda self: (500, 400))

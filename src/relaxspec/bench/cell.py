@@ -108,25 +108,30 @@ def generate_samples(spec: CellSpec, prompts: list[str], seeds: list[int], verif
 
 
 def run_samples(spec: CellSpec, task, samples: list[tuple[int, int]], verifier, drafter, config: BenchConfig,
-                pivot_fn=None, batch_size: int | None = None):
+                pivot_fn=None, batch_size: int | None = None, on_call=None):
     """Generate the samples (example index, repeat), `batch_size` (default: the config's) per generate call;
-    (rows, the engine stats of each call, as dicts)."""
+    (rows, the engine stats of each call, as dicts). `on_call(rows, stats, seconds, more)`: after each call, its
+    rows, its stats, its seconds and whether calls follow (e.g. to store them: workbench.ensure)."""
     from relaxspec.engine import derive_seed
     jobs = list(samples)
     batch = batch_size or config.batch_size
     rows, parts = [], []
     for start in range(0, len(jobs), batch):
-        chunk = jobs[start:start + batch]
+        chunk, began = jobs[start:start + batch], time.perf_counter()
         out = generate_samples(spec, [task.examples[i].prompt for i, _ in chunk],
                         [derive_seed(spec.seed, i, r) for i, r in chunk], verifier, drafter, config, pivot_fn)
         parts.append(out.stats.as_dict())
+        call = []
         for (i, r), res in zip(chunk, out.results):
             ex = task.examples[i]
-            rows.append(Row(prompt_index=i, repeat=r, prompt=ex.prompt, reference=ex.reference, response=res.text,
+            call.append(Row(prompt_index=i, repeat=r, prompt=ex.prompt, reference=ex.reference, response=res.text,
                             utility=task.score(res.text, ex.reference), tokens=len(res.token_ids),
                             stats={"mean_acceptance_length": res.stats.mean_acceptance_length,
                                    "truncated": len(res.token_ids) >= config.max_new_tokens},
                             token_hash=token_hash(res.token_ids)))
+        rows += call
+        if on_call is not None:
+            on_call(call, parts[-1], time.perf_counter() - began, start + batch < len(jobs))
     return rows, parts
 
 
@@ -248,9 +253,9 @@ class CellRunner:
         pool = len(self.task(name).examples)
         return samples_at(self.config.limit or pool, self.config.repeats, look, pool, self.config.heldout_band)
 
-    def run(self, request: CellRequest) -> CellResult:
-        """The request's samples, generated and scored (an error raises). Its batch-1 timing is not measured
-        here (the driver's: bench.workbench)."""
+    def run(self, request: CellRequest, on_call=None) -> CellResult:
+        """The request's samples, generated and scored (an error raises); `on_call`: run_samples'. Its batch-1
+        timing is not measured here (the driver's: bench.workbench)."""
         import torch
         spec = request.spec
         task = self.task(spec.task)
@@ -259,7 +264,7 @@ class CellRunner:
         with torch.inference_mode():
             start, wall0 = time.time(), time.perf_counter()
             rows, parts = run_samples(spec, task, request.samples, verifier, drafter, self.config, pivot_fn,
-                                      request.batch_size)
+                                      request.batch_size, on_call)
             sample_wall = time.perf_counter() - wall0
         return CellResult(request, rows, parts, sample_wall, (start, time.time()))
 

@@ -12,6 +12,7 @@ alone stores them, with the cell's metrics over all its rows, one transaction pe
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -166,15 +167,22 @@ class Workbench:
         todo = self.missing(wanted)
         return (CellRequest(wanted.spec, cell_key(conf), todo, wanted.batch_size) if todo else None), conf
 
-    def ensure(self, wanted: Wanted, **extra) -> CellResult | None:
-        """Run the samples the cell lacks in this process (an error raises) and store them (`store`); the result,
-        None when it had them all."""
+    def ensure(self, wanted: Wanted, between=None, **extra) -> CellResult | None:
+        """Run the samples the cell lacks in this process (an error raises), storing each generate call's as it
+        ends (`store_result`: a cell stopped part-way keeps its finished calls, and the same request goes on from
+        there); the result (all of them), None when it had them all. `between()`: called after each call that more
+        follow; it may stop the cell there by raising."""
         request, conf = self._request(wanted)
         if request is None:
             return None
-        result = self.runner.run(request)
-        self.store_result(result, conf, wanted.timed, **extra)
-        return result
+
+        def store(rows, stats, seconds, more):
+            now = time.time()
+            self.store_result(CellResult(request, rows, [stats], seconds, (now - seconds, now)), conf, wanted.timed,
+                              **extra)
+            if more and between is not None:
+                between()
+        return self.runner.run(request, on_call=store)
 
     def ensure_all(self, wanted: Iterable[Wanted], **extra) -> Iterator[tuple[CellResult, dict | None]]:
         """Run the samples each cell lacks on the executor and store each cell's as it finishes (`store`): yields

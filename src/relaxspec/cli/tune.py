@@ -101,8 +101,9 @@ def register(subparsers) -> None:
                    help="run a pre-registered search / confirm protocol (see below)")
     t.add_argument("--plan", action="store_true", help="with --protocol: print its bands and price (less what --out "
                                                        "holds), run nothing")
-    t.add_argument("--hours", type=float, help="with --protocol: run a part of at most this long, stopping before a "
-                                               "cell that would not fit; the same command goes on")
+    t.add_argument("--hours", type=float, help="with --protocol: run a part of at most this long, stopping before "
+                                               "samples that would not fit (each generate call's are stored as it "
+                                               "ends); the same command goes on")
     t.add_argument("--no-progress", action="store_true")
     add_executor_arguments(t)
     t.set_defaults(func=cmd_tune, parser=t)

@@ -98,8 +98,9 @@ class Cells:
         """Run the jobs (prompt, repeat) the cell lacks in this process, store them; return all its rows
         {(prompt, repeat): Row}."""
         wanted = self.wanted(spec, jobs, heldout)
-        self._paced([wanted])
-        result = self.workbench.ensure(wanted, run_id=self.workbench.run_id, tune=True)
+        self._paced([wanted])  # (again between its generate calls: a part stops within a cell, its calls stored)
+        result = self.workbench.ensure(wanted, between=lambda: self._paced([wanted]), run_id=self.workbench.run_id,
+                                       tune=True)
         if result is not None:
             self._count(result)
         return {(r.prompt_index, r.repeat): r for r in self.store.rows(self.key(spec, heldout))}

@@ -12,7 +12,8 @@ so a relaxed configuration's drop is measured against AR's cell (tune.cells.refe
 differ from strict are searched; a budget below the bound that identical outputs reach on the last rung's samples is
 searched with strict alone (its answer is strict). The search is bounded by its rungs and caps, not by a clock, so
 its cost can be priced before it starts (`price`: by the cells still to run, at each drafter's cost) and a resumed
-search runs the rungs an uninterrupted one would; a run in parts (`hours`) stops before a cell that would not fit.
+search runs the rungs an uninterrupted one would; a run in parts (`hours`) stops before samples that would not fit
+(between cells, or between a cell's generate calls, each stored as it ends).
 
 The report: per arm and budget, the choice, its held-out drop vs strict with its interval, whether the bound held
 (else the answer is strict, and by how much the candidate missed), its modelled speed-up over AR (the objective,
@@ -288,23 +289,27 @@ def decided_budgets(out) -> set:
 
 
 class OutOfTime(Exception):
-    """A part of the protocol stopped before a cell that would not fit its hours; the same command goes on."""
+    """A part of the protocol stopped before samples that would not fit its hours; the same command goes on."""
 
 
 class Pace:
-    """A part of at most `hours`: before a cell runs (tune's cells call it with [(spec, samples it lacks)]), stop
-    (OutOfTime) if its price would take the part past its hours. The part's first cell always runs."""
+    """A part of at most `hours`: before a cell runs and between its generate calls (tune's cells call it with
+    [(spec, samples it lacks)]), stop (OutOfTime) if the price of what it lacks would take the part past its hours;
+    every finished call is stored. The part's first call always runs."""
+
+    clock = staticmethod(time.monotonic)
 
     def __init__(self, protocol: Protocol, hours: float):
         if not hours > 0:
             raise ValueError(f"tune --protocol: hours must be > 0, got {hours}")
-        self.protocol, self.hours, self.start, self.started = protocol, hours, time.monotonic(), False
+        self.protocol, self.hours, self.start, self.started = protocol, hours, self.clock(), False
 
     def __call__(self, lacking) -> None:
         cost = sum(self.protocol.cell_seconds(spec.method, spec.drafter, n) for spec, n in lacking)
-        if self.started and time.monotonic() - self.start + cost > self.hours * 3600:
-            raise OutOfTime(f"stopped before a cell of ~{cost / 60:.0f} min that would take this part past "
-                            f"{self.hours:g} h; every finished cell is stored: the same command goes on")
+        if self.started and self.clock() - self.start + cost > self.hours * 3600:
+            raise OutOfTime(f"stopped before ~{cost / 60:.0f} min of a cell's samples that would take this part "
+                            f"past {self.hours:g} h; every finished generate call is stored: the same command goes "
+                            "on")
         self.started = True
 
 
@@ -346,8 +351,8 @@ def run_protocol(protocol: Protocol, out: str | Path, progress: bool = True, dra
                  executor=None, on_decision=None, hours: float | None = None) -> list[Decision]:
     """Every run of the protocol (or of the named drafters / temperatures), in order, into one store under `out`;
     each run's choice written to `out/choices/`, each decision to out/protocol.csv as it lands. `on_decision(decision)`
-    after each run (the CLI prints it). `hours`: a part of at most that long (Pace): OutOfTime once the next cell
-    would not fit, every finished cell stored; the same call goes on from there."""
+    after each run (the CLI prints it). `hours`: a part of at most that long (Pace): OutOfTime once the next samples
+    would not fit, every finished generate call stored; the same call goes on from there."""
     from relaxspec.tune.report import write_outputs
 
     out = Path(out)
