@@ -218,10 +218,20 @@ def _tool(directory: Path, name: str) -> Path | None:
 
 
 def binary_version(binary: Path) -> str:
-    """A llama.cpp binary's build (`--version`: "version: NUMBER (COMMIT)"), or "unknown"."""
+    """A llama.cpp binary's build, or "unknown": `--version` prints "version: NUMBER (COMMIT)" in llama.cpp's own
+    builds ("bNUMBER (COMMIT)" here) and "version: NAME (build NUMBER, commit COMMIT)" in the one vendored by
+    llama-cpp-python ("NAME (COMMIT)" here)."""
     done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
-    match = re.search(r"version:\s*(\d+)\s*\((\w+)\)", done.stderr + done.stdout)
-    return f"b{match.group(1)} ({match.group(2)})" if match else "unknown"
+    return parse_version(done.stderr + done.stdout)
+
+
+def parse_version(text: str) -> str:
+    """The build named by a llama.cpp binary's `--version` output (binary_version)."""
+    match = re.search(r"version:\s*(\S+)\s*\((?:build\s*\d+,\s*commit\s*)?(\w+)\)", text)
+    if match is None:
+        return "unknown"
+    name, commit = match.groups()
+    return f"b{name} ({commit})" if name.isdigit() else f"{name} ({commit})"
 
 
 def block_costs(directory: Path, model: str, threads: int, depth: int = 200, widths=tuple(range(1, 9)),

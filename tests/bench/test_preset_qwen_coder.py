@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from dataclasses import replace
+
 import pytest
 
 from relaxspec.bench import presets
@@ -62,6 +64,7 @@ def test_estimate_prices_every_cell():
     c = presets.Costs(ar_s_per_token=0.05, batch_ar_s_per_token=0.02, batch_spec_ratio=1.5,
                       tau={"ngram": 1.6, "lm": 3.0})
     assert c.sample_s == pytest.approx(0.02 * 210)
+    assert replace(c, batch_answer_s=10.3).sample_s == 10.3  # measured on the task: the per-token product set aside
     assert c.ratio(AR, 0, "ngram") == 1.0 == c.batch_ratio(AR)
     assert c.batch_ratio("strict") == 1.5 == c.batch_ratio("strict", "qwen2.5-coder-0.5b")
     assert c.batch_ratio("strict", "ngram") == c.batch_ratio("strict", "ngram:n=2") == pytest.approx((3 + 1) / 1.6)

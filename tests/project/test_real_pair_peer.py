@@ -110,7 +110,7 @@ def test_the_llamacpp_sweep_names_each_recipe_by_what_differs_and_passes_its_fla
 
 def test_llamacpp_counts_tokens_as_ours_and_its_block_cost_is_read_from_llama_bench():
     peer = benchmark_module("real_pair_peer")
-    from harness.llamacpp import parse_bench_json, spec_tokens
+    from harness.llamacpp import parse_bench_json, parse_version, spec_tokens
 
     assert spec_tokens(65, 128) == 64  # ended on its end-of-turn token, which it counted
     assert spec_tokens(131, 128) == 131  # past -n: every token of its last round
@@ -123,6 +123,10 @@ def test_llamacpp_counts_tokens_as_ours_and_its_block_cost_is_read_from_llama_be
     with pytest.raises(RuntimeError, match="no prompt test"):
         parse_bench_json(json.dumps(tests[-1:]))
     assert peer.COLUMNS[-1] == "llamacpp_version"
+    # --version as llama.cpp's own builds print it, as the one vendored by llama-cpp-python prints it, and neither
+    assert parse_version("version: 7000 (abc123)\nbuilt with cc") == "b7000 (abc123)"
+    assert parse_version("version: 0.5.0-dev (build 1, commit 0c1e570)") == "0.5.0-dev (0c1e570)"
+    assert parse_version("usage: ...") == "unknown"
 
 
 def _smollm2_installed() -> bool:

@@ -117,10 +117,15 @@ class Costs:
     drafter_step: dict = field(default_factory=lambda: {"ngram": 0.003, "lm": 0.39})
     tau: dict = field(default_factory=lambda: {"ngram": 1.6, "lm": 3.7})
     overhead_s: float = 180.0  # per stage: loading the pair (GGUF int4 ~40 s a process), speed constants, report
+    # a batched AR answer's seconds as measured on the task itself, where a batch's longest answer sets its length
+    # (None: the per-token cost times tokens_per_answer)
+    batch_answer_s: float | None = None
 
     @property
     def sample_s(self) -> float:
         """Seconds of one AR answer in a batch of the problems."""
+        if self.batch_answer_s is not None:
+            return self.batch_answer_s
         return self.batch_ar_s_per_token * self.tokens_per_answer
 
     def batch_ratio(self, method: str, drafter: str = DRAFTER) -> float:
