@@ -125,10 +125,10 @@ PROTOCOLS = {p.name: p for p in (
              "qwen2.5-coder-1.5b", ("qwen2.5-coder-0.5b", "ngram"), (0.0, 0.7), (0.01, 0.03, 0.05),
              "mbpp-instruct[0:250],gsm8k[0:250]", "humaneval-instruct,mbpp-instruct[250:368],gsm8k[250:368]",
              {0.0: 1, 0.7: 1},
-             # measured on the search band (2026-12-07, 2 cores, batches of 24, up to 512 tokens, T = 0.7, 160
-             # samples each): AR 10.3 s a batched answer, strict with the 0.5B at N = 3 9.9 s (0.96x AR's); GSM8K's
-             # answers run to 300-512 tokens and a batch lasts as long as its longest answer
-             Costs(batch_answer_s=10.3, batch_spec_ratio=0.96), max_new_tokens=512,
+             # measured on the search band (2026-12-07 21:18-21:55, a quiet 2-core machine, batches of 24, up to 512
+             # tokens, T = 0.7, 160 samples each): AR 4.8 s a batched answer (221 tokens on average), strict with the
+             # 0.5B at N = 3 6.5 s (1.37x AR's); a batch lasts as long as its longest answer
+             Costs(batch_answer_s=4.8, batch_spec_ratio=1.37), max_new_tokens=512,
              # the last rung's 160 samples let a configuration identical to strict pass 0.03 (its bound: 0.023; 0.01
              # is searched with strict alone); N = 3 alone (the 0.5B's fastest at batch 1, prompt lookup within 7 % of
              # its fastest: docs/results/real-pair-peer-t2-vnni.csv) and two, then one configurations on: the price
