@@ -6,9 +6,8 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
