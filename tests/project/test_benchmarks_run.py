@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 RUNS = {  # script: (tiny arguments, a line its output must hold)
     "b1_repeat": (["--prompts", "2", "--repeats", "1"], "S_blk"),
+    "batch_throughput": (["--model", "verifier", "--dtype", "float32", "--task", "arithmetic", "--batch", "3",
+                          "--max-new-tokens", "8", "--rows", "1", "2", "--context", "16", "--repeats", "2",
+                          "--threads", "1"], "| GMAC/s |"),
     "compile_speed": (["--help"], "--modes"),
     "cpu_peer": (["--quick", "--no-progress"], "strict runs differ from AR"),
     "default_job_b1": (["--prompts", "2", "--draft-lengths", "3", "--pad"], "pad"),
