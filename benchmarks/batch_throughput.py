@@ -22,13 +22,11 @@ import time
 
 import torch
 
-from harness.options import add, parser
+from harness.breakdown import LINEARS
+from harness.options import add, parser, positive
 from relaxspec.engine import generate
 from relaxspec.models import load_model
 from relaxspec.tasks import get_task
-
-LINEARS = (("qkv", 1), ("o", 2), ("gate_up", 4), ("down", 5))  # (name, its index in a FastLlama layer's tuple)
-
 
 def batch_run(lm, prompts: list[str], max_new_tokens: int, temperature: float) -> dict:
     """One generate call of AR over `prompts` (its prefill included): wall seconds and the answers' lengths."""
@@ -77,8 +75,9 @@ def main(argv=None) -> None:
         context=300, repeats=5, threads=2)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 6, 12, 24, 48])
     args = ap.parse_args(argv)
-    if min(args.batch, args.max_new_tokens, args.context, args.repeats, args.threads, *args.rows) < 1:
-        ap.error("--batch, --max-new-tokens, --context, --repeats, --threads and --rows must be >= 1")
+    positive(ap, args, "batch", "max_new_tokens", "context", "repeats", "threads")
+    if min(args.rows) < 1:
+        ap.error("--rows must be positive integers")
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, dtype=args.dtype)
     if lm.fast is None:
