@@ -8,7 +8,8 @@ The kernels take turns within each round (load changes hit them alike); ms is th
 pass over all the layers. Printed per kernel: ms, the block's cost over one row's (c_block of the linears),
 bytes read per pass (codes, scales and zeros) over the time (GB/s), and 2 * rows * weights over the time
 (GFLOP/s). On a CPU with AVX-512 VNNI the block kernel runs its VNNI path, and its bf16 path (the one of CPUs
-without VNNI) is timed beside it: "bf16 ms" and "block / bf16".
+without VNNI) is timed beside it: "bf16 ms" and "block / bf16"; on a CPU with AVX2 but no AVX-512 the block kernel
+is the VNNI path's AVX2 code (int4_block_avx2.c), and there is no bf16 path to time.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def main(argv=None) -> None:
     # 30 layers share 4 distinct matrices (each layer its own Linear would be 30x the memory for the same reads:
     # the codes of one layer (~2.2 MB) do not stay in this CPU's 2 MB L2 between layers either way).
     kernels = {impl: {id(w): Linear(w, "int4", int4_impl=impl) for w in mats} for impl in ("aten", "block")}
-    if int4_block.path() != "bf16":  # the bf16 path on the same codes
+    if int4_block.path() != "bf16" and int4_block.has_bf16():  # the bf16 path on the same codes
         kernels["bf16"] = {id(w): bf16_path(w) for w in mats}
     n_weights = sum(w.numel() for w in mats)
     nbytes = sum(kernels["block"][id(w)].nbytes for w in mats)

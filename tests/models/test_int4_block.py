@@ -1,5 +1,8 @@
-"""The int4 block kernel (models/int4_block.py): numbers against a float32 dequantize-then-matmul reference, rows
+"""The int4 block kernel (models/int4_block.py): numbers against a float32 dequantize-then-matmul reference, the
+int8-activation path's bits against a scalar C reference of its operations (the same on AVX-512 and AVX2), rows
 independent of the block they are in (bit for bit), and a clean fallback to aten's kernel when it cannot be built."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,16 +11,19 @@ from relaxspec import native
 from relaxspec.models import int4_block
 from relaxspec.models.quant import Linear, dequantize_int4, quantize_int4
 
-# Skipped only where the kernel cannot run here (no compiler, no AVX-512 BF16, kernels off); where it can, a build
-# that fails fails these tests (kernel() None) and tests/project/test_native_build.py.
+# Skipped only where the kernel cannot run here (no compiler, neither AVX-512 BF16 nor AVX2, kernels off); where it
+# can, a build that fails fails these tests (kernel() None) and tests/project/test_native_build.py.
 needs_kernel = pytest.mark.skipif(
-    native.compiler() is None or not native.enabled() or not set(int4_block.CPU_FLAGS) <= native.cpu_flags(),
-    reason="no C compiler, no AVX-512 BF16 CPU, or RELAXSPEC_NATIVE=0")
+    native.compiler() is None or not native.enabled() or int4_block.isa() is None,
+    reason="no C compiler, neither an AVX-512 BF16 nor an AVX2 CPU, or RELAXSPEC_NATIVE=0")
+needs_bf16 = pytest.mark.skipif(int4_block.isa() != "avx512", reason="bf16_mm needs the AVX-512 kernel")
 
-
-
-# The paths this CPU runs: bf16 on every CPU the kernel runs on, vnni where it has AVX-512 VNNI as well.
-LAYOUTS = ["bf16"] + (["vnni"] if int4_block.path() == "vnni" else [])
+# The paths this CPU runs: bf16 on every CPU the AVX-512 kernel runs on, vnni where it has AVX-512 VNNI as well or
+# runs the AVX2 kernel.
+LAYOUTS = (["bf16"] if int4_block.isa() == "avx512" else []) + (["vnni"] if int4_block.path() == "vnni" else [])
+REFERENCE = native.Kernel("int4_q8_reference", Path(__file__).parent / "csrc" / "int4_q8_reference.c",
+                          Path(__file__).parent / "csrc" / "int4_q8_reference.h",
+                          flags=("-O2", "-fPIC", "-shared", "-ffp-contract=off"))
 SHAPES = ((50, 96), (7, 64), (960, 576), (576, 1536), (3, 32), (40, 8960), (5, 640))  # last superblocks of 3, 2,
 # 2, 16, 1, 8 and 4 groups
 
@@ -81,6 +87,27 @@ def test_the_vnni_path_rounds_the_inputs_as_llama_cpp_q8_0():
     assert ((y - ref).abs() <= 1e-5 * (xq.abs().double() @ deq.abs().double().t())).all()
     # and it does round them: off the unrounded product by more than the summation order allows
     assert ((y - x.double() @ deq.double().t()).abs() > 1e-4 * (x.abs().double() @ deq.abs().double().t())).any()
+
+
+@needs_kernel
+@pytest.mark.skipif("vnni" not in LAYOUTS, reason="no int8-activation path on this CPU")
+def test_the_int8_path_gives_the_scalar_reference_s_bits():
+    """int4_block_mm_q8 on this CPU's instruction set (AVX-512 VNNI or AVX2) against tests/models/csrc/
+    int4_q8_reference.c, the path's float32 operations one at a time in the AVX-512 code's order: equal bits, so
+    a row gets the same numbers on both (last superblocks of 3, 2, 1, 4, 8, 12 and 16 groups; an all-zero group;
+    300 rows: several blocks of rows)."""
+    reference = native.open_library(REFERENCE)
+    torch.manual_seed(9)
+    for shape in ((50, 96), (7, 64), (3, 32), (5, 640), (40, 8960), (33, 896), (70, 1536), (9, 4864)):
+        packed = int4_block.pack(*quantize_int4(torch.randn(shape) * 0.05), "vnni")
+        for rows in (1, 2, 6, 7, 13) + ((300,) if shape == (9, 4864) else ()):
+            x = torch.randn(rows, shape[1]) * 3
+            x[0, :32] = 0  # an all-zero group
+            y = int4_block.block_mm(x, *packed, "vnni")
+            want = torch.empty_like(y)
+            reference.int4_q8_reference(x.data_ptr(), rows, shape[1], packed[0].data_ptr(), packed[1].data_ptr(),
+                                        want.data_ptr(), shape[0])
+            assert torch.equal(y, want), (shape, rows, (y - want).abs().max())
 
 
 @needs_kernel
@@ -221,7 +248,7 @@ def test_the_block_kernel_runs_a_model_and_a_verify_block_gets_the_logits_of_sin
     assert torch.equal(block.argmax(-1), steps.argmax(-1))
 
 
-@needs_kernel
+@needs_bf16
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bfloat16_weights_get_float32_sums_row_by_row(threads):
     """bf16_mm: each output the float32 sum of the bfloat16 products (against a float64 reference of the same
@@ -248,7 +275,7 @@ def test_bfloat16_weights_get_float32_sums_row_by_row(threads):
         int4_block.bf16_mm(torch.randn(2, 48), torch.randn(3, 48).to(torch.bfloat16))
 
 
-@needs_kernel
+@needs_bf16
 def test_a_bfloat16_linear_runs_the_kernel_up_to_bf16_rows_and_onednn_for_a_prompt():
     """Linear in bfloat16: calls of up to BF16_ROWS rows (decode steps, verify blocks) through bf16_mm (float32
     outputs, a row's bits the same alone and in a block; 64 rows of 8960 inputs span several blocks of rows);

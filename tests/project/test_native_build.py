@@ -25,7 +25,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "relaxspec"
 def kernels() -> dict[str, native.Kernel]:
     """Every kernel of the package: the sampler's, each rule's with its math in C, FastLlama's, int4's and the GGUF
     block kernel's."""
-    found = [fused.KERNEL, f32_kernels.KERNEL, int4_block.KERNEL, gguf_block.KERNEL]
+    found = [fused.KERNEL, f32_kernels.KERNEL, int4_block.KERNEL, int4_block.AVX2_KERNEL, gguf_block.KERNEL]
     found += [fused.rule_kernel(rule.name, rule.native_test, rule.native_residual, rule.native_bonus)
               for rule in RULES.values() if rule.native_test is not None]
     return {k.name: k for k in found}
@@ -39,14 +39,15 @@ def test_the_kernel_builds_with_warnings_as_errors(name, tmp_path):
     kernel = KERNELS[name]
     if native.compiler() is None:
         pytest.skip("no C compiler: every kernel's torch path serves (test_without_a_compiler_the_torch_paths_serve)")
-    if kernel is int4_block.KERNEL and platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the int4 block kernel is x86-64 AVX-512 code")
+    cpu = {int4_block.KERNEL: int4_block.CPU_FLAGS, int4_block.AVX2_KERNEL: int4_block.AVX2_FLAGS}.get(kernel)
+    if cpu is not None and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the int4 block kernels are x86-64 AVX-512 and AVX2 code")
     try:
         target = native.build(kernel, native.WARNINGS, tmp_path)
     except native.BuildError as error:
         pytest.fail(f"{name} does not build with {' '.join(native.WARNINGS)}:\n{error}", pytrace=False)
     declared = native.signatures(kernel.header)
-    if kernel is int4_block.KERNEL and not set(int4_block.CPU_FLAGS) <= native.cpu_flags():
+    if cpu is not None and not set(cpu) <= native.cpu_flags():
         return  # built; not loadable on this CPU's instruction set
     lib = ctypes.CDLL(str(target))
     native.check_layout(lib, kernel.header)  # the structs' layout as read is the compiler's
@@ -104,7 +105,7 @@ def test_without_a_compiler_the_torch_paths_serve(tmp_path):
     assert libs_outputs.startswith("[True, True, True, True]")
     assert libs_outputs == off.stdout.strip().splitlines()[0]  # the torch paths: the same outputs
     expected = ["relaxspec native kernel 'f32_kernels'", "relaxspec native kernel 'sampler'"]
-    if set(int4_block.CPU_FLAGS) <= native.cpu_flags():
+    if int4_block.isa() is not None:
         expected.append("relaxspec int4 block kernel")
     assert eval(warned) == sorted(expected)
     assert off.stdout.strip().splitlines()[1] == "[]"  # turned off: no warning

@@ -47,5 +47,6 @@ def test_the_wheel_ships_every_file_of_the_package(tmp_path):
                  "acceptance/csrc/sampler_core.c", "acceptance/csrc/verify_loop.c", "acceptance/csrc/rule.c",
                  "acceptance/csrc/rule.h", "models/csrc/f32_kernels.c", "models/csrc/f32_kernels.h",
                  "models/csrc/int4_block.c", "models/csrc/int4_block.h",
+                 "models/csrc/int4_block_avx2.c", "models/csrc/int4_q8.h", "models/csrc/int4_q8_drivers.h",
                  *(f"acceptance/csrc/rules/{r.native_test}" for r in RULES.values() if r.native_test)):
         assert f"relaxspec/{name}" in kernel_files, name

@@ -1,5 +1,5 @@
-"""An int4 weight-only kernel for CPUs with AVX-512, for one row (a decode step), a verify block of N+1 rows and a
-prompt alike.
+"""An int4 weight-only kernel for CPUs with AVX-512 or AVX2, for one row (a decode step), a verify block of N+1 rows
+and a prompt alike.
 
 Two paths, picked by the CPU (`path`):
 
@@ -8,7 +8,10 @@ Two paths, picked by the CPU (`path`):
   `vpdpbusd` (unsigned 4-bit codes times signed int8, exact in int32), scaled and summed in float32 lane by lane
   (one lane a group) and reduced once per output. About 3x fewer instructions per weight than dequantizing; the
   activations' rounding (at most d / 2 = max|x_g| / 254 per input) is llama.cpp's. A call of many rows (a prompt)
-  reads each weight once per block of rows whose int8 inputs stay in cache, not once per few rows.
+  reads each weight once per block of rows whose int8 inputs stay in cache, not once per few rows. On a CPU with
+  AVX2 and FMA but no AVX-512 (`isa` "avx2") the same path runs from int4_block_avx2.c: the same codes and int8
+  inputs, and lane by lane the same float32 operations in the same order (its integer dot products by
+  vpmaddubsw / vpmaddwd, exact as vpdpbusd's), so it is meant to give the AVX-512 path's bits.
 * "bf16" (AVX-512 BF16 without VNNI): each group dequantized to bfloat16 (w = q * scale + zero' in float32,
   rounded) once per call of up to `MAX_ROWS` rows and applied with `vdpbf16ps` (bfloat16 pairs multiplied
   exactly and summed in float32), the rows' inputs rounded to bfloat16 as aten's kernel rounds them.
@@ -23,10 +26,12 @@ nibble) and code j + 16 (high nibble), on the VNNI path the bytes of each 16 gro
 (`_superblocks`, int4_block.c); per group a 32-bit word, quant.py's bfloat16 scale in its high half and its
 bfloat16 zero in the low half (w = (q - 8) scale + zero, computed as q scale + (zero - 8 scale) in float32).
 
-Plain C (models/csrc/int4_block.c, its interface int4_block.h) built on first use by relaxspec.native with the
-system's C compiler (`-fopenmp`: outputs split between the threads of the process's OpenMP runtime, torch's, with
-torch's thread count, as its own kernels split them) and loaded with ctypes; without a compiler, without AVX-512
-BF16, when the build fails (one warning line) or with RELAXSPEC_NATIVE=0: quant.py uses the aten kernel. It is
+Plain C (models/csrc/int4_block.c, or int4_block_avx2.c, their interface int4_block.h; the VNNI path's drivers in
+int4_q8_drivers.h) built on first use by relaxspec.native with the system's C compiler (`-fopenmp`: outputs split
+between the threads of the process's OpenMP runtime, torch's, with torch's thread count, as its own kernels split
+them) and loaded with ctypes; without a compiler, without AVX-512 BF16 or AVX2, when the build fails (one warning
+line) or with RELAXSPEC_NATIVE=0: quant.py uses the aten kernel (and oneDNN for bfloat16 weights wherever
+`has_bf16` is False). It is
 int4's default where it builds (RELAXSPEC_INT4_KERNEL=aten keeps aten's). Measured on a 2-core AVX-512 VNNI EPYC
 (one thread, interleaved, medians; benchmarks/int4_block_speed.py): SmolLM2's linears cost 0.48 / 0.92 / 0.99 /
 0.87 of the bf16 path's time at 1 / 4 / 9 / 150 rows; Qwen2.5-1.5B's shapes 0.29-0.43 at one row.
@@ -44,34 +49,54 @@ from relaxspec import native
 
 MAX_ROWS = 10  # rows per pass over the weights (int4_block.c's MAX_ROWS)
 GROUP = 32
+CSRC = Path(__file__).resolve().parent / "csrc"
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
-KERNEL = native.Kernel("int4_block", Path(__file__).resolve().parent / "csrc" / "int4_block.c",
-                       Path(__file__).resolve().parent / "csrc" / "int4_block.h",
+KERNEL = native.Kernel("int4_block", CSRC / "int4_block.c", CSRC / "int4_block.h",
                        flags=("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
                               "-mavx512bf16", "-mavx512vnni", "-mfma"))
+AVX2_FLAGS = ("avx2", "fma")
+AVX2_KERNEL = native.Kernel("int4_block_avx2", CSRC / "int4_block_avx2.c", CSRC / "int4_block.h",
+                            flags=("-O3", "-fPIC", "-shared", "-fopenmp", "-mavx2", "-mfma"),
+                            functions=("int4_block_mm_q8",))
 PATHS = ("vnni", "bf16")
+
+
+def isa() -> str | None:
+    """The kernel this CPU runs: "avx512" (int4_block.c: both paths and bf16_mm) where it has AVX-512 BF16, "avx2"
+    (int4_block_avx2.c: the VNNI path's numbers with AVX2 instructions, no bf16 path) where it has AVX2 and FMA,
+    else None."""
+    flags = native.cpu_flags()
+    if set(CPU_FLAGS) <= flags:
+        return "avx512"
+    return "avx2" if set(AVX2_FLAGS) <= flags else None
 
 
 @functools.cache
 def kernel():
-    """The kernel's library (its functions int4_block_mm, int4_block_mm_q8, bf16_block_mm), or None (with one
-    warning line) where it cannot run or be built; None, silently, with RELAXSPEC_NATIVE=0."""
+    """The kernel's library for this CPU (`isa`; int4_block_mm_q8, and on AVX-512 int4_block_mm and bf16_block_mm
+    too), or None (with one warning line) where it cannot run or be built; None, silently, with
+    RELAXSPEC_NATIVE=0."""
     if not native.enabled():
         return None
-    missing = [f for f in CPU_FLAGS if f not in native.cpu_flags()]
-    if missing:
+    if isa() is None:
+        missing = [f for f in AVX2_FLAGS if f not in native.cpu_flags()]
         return _unavailable(f"this CPU lacks {', '.join(missing)}")
     try:
-        return native.open_library(KERNEL)
+        return native.open_library(KERNEL if isa() == "avx512" else AVX2_KERNEL)
     except native.BuildError as error:
         return _unavailable(error.summary)
 
 
+def has_bf16() -> bool:
+    """Whether the bf16 path and bf16_mm run here (the AVX-512 kernel built)."""
+    return isa() == "avx512" and kernel() is not None
+
+
 @functools.cache
 def path() -> str:
-    """The kernel's path on this CPU: "vnni" (int8 inputs, int4_block_mm_q8) where it has AVX-512 VNNI, else
-    "bf16" (int4_block_mm)."""
-    return "vnni" if "avx512_vnni" in native.cpu_flags() else "bf16"
+    """The kernel's path on this CPU: "vnni" (int8 inputs, int4_block_mm_q8) where it has AVX-512 VNNI or runs the
+    AVX2 kernel, else "bf16" (int4_block_mm)."""
+    return "vnni" if "avx512_vnni" in native.cpu_flags() or isa() == "avx2" else "bf16"
 
 
 def _unavailable(why: str):

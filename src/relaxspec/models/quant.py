@@ -19,9 +19,10 @@ LM head) are stored once, in that format, and multiplied by a stock kernel:
   (w = (q - 8) * scale + zero), `aten._weight_int4pack_mm_for_cpu` on the activations rounded to bfloat16.
   The kernel needs `in_features % GROUP_SIZE == 0` (`int4_problem`); the output rows are padded with zero
   rows to a multiple of 16 (its packing), and the padding is sliced off. By default, where it can be built
-  (AVX-512 BF16, a C compiler), `models/int4_block.py` instead, in its own layout of the same codes, scales
-  and zeros (one copy): with AVX-512 VNNI the activations quantized to int8 per group of 32 and integer dot
-  products (as llama.cpp's Q8_0 x Q4), else each group dequantized to bfloat16 once per block of up to 10 rows;
+  (AVX-512 BF16 or AVX2, a C compiler), `models/int4_block.py` instead, in its own layout of the same codes,
+  scales and zeros (one copy): with AVX-512 VNNI, or AVX2 without AVX-512, the activations quantized to int8 per
+  group of 32 and integer dot products (as llama.cpp's Q8_0 x Q4), else each group dequantized to bfloat16 once
+  per block of up to 10 rows;
   RELAXSPEC_INT4_KERNEL=aten keeps aten's.
 
 What stays float32 in every format: the activations between layers and the residual stream, norms and their
@@ -193,7 +194,7 @@ class Linear:
         elif fmt == "bfloat16" and cpu:
             self.w = weight.to(torch.bfloat16).contiguous()
             self.bf16_kernel = (self.shape[1] % int4_block.GROUP == 0 and native_enabled()
-                                and int4_block.kernel() is not None)
+                                and int4_block.has_bf16())
         elif (fmt == "float32" and cpu and weight.numel() >= ONEDNN_MIN_ELEMENTS
               and torch.backends.mkldnn.is_available()):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 6)
@@ -303,7 +304,7 @@ class Linear:
         elif kind == "bfloat16":
             self.w = tensors["w"]
             self.bf16_kernel = (self.shape[1] % int4_block.GROUP == 0 and native_enabled()
-                                and int4_block.kernel() is not None)
+                                and int4_block.has_bf16())
         elif kind == "t":
             self.t = tensors["t"]
         else:

@@ -160,20 +160,7 @@ void bf16_block_mm(const uint16_t* x, int64_t M, int64_t in, const uint16_t* w, 
    partial superblock of r groups packs its 4 registers in 4r bytes each, or where r <= 4 keeps its groups'
    16 bytes in order (one register, group g in lanes 4g..4g+3, its scales spread to them). */
 
-#define SB 16                /* groups per superblock */
-#define SB_BYTES (SB * 32)   /* x8 bytes per superblock: 4 registers of low-nibble inputs, then 4 of high */
-#define PREFETCH 2048        /* codes read ahead (bytes): the memory stream overlaps the dot products */
-
-typedef struct {
-  const int8_t* x8;  /* [M, S * SB_BYTES], the rows' inputs in the superblocks' order (zero past the last group) */
-  const float* d;    /* [M, S * SB], each group's scale (zero past the last group) */
-  const float* c;    /* [M, S * SB], d * sum of the group's x8 */
-  int64_t S, G;      /* superblocks, groups */
-  const uint8_t* codes;
-  const int32_t* sz;
-  float* y;
-  int64_t out, M;
-} qproblem;
+#include "int4_q8.h"
 
 /* Rows [m0, m0 + M) against outputs o..o + OT - 1: y[m, o + t] = sum over lanes of the float accumulator, which
    gets per superblock d * s * (integer dot product) and z' * c lane by lane (lane g: group g). The same steps
@@ -231,92 +218,18 @@ static inline __attribute__((always_inline)) void qtile(const int M, const int O
     _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) p->y[(m0 + m) * p->out + o + t] = _mm512_reduce_add_ps(acc[t][m]);
 }
 
-/* Rows [m0, m0 + MM) against the outputs [o, o + n): sub-tiles of OT outputs (4 for one row, 2 for two, else 1:
-   the accumulators stay in registers), the rest one by one. */
-#define QROWS(MM)                                                                      \
-  static void qrows_##MM(const qproblem* p, int64_t m0, int64_t o, int64_t n) {        \
-    const int OT = (MM) == 1 ? 4 : (MM) == 2 ? 2 : 1;                                  \
-    int64_t i = 0;                                                                     \
-    for (; i + OT <= n; i += OT) qtile(MM, OT, p, m0, o + i);                          \
-    for (; i < n; ++i) qtile(MM, 1, p, m0, o + i);                                     \
-  }
-QROWS(1) QROWS(2) QROWS(3) QROWS(4) QROWS(5) QROWS(6)
-#undef QROWS
-
-#define Q_ROWS 6                 /* rows per pass over a tile (more spill the accumulators) */
-#define OUT_TILE 4               /* outputs per unit of the split between threads */
-#define X8_CHUNK_BYTES (32 << 10)  /* a pass of rows: their quantized inputs kept in L1 */
-#define X8_BLOCK_BYTES (256 << 10) /* a block of rows' quantized inputs, kept in L2 while the outputs pass over it */
-
-/* Output tiles [begin, end): for each block of rows (their int8 inputs stay in cache), each tile against its rows
-   Q_ROWS at a time (the tile's codes stay in cache): each weight read from memory once per block of rows. */
-static void qtiles(const void* arg, int64_t begin, int64_t end) {
-  static void (*const rows[Q_ROWS])(const qproblem*, int64_t, int64_t, int64_t) = {qrows_1, qrows_2, qrows_3,
-                                                                                   qrows_4, qrows_5, qrows_6};
-  const qproblem* p = arg;
-  const int64_t row_bytes = p->S * (SB_BYTES + 8 * SB);
-  int64_t block = X8_BLOCK_BYTES / row_bytes / Q_ROWS * Q_ROWS;
-  block = block < Q_ROWS ? Q_ROWS : block;
-  int64_t chunk = X8_CHUNK_BYTES / row_bytes; /* rows per pass over a tile: their int8 inputs stay in L1 */
-  chunk = chunk < 1 ? 1 : chunk > Q_ROWS ? Q_ROWS : chunk;
-  for (int64_t b0 = 0; b0 < p->M; b0 += block) {
-    const int64_t b1 = b0 + block < p->M ? b0 + block : p->M;
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t o = i * OUT_TILE, n = o + OUT_TILE < p->out ? OUT_TILE : p->out - o;
-      for (int64_t m0 = b0; m0 < b1; m0 += chunk) rows[(b1 - m0 < chunk ? b1 - m0 : chunk) - 1](p, m0, o, n);
-    }
-  }
+/* The group's 32 inputs rounded to int8 (int4_q8.h): d = max |x| / 127, x8 = round(x / d) (nearest even). */
+static inline __attribute__((always_inline)) float quantize_group(const float* xg, int8_t bytes[32], int32_t* sum) {
+  const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(id))); /* round to nearest even */
+  const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(id)));
+  _mm_storeu_si128((__m128i*)bytes, _mm512_cvtsepi32_epi8(qa));
+  _mm_storeu_si128((__m128i*)(bytes + 16), _mm512_cvtsepi32_epi8(qb));
+  *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  return d;
 }
 
-/* Rows [begin, end) of x quantized into the problem's buffers (group by group, in the superblocks' order). */
-typedef struct {
-  const float* x;
-  int64_t in;
-  qproblem* q;
-} quantize_job;
-
-static void quantize_rows(const void* arg, int64_t begin, int64_t end) {
-  const quantize_job* job = arg;
-  const qproblem* q = job->q;
-  for (int64_t m = begin; m < end; ++m)
-    for (int64_t g = 0; g < q->G; ++g) {
-      const float* xg = job->x + m * job->in + 32 * g;
-      const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-      const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(id))); /* round to nearest even */
-      const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(id)));
-      const int64_t sb = g / SB, lane = g % SB;
-      const int compact = q->G - sb * SB <= SB / 4; /* a last superblock of 1..4 groups: group g in lanes 4g.. */
-      int8_t* row = (int8_t*)q->x8 + m * q->S * SB_BYTES + sb * SB_BYTES;
-      int8_t bytes[32];
-      _mm_storeu_si128((__m128i*)bytes, _mm512_cvtsepi32_epi8(qa));
-      _mm_storeu_si128((__m128i*)(bytes + 16), _mm512_cvtsepi32_epi8(qb));
-      if (compact) { /* inputs 0..15 at bytes 16g.., inputs 16..31 at 256 + 16g.. */
-        memcpy(row + 16 * lane, bytes, 16);
-        memcpy(row + 256 + 16 * lane, bytes + 16, 16);
-      } else {
-        for (int k = 0; k < 8; ++k) memcpy(row + 4 * lane + 64 * k, bytes + 4 * k, 4); /* inputs 4k..: register k */
-      }
-      const int64_t at = m * q->S * SB + sb * SB + (compact ? 4 * lane : lane);
-      const float c = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-      for (int l = 0; l < (compact ? 4 : 1); ++l) ((float*)q->d)[at + l] = d; /* c in the group's first lane only */
-      ((float*)q->c)[at] = c;
-    }
-}
-
-/* y [M, out] float32 = x [M, in] (float32, contiguous) @ W^T with the inputs in int8 (above); codes in `pack`'s
-   VNNI layout, sz as for int4_block_mm. */
-void int4_block_mm_q8(const float* x, int64_t M, int64_t in, const uint8_t* codes, const int32_t* sz, float* y,
-                      int64_t out) {
-  if (M <= 0 || out <= 0) return;
-  const int64_t G = in / 32, S = (G + SB - 1) / SB;
-  void* buffer = calloc((size_t)(M * S * (SB_BYTES + 8 * SB)), 1);
-  if (buffer == NULL) abort();
-  qproblem q = {buffer, (const float*)((int8_t*)buffer + M * S * SB_BYTES), NULL, S, G, codes, sz, y, out, M};
-  q.c = q.d + M * S * SB;
-  const quantize_job job = {x, in, &q};
-  parallel_for(M, 4, quantize_rows, &job);
-  parallel_for((out + OUT_TILE - 1) / OUT_TILE, 8, qtiles, &q);
-  free(buffer);
-}
+#define QTILE_OT(MM) ((MM) == 1 ? 4 : (MM) == 2 ? 2 : 1) /* outputs per tile: 4 for one row, 2 for two, else 1 */
+#include "int4_q8_drivers.h"
