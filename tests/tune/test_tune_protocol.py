@@ -3,6 +3,7 @@ bands are disjoint, the confirmation band is never read before each run's choice
 
 import csv
 import math
+import platform
 import re
 from dataclasses import replace
 
@@ -122,6 +123,25 @@ def test_the_cli_prints_the_plan_and_refuses_what_the_protocol_fixes(capsys, tmp
     assert cli.main(["tune", "--protocol", "builtin", "--temperature", "0", "--plan"]) == 0
     assert "temperatures 0;" in capsys.readouterr().out
     assert cli.main(["tune", "--plan"]) == 2
+
+
+def test_a_protocol_s_parts_share_one_kind_of_machine(tmp_path, capsys):
+    """The first part records the machine's kind (architecture, int4 kernel); a part on another kind is refused in
+    one line before anything runs, unless --any-machine, which keeps the record."""
+    out, kind = tmp_path / "out", proto.machine_kind()
+    assert kind.startswith(f"{platform.machine()}, int4 kernel ")
+    assert proto.check_machine(out) == kind and (out / "machine.txt").read_text() == kind + "\n"
+    assert proto.check_machine(out) == kind  # the same kind goes on
+    (out / "machine.txt").write_text("riscv64, int4 kernel none / aten\n")
+    with pytest.raises(ValueError, match=r"begun on a machine of another kind \(riscv64, int4 kernel none / aten\)"
+                       ) as error:
+        proto.check_machine(out)
+    assert "\n" not in str(error.value) and kind in str(error.value)
+    assert proto.check_machine(out, any_machine=True) == kind
+    assert (out / "machine.txt").read_text() == "riscv64, int4 kernel none / aten\n"  # kept as it was
+    assert cli.main(["tune", "--protocol", "builtin", "--hours", "0.1", "--out", str(out)]) == 2
+    assert "begun on a machine of another kind" in capsys.readouterr().err
+    assert not (out / "results.sqlite").exists()  # refused before any cell ran
 
 
 def test_the_search_price_counts_each_cell_once_and_subtracts_what_is_stored():

@@ -104,6 +104,8 @@ def register(subparsers) -> None:
     t.add_argument("--hours", type=float, help="with --protocol: run a part of at most this long, stopping before "
                                                "samples that would not fit (each generate call's are stored as it "
                                                "ends); the same command goes on")
+    t.add_argument("--any-machine", action="store_true",
+                   help="with --protocol: go on where OUT was begun on another kind of machine (OUT/machine.txt)")
     t.add_argument("--no-progress", action="store_true")
     add_executor_arguments(t)
     t.set_defaults(func=cmd_tune, parser=t)
@@ -154,7 +156,7 @@ def cmd_tune(args) -> int:
 
 
 PROTOCOL_FLAGS = {"protocol", "plan", "hours", "drafter", "temperature", "out", "threads", "no_plots", "no_progress",
-                  "unsafe_exec", "func", "parser", "command", "executor", "ray_address", "cells_per_worker",
+                  "any_machine", "unsafe_exec", "func", "parser", "command", "executor", "ray_address", "cells_per_worker",
                   "gpus_per_cell"}
 
 
@@ -196,7 +198,8 @@ def cmd_protocol(args) -> int:
     try:
         decisions = run_protocol(protocol, args.out, progress=not args.no_progress, drafters=drafters,
                                  temperatures=temperatures, executor=executor_options(args),
-                                 on_decision=lambda d: print(format_decision(d), flush=True), hours=args.hours)
+                                 on_decision=lambda d: print(format_decision(d), flush=True), hours=args.hours,
+                                 any_machine=args.any_machine)
     except KeyboardInterrupt as e:
         return interrupted("tune --protocol", "every finished sample is", args.out, e)
     except OutOfTime as e:

@@ -13,7 +13,9 @@ differ from strict are searched; a budget below the bound that identical outputs
 searched with strict alone (its answer is strict). The search is bounded by its rungs and caps, not by a clock, so
 its cost can be priced before it starts (`price`: by the cells still to run, at each drafter's cost) and a resumed
 search runs the rungs an uninterrupted one would; a run in parts (`hours`) stops before samples that would not fit
-(between cells, or between a cell's generate calls, each stored as it ends).
+(between cells, or between a cell's generate calls, each stored as it ends). Every part runs on one kind of machine
+(`machine_kind`, recorded in OUT/machine.txt by the first part): its speed constants decide the search, and an int4
+model's numbers follow the kernel the CPU runs; a part elsewhere is refused in one line (`any_machine` overrides).
 
 The report: per arm and budget, the choice, its held-out drop vs strict with its interval, whether the bound held
 (else the answer is strict, and by how much the candidate missed), its modelled speed-up over AR (the objective,
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import math
+import platform
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -352,14 +355,17 @@ class Decision:
 
 
 def run_protocol(protocol: Protocol, out: str | Path, progress: bool = True, drafters=None, temperatures=None,
-                 executor=None, on_decision=None, hours: float | None = None) -> list[Decision]:
+                 executor=None, on_decision=None, hours: float | None = None,
+                 any_machine: bool = False) -> list[Decision]:
     """Every run of the protocol (or of the named drafters / temperatures), in order, into one store under `out`;
     each run's choice written to `out/choices/`, each decision to out/protocol.csv as it lands. `on_decision(decision)`
     after each run (the CLI prints it). `hours`: a part of at most that long (Pace): OutOfTime once the next samples
-    would not fit, every finished generate call stored; the same call goes on from there."""
+    would not fit, every finished generate call stored; the same call goes on from there. A ValueError before
+    anything runs where `out` was begun on another kind of machine (`check_machine`; `any_machine`: go on)."""
     from relaxspec.tune.report import write_outputs
 
     out = Path(out)
+    check_machine(out, any_machine)
     pace = Pace(protocol, hours) if hours is not None else None
     decisions = []
     for drafter, t in protocol.arms():
@@ -377,6 +383,37 @@ def run_protocol(protocol: Protocol, out: str | Path, progress: bool = True, dra
             if on_decision is not None:
                 on_decision(decision)
     return decisions
+
+
+MACHINE = "machine.txt"
+
+
+def machine_kind() -> str:
+    """The kind of machine a protocol's parts must share: the CPU's architecture and the int4 kernel it runs, by
+    instruction set and layout (e.g. "x86_64, int4 kernel avx512 / vnni"; "x86_64, int4 kernel avx2 / vnni": the
+    same numbers, other costs; "none / aten": aten's kernel, other numbers). The speed constants each part measures
+    (c_rel, c_block) decide the search and price the choices, and they differ between these kinds by 2x and more."""
+    from relaxspec.models import int4_block
+    from relaxspec.models.quant import int4_layout
+
+    layout = int4_layout()
+    return f"{platform.machine()}, int4 kernel {int4_block.isa() if layout != 'aten' else 'none'} / {layout}"
+
+
+def check_machine(out: str | Path, any_machine: bool = False) -> str:
+    """This machine's kind (`machine_kind`), recorded in OUT/machine.txt where the store has none yet; a one-line
+    ValueError where it records another kind, unless `any_machine` (then the record is kept as it is)."""
+    path, kind = Path(out) / MACHINE, machine_kind()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(kind + "\n")
+        return kind
+    recorded = path.read_text().strip()
+    if recorded != kind and not any_machine:
+        raise ValueError(f"{out} was begun on a machine of another kind ({recorded}); this one is {kind}: its speed "
+                         "constants would decide the search on other costs. Run the parts on one kind of machine, or "
+                         "pass --any-machine to go on anyway")
+    return kind
 
 
 def _safe(name: str) -> str:
