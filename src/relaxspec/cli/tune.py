@@ -156,8 +156,8 @@ def cmd_tune(args) -> int:
 
 
 PROTOCOL_FLAGS = {"protocol", "plan", "hours", "drafter", "temperature", "out", "threads", "no_plots", "no_progress",
-                  "any_machine", "unsafe_exec", "func", "parser", "command", "executor", "ray_address", "cells_per_worker",
-                  "gpus_per_cell"}
+                  "any_machine", "unsafe_exec", "func", "parser", "command", "executor", "ray_address",
+                  "cells_per_worker", "gpus_per_cell"}
 
 
 def cmd_protocol(args) -> int:

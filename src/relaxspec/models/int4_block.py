@@ -31,8 +31,7 @@ int4_q8_drivers.h) built on first use by relaxspec.native with the system's C co
 between the threads of the process's OpenMP runtime, torch's, with torch's thread count, as its own kernels split
 them) and loaded with ctypes; without a compiler, without AVX-512 BF16 or AVX2, when the build fails (one warning
 line) or with RELAXSPEC_NATIVE=0: quant.py uses the aten kernel (and oneDNN for bfloat16 weights wherever
-`has_bf16` is False). It is
-int4's default where it builds (RELAXSPEC_INT4_KERNEL=aten keeps aten's). Measured on a 2-core AVX-512 VNNI EPYC
+`has_bf16` is False). It is int4's default where it builds (RELAXSPEC_INT4_KERNEL=aten keeps aten's). Measured on a 2-core AVX-512 VNNI EPYC
 (one thread, interleaved, medians; benchmarks/int4_block_speed.py): SmolLM2's linears cost 0.48 / 0.92 / 0.99 /
 0.87 of the bf16 path's time at 1 / 4 / 9 / 150 rows; Qwen2.5-1.5B's shapes 0.29-0.43 at one row.
 """
