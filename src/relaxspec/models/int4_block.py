@@ -60,6 +60,7 @@ AVX2_KERNEL = native.Kernel("int4_block_avx2", CSRC / "int4_block_avx2.c", CSRC 
 PATHS = ("vnni", "bf16")
 
 
+@functools.cache
 def isa() -> str | None:
     """The kernel this CPU runs: "avx512" (int4_block.c: both paths and bf16_mm) where it has AVX-512 BF16, "avx2"
     (int4_block_avx2.c: the VNNI path's numbers with AVX2 instructions, no bf16 path) where it has AVX2 and FMA,

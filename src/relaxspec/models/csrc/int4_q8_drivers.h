@@ -16,9 +16,7 @@
 QROWS(1) QROWS(2) QROWS(3) QROWS(4) QROWS(5) QROWS(6)
 #undef QROWS
 
-#ifndef Q_ROWS
-#define Q_ROWS 6                 /* rows per pass over a tile (more spill the accumulators), at most 6 */
-#endif
+#define Q_ROWS 6                 /* rows per pass over a tile (more spill the accumulators) */
 #define OUT_TILE 4               /* outputs per unit of the split between threads */
 #define X8_CHUNK_BYTES (32 << 10)  /* a pass of rows: their quantized inputs kept in L1 */
 #define X8_BLOCK_BYTES (256 << 10) /* a block of rows' quantized inputs, kept in L2 while the outputs pass over it */
@@ -26,8 +24,8 @@ QROWS(1) QROWS(2) QROWS(3) QROWS(4) QROWS(5) QROWS(6)
 /* Output tiles [begin, end): for each block of rows (their int8 inputs stay in cache), each tile against its rows
    Q_ROWS at a time (the tile's codes stay in cache): each weight read from memory once per block of rows. */
 static void qtiles(const void* arg, int64_t begin, int64_t end) {
-  static void (*const rows[6])(const qproblem*, int64_t, int64_t, int64_t) = {qrows_1, qrows_2, qrows_3,
-                                                                              qrows_4, qrows_5, qrows_6};
+  static void (*const rows[Q_ROWS])(const qproblem*, int64_t, int64_t, int64_t) = {qrows_1, qrows_2, qrows_3,
+                                                                                   qrows_4, qrows_5, qrows_6};
   const qproblem* p = arg;
   const int64_t row_bytes = p->S * (SB_BYTES + 8 * SB);
   int64_t block = X8_BLOCK_BYTES / row_bytes / Q_ROWS * Q_ROWS;
